@@ -1,0 +1,68 @@
+"""distlab: plan, simulate, launch and measure distributed deep-learning training from a notebook.
+
+Heavy parts (torch, dask, plotly, ipywidgets) are imported on first use, so
+``import distlab`` stays fast and planning never pulls in a cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from distlab.errors import DistlabError
+from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile
+from distlab.resources import Link, ResourceSpec
+from distlab.strategy.types import Strategy
+
+__version__ = "0.1.0"
+
+# name -> (module, attribute or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "profile": ("distlab.profile.torch_profiler", "profile"),
+    "strategy": ("distlab.strategy", None),
+    "topology": ("distlab.topology", None),
+    "zoo": ("distlab.zoo", None),
+    "data": ("distlab.data", None),
+    "CostModel": ("distlab.costmodel", "CostModel"),
+    "Prediction": ("distlab.costmodel", "Prediction"),
+    "Lab": ("distlab.launch", "Lab"),
+    "Run": ("distlab.launch", "Run"),
+    "plot": ("distlab.notebook.plots", None),
+    "StrategyPicker": ("distlab.notebook.picker", "StrategyPicker"),
+}
+
+__all__ = [
+    "DistlabError",
+    "LayerProfile",
+    "Link",
+    "ModelProfile",
+    "ResourceSpec",
+    "Strategy",
+    "VariableProfile",
+    "load_ipython_extension",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'distlab' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext distlab``: register the ``%distlab`` magic."""
+    from distlab.notebook.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from distlab.notebook.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)

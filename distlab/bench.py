@@ -1,0 +1,114 @@
+"""Benchmarks as papermill notebooks: run one, interleave compared programs, write and read figures.
+
+Convention: ``notebooks/bench/NAME.ipynb`` has a code cell tagged ``parameters`` that sets at
+least ``result_path``; its last cell calls ``write_result(result_path, rows, summary)``.
+``distlab bench NAME -p key value`` executes it with papermill into ``out/bench/`` and prints
+the rows as a table and the summary figures.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from distlab.errors import DistlabError
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = ROOT / "notebooks" / "bench"
+KERNEL = "python3"
+
+
+def write_result(path: str | Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> Path:
+    """Write a benchmark's figures as JSON (rows: the table; summary: the headline numbers)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"rows": [dict(r) for r in rows], "summary": dict(summary or {}), "written": time.time()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=_jsonable))
+    tmp.replace(path)
+    return path
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def interleave(programs: Mapping[str, Callable[[], float]], repeats: int = 5) -> dict[str, list[float]]:
+    """Run each program once per round, alternating the order every round; return all figures.
+
+    Each program returns one figure (e.g. samples/s). Interleaving spreads the drift of a
+    shared machine over every program instead of biasing whichever ran last.
+    """
+    names = list(programs)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(repeats):
+        order = names if i % 2 == 0 else list(reversed(names))
+        for n in order:
+            out[n].append(float(programs[n]()))
+    return out
+
+
+def medians_and_ratio(figures: Mapping[str, Sequence[float]], numerator: str, denominator: str) -> dict[str, float]:
+    """Median of each program, and the median of per-round ratios numerator/denominator."""
+    med = {f"{k}_median": statistics.median(v) for k, v in figures.items()}
+    ratios = [a / b for a, b in zip(figures[numerator], figures[denominator]) if b]
+    med["ratio_median"] = statistics.median(ratios) if ratios else float("nan")
+    med["ratio_min"] = min(ratios) if ratios else float("nan")
+    return med
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in BENCH_DIR.glob("*.ipynb"))
+
+
+def run_bench(name: str, params: Mapping[str, Any] | None = None, out_dir: str | Path = "out/bench", progress: bool = True) -> dict[str, Any]:
+    """Execute ``notebooks/bench/NAME.ipynb`` with papermill; return its result JSON."""
+    import papermill as pm
+
+    src = BENCH_DIR / f"{name}.ipynb"
+    if not src.exists():
+        raise DistlabError(f"benchmark {name!r} does not exist; available: {', '.join(available()) or 'none'}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result_path = (out / f"{name}.json").resolve()
+    params = {**dict(params or {}), "result_path": str(result_path)}
+    if result_path.exists():
+        result_path.unlink()
+    try:
+        pm.execute_notebook(
+            str(src),
+            str(out / f"{name}.ipynb"),
+            parameters=params,
+            kernel_name=KERNEL,
+            cwd=str(ROOT),
+            progress_bar=progress,
+        )
+    except pm.PapermillExecutionError as exc:
+        raise DistlabError(f"benchmark {name!r} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}") from None
+    if not result_path.exists():
+        raise DistlabError(f"benchmark {name!r} ran but wrote no result; its last cell must call write_result(result_path, ...)")
+    return read_result(result_path)
+
+
+def format_result(result: Mapping[str, Any]) -> str:
+    import pandas as pd
+
+    lines = []
+    rows = result.get("rows") or []
+    if rows:
+        lines.append(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    for k, v in (result.get("summary") or {}).items():
+        lines.append(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""distlab.launch."""
