@@ -18,7 +18,6 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "profile": ("distlab.profile.torch_profiler", "profile"),
     "strategy": ("distlab.strategy", None),
     "topology": ("distlab.topology", None),
     "zoo": ("distlab.zoo", None),
@@ -40,6 +39,7 @@ __all__ = [
     "Strategy",
     "VariableProfile",
     "load_ipython_extension",
+    "profile",
     *_LAZY,
 ]
 
@@ -53,6 +53,17 @@ def __getattr__(name: str) -> Any:
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
     return value
+
+
+def profile(model: Any, sample_input: Any = None, batch_size: int = 32, **options: Any) -> ModelProfile:
+    """Profile a torch ``nn.Module`` (or a Keras model): see ``distlab.profile.torch_profiler.profile``.
+
+    Defined here, after the ``distlab.profile`` package was imported, so ``dl.profile`` is this
+    function while ``distlab.profile.*`` stay importable as modules.
+    """
+    from distlab.profile.torch_profiler import profile as _profile
+
+    return _profile(model, sample_input=sample_input, batch_size=batch_size, **options)
 
 
 def load_ipython_extension(ipython: Any) -> None:

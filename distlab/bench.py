@@ -17,9 +17,7 @@ from typing import Any
 
 from distlab.errors import DistlabError
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_DIR = ROOT / "notebooks" / "bench"
-KERNEL = "python3"
+BENCH_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "bench"
 
 
 def write_result(path: str | Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> Path:
@@ -75,28 +73,16 @@ def available() -> list[str]:
 
 def run_bench(name: str, params: Mapping[str, Any] | None = None, out_dir: str | Path = "out/bench", progress: bool = True) -> dict[str, Any]:
     """Execute ``notebooks/bench/NAME.ipynb`` with papermill; return its result JSON."""
-    import papermill as pm
+    from distlab.notebook.run import execute_notebook
 
     src = BENCH_DIR / f"{name}.ipynb"
     if not src.exists():
         raise DistlabError(f"benchmark {name!r} does not exist; available: {', '.join(available()) or 'none'}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     result_path = (out / f"{name}.json").resolve()
-    params = {**dict(params or {}), "result_path": str(result_path)}
     if result_path.exists():
         result_path.unlink()
-    try:
-        pm.execute_notebook(
-            str(src),
-            str(out / f"{name}.ipynb"),
-            parameters=params,
-            kernel_name=KERNEL,
-            cwd=str(ROOT),
-            progress_bar=progress,
-        )
-    except pm.PapermillExecutionError as exc:
-        raise DistlabError(f"benchmark {name!r} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}") from None
+    execute_notebook(src, out / f"{name}.ipynb", {**dict(params or {}), "result_path": str(result_path)}, progress=progress)
     if not result_path.exists():
         raise DistlabError(f"benchmark {name!r} ran but wrote no result; its last cell must call write_result(result_path, ...)")
     return read_result(result_path)

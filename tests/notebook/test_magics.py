@@ -1,0 +1,86 @@
+"""The %distlab magic through a real InteractiveShell: output a user sees, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch.nn as nn
+
+from distlab.profile.model_profile import ModelProfile
+from tests.notebook.conftest import run
+
+
+def test_help_lists_every_subcommand(shell, capsys):
+    out, err = run(shell, "help", capsys)
+    assert err == ""
+    for sub in ("profile", "cluster", "calibrate", "simulate", "pick", "launch", "compare", "help"):
+        assert f"%distlab {sub}" in out
+
+
+def test_help_of_one_subcommand_shows_its_usage(shell, capsys):
+    out, _ = run(shell, "help launch", capsys)
+    assert "--strategy NAME|FILE|VAR" in out and "--noblock" in out
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("frobnicate", "unknown subcommand 'frobnicate'"),
+        ("help nope", "unknown subcommand 'nope'"),
+        ("profile missing_model", "'missing_model' is not defined"),
+        ("profile", "the following arguments are required: var"),
+        ("profile m --batch-size 0", "--batch-size: must be positive"),
+        ("profile m --batch-size x", "invalid int value"),
+        ("launch m --strategy AllReduce --steps 0", "--steps: must be positive"),
+        ("launch m", "--strategy"),
+        ("cluster local 0", "N must be a positive number"),
+        ("cluster frob", "expected 'local N'"),
+        ("simulate m --top 0", "--top: must be positive"),
+        ("compare", "no runs yet"),
+        ('profile "unclosed', "cannot parse the line"),
+    ],
+)
+def test_user_errors_print_one_line_and_no_traceback(shell, capsys, line, expected):
+    shell.user_ns["m"] = nn.Linear(4, 2)
+    out, err = run(shell, line, capsys)
+    assert expected in err
+    assert err.count("\n") == 1 and err.startswith("distlab: ")
+    assert "Traceback" not in out + err
+
+
+def test_profile_of_a_non_model_says_what_was_expected(shell, capsys):
+    shell.user_ns["things"] = [1, 2, 3]
+    out, err = run(shell, "profile things", capsys)
+    assert err.startswith("distlab: ") and "list" in err
+    assert "Traceback" not in out + err
+
+
+def test_profile_shows_the_table_and_stores_the_profile(shell, capsys):
+    shell.user_ns["net"] = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    out, err = run(shell, "profile net --batch-size 4 -o prof", capsys)
+    assert err == ""
+    prof = shell.user_ns["prof"]
+    assert isinstance(prof, ModelProfile)
+    assert prof.batch_size == 4
+    assert [v.name for v in prof.variables] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert "ModelProfile" in out and "Figure" in out  # the profile and its chart were displayed
+
+
+def test_profile_with_a_wrong_input_shape_names_the_layer(shell, capsys):
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = nn.ReLU()
+            self.fc = nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.fc(self.act(x))
+
+    shell.user_ns["odd"] = TwoInputs()
+    out, err = run(shell, "profile odd", capsys)
+    assert err.startswith("distlab: ") and "sample_input" in err
+    assert "Traceback" not in out + err
+
+
+def test_cluster_status_before_any_cluster(shell, capsys):
+    out, err = run(shell, "cluster status", capsys)
+    assert "no cluster yet" in out and err == ""
