@@ -1,0 +1,105 @@
+"""The quickstart in a real JupyterLab driven by Debian's Chromium: picker and charts render."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SMALL = {"model_name": "mlp", "workers": 2, "steps": 12, "top": 1, "calibrate_sizes": [4096, 262144]}
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api")
+    import nbformat
+    from papermill.parameterize import parameterize_notebook
+
+    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    nb = parameterize_notebook(nb, SMALL)
+    nbformat.write(nb, tmp_path / "quickstart.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
+         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail("jupyter lab exited: " + (tmp_path / "lab.log").read_text()[-2000:])
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("jupyter lab did not answer within 90 s")
+    yield url, token
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_quickstart_renders_picker_and_charts(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    url, token = jupyterlab
+    out = ROOT / "out"
+    out.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{url}/lab/tree/quickstart.ipynb?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
+        # wait for the kernel to be idle, then run every cell
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        page.wait_for_function(
+            "document.querySelectorAll('.jp-InputPrompt').length > 0 && "
+            "![...document.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'))"
+            " && document.querySelectorAll('.jp-OutputArea-output').length > 3",
+            timeout=600_000, polling=2000,
+        )
+        tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback").count()
+        plots = page.locator(".js-plotly-plot").count()
+        widgets = page.locator(".jupyter-widgets .widget-dropdown select, .jupyter-widgets select").count()
+        page.screenshot(path=str(out / "browser-quickstart.png"), full_page=False)
+        picker = page.locator(".distlab-picker").first
+        if picker.count():
+            picker.scroll_into_view_if_needed()
+            picker.screenshot(path=str(out / "picker.png"))
+        browser.close()
+    assert tracebacks == 0, "a cell raised in JupyterLab"
+    assert plots >= 2, f"expected plotly charts to render, found {plots}"
+    assert widgets >= 1, "the strategy picker's controls did not render"
+    assert not errors, f"JavaScript errors in the page: {errors[:3]}"
