@@ -1,0 +1,73 @@
+"""Goodput (AdaptDL/Pollux): throughput times statistical efficiency from the gradient noise scale.
+
+References: McCandlish et al. 2018, "An Empirical Model of Large-Batch Training" (gradient
+noise scale); Qiao et al. 2021, "Pollux" (statistical efficiency and goodput); Johnson et al.
+2020, "AdaScale SGD" (learning-rate gain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from distlab.errors import DistlabError
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """|G|^2 (squared norm of the true gradient) and tr(Sigma) (per-sample gradient variance)."""
+
+    sqr: float
+    var: float
+
+    @property
+    def noise_scale(self) -> float:
+        """B_simple = tr(Sigma) / |G|^2: the batch size where noise and signal balance."""
+        return self.var / self.sqr if self.sqr > 0 else float("inf")
+
+
+def estimate_gradient_stats(small_batch: int, small_sqnorm: float, big_batch: int, big_sqnorm: float) -> GradientStats:
+    """Unbiased |G|^2 and tr(Sigma) from squared gradient norms at two batch sizes.
+
+    E|G_B|^2 = |G|^2 + tr(Sigma)/B, so two batch sizes pin both (McCandlish et al. 2018, App. A.1).
+    """
+    if not 0 < small_batch < big_batch:
+        raise DistlabError(f"estimate_gradient_stats: need 0 < small_batch < big_batch, got {small_batch}, {big_batch}")
+    sqr = (big_batch * big_sqnorm - small_batch * small_sqnorm) / (big_batch - small_batch)
+    var = (small_sqnorm - big_sqnorm) / (1 / small_batch - 1 / big_batch)
+    return GradientStats(sqr=max(sqr, 1e-30), var=max(var, 0.0))
+
+
+def statistical_efficiency(batch: float, noise_scale: float, base_batch: float) -> float:
+    """Progress per sample at ``batch`` relative to ``base_batch`` (Pollux eq. 5): (phi + M0) / (phi + M)."""
+    if batch <= 0 or base_batch <= 0:
+        raise DistlabError(f"statistical_efficiency: batch sizes must be positive, got {batch}, {base_batch}")
+    if batch <= base_batch:
+        return 1.0
+    return (noise_scale + base_batch) / (noise_scale + batch)
+
+
+def adascale_gain(stats: GradientStats, scale: float) -> float:
+    """AdaScale's learning-rate gain r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2) for a batch S times the base."""
+    if scale < 1:
+        raise DistlabError(f"adascale_gain: scale must be >= 1, got {scale}")
+    return (stats.var + stats.sqr) / (stats.var / scale + stats.sqr)
+
+
+def goodput(throughput: float, batch: float, noise_scale: float, base_batch: float) -> float:
+    """Useful samples per second: throughput x statistical efficiency."""
+    return throughput * statistical_efficiency(batch, noise_scale, base_batch)
+
+
+def best_batch(
+    throughput_at: Callable[[int], float], batches: Iterable[int], noise_scale: float, base_batch: int
+) -> tuple[int, float]:
+    """The global batch size (of ``batches``) with the highest goodput, and that goodput."""
+    best: tuple[int, float] | None = None
+    for b in batches:
+        g = goodput(throughput_at(b), b, noise_scale, base_batch)
+        if best is None or g > best[1]:
+            best = (b, g)
+    if best is None:
+        raise DistlabError("best_batch: no batch sizes to choose from")
+    return best
