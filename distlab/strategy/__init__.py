@@ -1,5 +1,7 @@
 """Strategies: the per-variable plan, its validation, the builders that produce it."""
 
+from distlab.strategy.builders import build, builders
+from distlab.strategy.candidates import candidates
 from distlab.strategy.types import (
     BatchConfig,
     GossipConfig,
@@ -9,5 +11,20 @@ from distlab.strategy.types import (
     Sync,
     VariablePlan,
 )
+from distlab.strategy.validate import parse_strategy, parse_strategy_json, validate
 
-__all__ = ["BatchConfig", "GossipConfig", "Partition", "RankSpec", "Strategy", "Sync", "VariablePlan"]
+__all__ = [
+    "BatchConfig",
+    "GossipConfig",
+    "Partition",
+    "RankSpec",
+    "Strategy",
+    "Sync",
+    "VariablePlan",
+    "build",
+    "builders",
+    "candidates",
+    "parse_strategy",
+    "parse_strategy_json",
+    "validate",
+]

@@ -101,7 +101,11 @@ class BatchConfig:
     lr_scaling: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"per_replica": self.per_replica, "accumulation": self.accumulation, "lr_scaling": self.lr_scaling}
+        return {
+            "per_replica": self.per_replica,
+            "accumulation": self.accumulation,
+            "lr_scaling": self.lr_scaling,
+        }
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""Shared rules of the builders: server choice, shard counts, load tracking and strategy assembly."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from distlab.errors import StrategyError
+from distlab.strategy.types import (
+    COMPRESSORS,
+    BatchConfig,
+    GossipConfig,
+    Partition,
+    Strategy,
+    Sync,
+    VariablePlan,
+)
+
+Servers = str | Sequence[int]
+
+
+def pick_servers(builder: str, resources: Any, servers: Servers = "first") -> list[int]:
+    """Server ranks: ``"first"`` = first rank of each host (AutoDist: one PS per node), ``"all"``, or a list."""
+    if servers == "first":
+        return [resources.ranks_on(h)[0] for h in resources.hosts]
+    if servers == "all":
+        return [r.rank for r in resources.ranks]
+    if isinstance(servers, str) or not isinstance(servers, Sequence) or not servers:
+        raise StrategyError(f"{builder}: servers must be 'first', 'all' or a list of ranks, got {servers!r}")
+    out: list[int] = []
+    for s in servers:
+        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < resources.world:
+            raise StrategyError(f"{builder}: servers: rank {s!r} does not exist ({resources.world} ranks)")
+        if s in out:
+            raise StrategyError(f"{builder}: servers: rank {s} listed twice")
+        out.append(s)
+    return out
+
+
+def check_chunk(builder: str, chunk_size: Any) -> int:
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise StrategyError(f"{builder}: chunk_size must be a positive integer, got {chunk_size!r}")
+    return chunk_size
+
+
+def check_compressor(builder: str, compressor: Any) -> str:
+    if compressor not in COMPRESSORS:
+        raise StrategyError(f"{builder}: compressor {compressor!r} is not one of: {', '.join(COMPRESSORS)}")
+    return compressor
+
+
+def smallest_divisor(dim: int) -> int:
+    """Smallest divisor >= 2 of dim (dim itself when prime); 1 when dim < 2 (not split)."""
+    if dim < 2:
+        return 1
+    for i in range(2, math.isqrt(dim) + 1):
+        if dim % i == 0:
+            return i
+    return dim
+
+
+def smallest_non_divisor(dim: int) -> int:
+    """Smallest i in [2, dim) that does not divide dim: uneven shards; 1 when there is none (dim <= 2)."""
+    for i in range(2, dim):
+        if dim % i:
+            return i
+    return 1
+
+
+def shard_counts(var: Any, rule: str = "even") -> int:
+    """AutoDist's PartitionedPS shard count along axis 0 (1: not split: scalar or dimension 0 of size 1)."""
+    if not var.shape:
+        return 1
+    return smallest_divisor(var.shape[0]) if rule == "even" else smallest_non_divisor(var.shape[0])
+
+
+def shard_bytes(var: Any, part: Partition) -> list[float]:
+    """Bytes of each shard (``numpy.array_split`` sizes along the axis)."""
+    dim = var.shape[part.axis]
+    return [var.nbytes * s / dim for s in part.sizes(dim)]
+
+
+class Loads:
+    """Bytes placed on each server so far, in server order."""
+
+    def __init__(self, servers: list[int]) -> None:
+        self.bytes = {s: 0.0 for s in servers}
+
+    def least(self) -> int:
+        """The server with the fewest bytes (ties: the earlier server)."""
+        return min(self.bytes, key=lambda s: self.bytes[s])
+
+    def by_load(self) -> list[int]:
+        """Servers sorted by current load, stable (ties keep server order)."""
+        return sorted(self.bytes, key=lambda s: self.bytes[s])
+
+    def add(self, server: int, nbytes: float) -> int:
+        self.bytes[server] += nbytes
+        return server
+
+
+def place_partitioned(var: Any, shards: int, loads: Loads) -> VariablePlan:
+    """Split along axis 0 into ``shards``; shards go to servers by load, round-robin beyond their count."""
+    if shards < 2:
+        return VariablePlan(var.name, sync=Sync("ps", server=loads.add(loads.least(), var.nbytes)))
+    part = Partition(0, shards)
+    order = loads.by_load()
+    syncs = []
+    for k, nb in enumerate(shard_bytes(var, part)):
+        syncs.append(Sync("ps", server=loads.add(order[k % len(order)], nb)))
+    return VariablePlan(var.name, partition=part, shards=tuple(syncs))
+
+
+def assemble(
+    builder: str,
+    profile: Any,
+    resources: Any,
+    variables: list[VariablePlan],
+    *,
+    servers: Sequence[int] = (),
+    batch_size: int | None = None,
+    gossip: GossipConfig | None = None,
+) -> Strategy:
+    """The Strategy over the resources' ranks (options are recorded by the registry's wrapper)."""
+    if batch_size is not None and (
+        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
+    ):
+        raise StrategyError(f"{builder}: batch_size must be a positive integer, got {batch_size!r}")
+    return Strategy(
+        variables=tuple(variables),
+        ranks=tuple(resources.ranks),
+        servers=tuple(servers),
+        batch=BatchConfig(batch_size or profile.batch_size),
+        gossip=gossip,
+        builder=builder,
+    )

@@ -1,0 +1,41 @@
+"""Partitioned parameter servers: variables split along axis 0, shards spread over servers by load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distlab.strategy.builders._common import (
+    Loads,
+    Servers,
+    assemble,
+    pick_servers,
+    place_partitioned,
+    shard_counts,
+)
+from distlab.strategy.builders._registry import register
+from distlab.strategy.types import Strategy
+
+
+def _build(
+    name: str, rule: str, profile: Any, resources: Any, servers: Servers, batch_size: int | None
+) -> Strategy:
+    chosen = pick_servers(name, resources, servers)
+    loads = Loads(chosen)
+    plans = [place_partitioned(v, shard_counts(v, rule), loads) for v in profile.variables]
+    return assemble(name, profile, resources, plans, servers=chosen, batch_size=batch_size)
+
+
+@register("PartitionedPS")
+def build_partitioned_ps(
+    profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
+) -> Strategy:
+    """Shards = smallest divisor >= 2 of dimension 0 (AutoDist ``PartitionedPS``); unsplit ones to the least-loaded server."""
+    return _build("PartitionedPS", "even", profile, resources, servers, batch_size)
+
+
+@register("UnevenPartitionedPS")
+def build_uneven_partitioned_ps(
+    profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
+) -> Strategy:
+    """As PartitionedPS, shards = smallest i >= 2 that does not divide dimension 0 (unequal shard sizes)."""
+    return _build("UnevenPartitionedPS", "uneven", profile, resources, servers, batch_size)
