@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,9 @@ OPTION_CONTROLS = ("chunk_size", "servers", "topology", "dynamic", "mode", "comp
 
 def _builder_params(name: str) -> set[str]:
     """Keyword options the builder accepts (read from its signature)."""
-    from distlab.strategy import registry
+    from distlab.strategy import builder_options
 
-    fn = registry.get_builder(name)
-    return {p.name for p in inspect.signature(fn).parameters.values() if p.kind == p.KEYWORD_ONLY or p.default is not p.empty}
+    return set(builder_options(name))
 
 
 class StrategyPicker(w.VBox):
@@ -55,7 +53,7 @@ class StrategyPicker(w.VBox):
 
         self.builder = w.Dropdown(options=names, value="AllReduce" if "AllReduce" in names else names[0], description="builder", style=style)
         self.chunk_size = w.Dropdown(options=list(CHUNK_SIZES), value=128, description="chunk size", style=style)
-        self.servers = w.Dropdown(options=[("first rank of each host", "host"), ("every rank", "all")], value="host", description="servers", style=style)
+        self.servers = w.Dropdown(options=[("first rank of each host", "first"), ("every rank", "all")], value="first", description="servers", style=style)
         from distlab import topology
 
         self.topology = w.Dropdown(options=list(topology.names()), value="exp2", description="topology", style=style)

@@ -1,6 +1,6 @@
 """Strategies: the per-variable plan, its validation, the builders that produce it."""
 
-from distlab.strategy.builders import build, builders
+from distlab.strategy.builders import build, builder_options, builders
 from distlab.strategy.candidates import candidates
 from distlab.strategy.types import (
     BatchConfig,
@@ -22,6 +22,7 @@ __all__ = [
     "Sync",
     "VariablePlan",
     "build",
+    "builder_options",
     "builders",
     "candidates",
     "parse_strategy",

@@ -10,6 +10,6 @@ from distlab.strategy.builders import (  # noqa: F401  (importing registers each
     ps,
     random_axis_ar,
 )
-from distlab.strategy.builders._registry import build, builders, option_defaults
+from distlab.strategy.builders._registry import build, builder_options, builders, option_defaults
 
-__all__ = ["build", "builders", "option_defaults"]
+__all__ = ["build", "builder_options", "builders", "option_defaults"]

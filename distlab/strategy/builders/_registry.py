@@ -80,6 +80,14 @@ def builders() -> list[str]:
     return sorted(REGISTRY, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
 
 
+def builder_options(name: str) -> dict[str, Any]:
+    """The keyword options builder ``name`` accepts, with their defaults."""
+    try:
+        return option_defaults(REGISTRY[name])
+    except (KeyError, TypeError):
+        raise StrategyError(f"builder {name!r} is not known; use one of: {', '.join(builders())}") from None
+
+
 def build(name: str, profile: Any, resources: Any, **options: Any) -> Strategy:
     """Run builder ``name``; an unknown name or option is a ``StrategyError`` listing the valid ones."""
     try:
