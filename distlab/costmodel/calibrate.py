@@ -1,0 +1,138 @@
+"""Fit the cost model's alpha, beta per collective and link class, contention and optimizer cost to microbenchmarks.
+
+Rows come from ``distlab.runtime.microbench.microbench_rank`` (one dict per measurement):
+``collective`` (allreduce, reduce, broadcast, allgather, sendrecv, compute, optimizer), ``world``,
+``nbytes`` (per rank contribution for allgather), ``seconds`` (median), ``link`` (intra/inter);
+compute rows add ``alone``, ``ranks_on_host``, ``cores`` and ``threads``.
+Each collective follows ``a(p) alpha + b(p) n beta`` with the Thakur et al. (2005) factors of
+``collectives.py``, so one (alpha, beta) per collective and link explains every world size and
+carries to world sizes not measured. The regression is robust (soft-L1 loss) against the
+outliers a shared machine produces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES, factors
+from distlab.costmodel.params import CostParams
+from distlab.errors import CalibrationError
+
+_A_UNIT, _B_UNIT = 1e-6, 1e-9  # fit alpha in microseconds and beta in ns/byte: well-scaled unknowns
+
+
+def fit_alpha_beta(
+    world: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray, collective: str
+) -> tuple[float, float, float]:
+    """Robust fit of ``seconds = a(p) alpha + b(p) n beta``; returns (alpha, beta, median relative error)."""
+    a, b = factors(collective, world)
+    X = np.column_stack([a * _A_UNIT, b * nbytes * _B_UNIT])
+    if np.linalg.matrix_rank(X) < 2:
+        raise CalibrationError(
+            f"microbenchmarks[{collective}]: need at least two message sizes at a world size >= 2 to fit alpha and beta"
+        )
+    w = 1.0 / seconds  # relative residuals: small messages matter as much as large ones
+    x0 = np.clip(np.linalg.lstsq(X * w[:, None], np.ones_like(seconds), rcond=None)[0], 1e-6, None)
+    res = least_squares(lambda x: (X @ x) * w - 1.0, x0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.1)
+    rel = np.abs((X @ res.x) * w - 1.0)
+    return float(res.x[0] * _A_UNIT), float(res.x[1] * _B_UNIT), float(np.median(rel))
+
+
+def fit_contention(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Interference per extra busy core from compute rows (contention.py).
+
+    Each row's all-busy over alone time, divided by time-slicing ``max(1, n t / c)``, is
+    ``1 + contention (min(n, c) - 1)``; the median over rows is robust to a noisy one.
+    """
+    ks = []
+    for r in rows:
+        n = int(r.get("ranks_on_host") or r.get("world") or 1)
+        c = int(r.get("cores") or n)
+        t = int(r.get("threads") or 1)
+        busy, alone = float(r["seconds"]), float(r.get("alone") or 0)
+        if alone <= 0 or min(n, c) < 2:
+            continue
+        ks.append((busy / alone / max(1.0, n * t / c) - 1.0) / (min(n, c) - 1))
+    return max(0.0, float(np.median(ks))) if ks else None
+
+
+def fit_thread_efficiency(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Exponent e of ``time ~ threads ** -e`` from compute rows measured alone at different thread counts."""
+    by_threads: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("threads") and float(r.get("alone") or 0) > 0:
+            by_threads.setdefault(int(r["threads"]), []).append(float(r["alone"]))
+    if len(by_threads) < 2:
+        return None
+    t = np.array(sorted(by_threads), dtype=float)
+    secs = np.array([np.median(by_threads[int(k)]) for k in t])
+    slope = np.polyfit(np.log(t), np.log(secs), 1)[0]
+    return float(np.clip(-slope, 0.0, 1.0))
+
+
+def fit_microbenchmarks(
+    rows: Sequence[dict[str, Any]], base: CostParams
+) -> tuple[CostParams, dict[str, Any]]:
+    """All of the above: a new CostParams (unmeasured entries keep ``base``) and what was fitted."""
+    rows = list(rows)
+    if not rows:
+        raise CalibrationError(
+            "microbenchmarks: no rows; run lab.calibrate() on a cluster with at least 2 workers"
+        )
+    for i, r in enumerate(rows):
+        missing = [k for k in ("collective", "world", "seconds") if k not in r]
+        if missing:
+            raise CalibrationError(
+                f"microbenchmarks[{i}]: missing {missing}; rows come from microbench_rank()"
+            )
+    ab = dict(base.alpha_beta)
+    errors: dict[str, float] = {}
+    for coll in COLLECTIVES:
+        for link in LINK_CLASSES:
+            sel = [
+                r
+                for r in rows
+                if r["collective"] == coll
+                and r.get("link", "intra") == link
+                and int(r["world"]) >= 2
+                and float(r["seconds"]) > 0
+            ]
+            if len(sel) < 2:
+                continue
+            alpha, beta, err = fit_alpha_beta(
+                np.array([float(r["world"]) for r in sel]),
+                np.array([float(r["nbytes"]) for r in sel]),
+                np.array([float(r["seconds"]) for r in sel]),
+                coll,
+            )
+            ab[f"{coll}/{link}"] = (alpha, beta)
+            errors[f"{coll}/{link}"] = err
+    if not errors:
+        raise CalibrationError(
+            "microbenchmarks: no collective measured at a world size >= 2; calibrate needs 2 or more ranks"
+        )
+    compute = [r for r in rows if r["collective"] == "compute"]
+    kappa, eff = fit_contention(compute), fit_thread_efficiency(compute)
+    opt = [
+        float(r["seconds"]) / float(r["nbytes"])
+        for r in rows
+        if r["collective"] == "optimizer" and float(r.get("nbytes", 0)) > 0
+    ]
+    params = base.with_(
+        alpha_beta=ab,
+        contention=base.contention if kappa is None else kappa,
+        thread_efficiency=base.thread_efficiency if eff is None else eff,
+        optimizer_per_byte=float(np.median(opt)) if opt else base.optimizer_per_byte,
+    )
+    info: dict[str, Any] = {"worlds": sorted({int(r["world"]) for r in rows}), "fit_error": errors}
+    comp = [r for r in rows if r["collective"] == "compute" and r.get("flops") and float(r["seconds"]) > 0]
+    if comp:  # compute speed per rank, alone and with every rank busy (largest world measured)
+        last = max(comp, key=lambda r: int(r["world"]))
+        info["flops_per_s_busy"] = float(last["flops"]) / float(last["seconds"])
+        if float(last.get("alone") or 0) > 0:
+            info["flops_per_s_alone"] = float(last["flops"]) / float(last["alone"])
+    return params, info

@@ -1,0 +1,290 @@
+"""Compile a (profile, strategy) pair once into the numbers the vectorised simulator needs.
+
+The layout follows the runtime (``distlab/runtime/sync.py`` and ``ddp.py``) so that the
+simulator charges each transfer where the runtime really performs it:
+
+- during backward, in reverse parameter order: all-reduce buckets (each all-reduce group split
+  at the bucket cap; torch DDP's 1 MiB first bucket and 25 MiB caps for a pure all-reduce
+  strategy) and one ``reduce`` to its server per dense PS variable or shard, launched in order
+  as soon as their gradients are ready, one after another on the process group;
+- after backward: sparse exchanges (all-gather, or gather to the PS server) whose sizes are
+  only known then;
+- around the optimizer step: gossip (AWC starts before the step, ATC after it) and, after it,
+  the servers' broadcasts of the new values.
+
+Everything here is independent of the link figures and of the calibration, so the result is
+cached per (profile, strategy) identity and reused for every evaluation, sweep and what-if.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from distlab.costmodel.degree import strategy_in_degree
+from distlab.profile.model_profile import ModelProfile, VariableProfile
+from distlab.strategy.types import Strategy, Sync
+
+INDEX_BYTES = 8  # int64 row index sent with every sparse row
+BUCKET_BYTES = 25 * 2**20  # runtime and torch DDP default bucket cap
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass(frozen=True)
+class ProfileTiming:
+    """Forward and backward seconds at the profiled batch, and when each gradient is ready."""
+
+    fwd: float
+    bwd: float
+    ready: dict[str, float]  # variable -> fraction of backward done when its gradient is ready
+
+
+@dataclass(frozen=True)
+class CompiledStrategy:
+    """One strategy on one profile as plain numbers (bytes on the wire, compressed where asked)."""
+
+    name: str
+    builder: str
+    world: int
+    per_replica: int
+    accum: int
+    fwd: float  # seconds of one micro-batch forward at per_replica, before contention
+    bwd: float
+    hosts: tuple[tuple[str, int], ...]  # ranks per host
+    device_share: int  # most ranks sharing one accelerator (1 on CPU)
+    gpu: bool
+    profile_threads: int | None  # threads the profile's timings were measured with
+    multi_host: bool
+    ddp: bool  # the runtime's DDP fast path (pure all-reduce)
+    # backward tasks in launch order: an all-reduce bucket or a PS reduce each
+    task_ar_bytes: np.ndarray  # per task, for inspection: all-reduce bytes on the wire
+    task_red_bytes: np.ndarray  # per task: PS reduce bytes
+    # the same tasks as suffix sums from each task to the last, keeping only tasks whose
+    # readiness exceeds every earlier task's (the others can never end the timeline later)
+    task_ready: np.ndarray  # fraction of backward when all of the task's gradients are ready
+    suf_ar_calls: np.ndarray
+    suf_ar_bytes: np.ndarray
+    suf_red_calls: np.ndarray
+    suf_red_bytes: np.ndarray
+    # after backward: sparse all-gathers (per rank contribution) and sparse gathers to servers
+    ag_bytes: float
+    ag_calls: int
+    sps_gather_bytes: float
+    sps_gather_calls: int
+    # after the optimizer step: dense broadcasts per server, sparse row broadcasts
+    ps_bytes: np.ndarray  # per server
+    ps_msgs: np.ndarray
+    ps_worker_bytes: float  # most bytes one rank receives from servers other than itself
+    sps_bcast_bytes: float
+    sps_bcast_calls: int
+    gossip_bytes: float
+    gossip_msgs: int
+    gossip_topology: str
+    gossip_dynamic: bool
+    gossip_awc: bool
+    gossip_degree: float  # in-neighbours per step on the strategy's own ranks
+    opt_bytes: float  # parameter bytes the busiest rank updates itself
+
+
+def profile_timing(profile: ModelProfile) -> ProfileTiming:
+    """Split the profile's compute into forward/backward and place each gradient on the backward timeline.
+
+    Gradients become ready in ``grad_ready_order``; a variable is ready once the backward of its
+    layer (``VariableProfile.layer``, else a layer named like the variable) has run. Without
+    per-layer times, backward time is spread by parameter count.
+    """
+    layers = {layer.name: layer for layer in profile.layers}
+    sum_f = sum(layer.time_fwd for layer in profile.layers)
+    sum_b = sum(layer.time_bwd for layer in profile.layers)
+    total = profile.compute_time
+    share_f = sum_f / (sum_f + sum_b) if sum_f + sum_b > 0 else 1 / 3
+    fwd, bwd = total * share_f, total * (1 - share_f)
+
+    by_name = {v.name: v for v in profile.variables}
+    use_layers = sum_b > 0 and any((v.layer in layers or v.name in layers) for v in profile.variables)
+    cum, seen, ready = 0.0, set(), {}
+    for name in profile.grad_ready_order:
+        v = by_name[name]
+        if use_layers:
+            key = v.layer if v.layer in layers else (v.name if v.name in layers else None)
+            if key is not None and key not in seen:
+                seen.add(key)
+                cum += layers[key].time_bwd
+        else:
+            cum += v.numel
+        ready[name] = cum
+    scale = 1.0 / cum if cum > 0 else 0.0
+    return ProfileTiming(fwd, bwd, {k: (t * scale if cum > 0 else 1.0) for k, t in ready.items()})
+
+
+def estimate_touched_rows(v: VariableProfile, profile: ModelProfile, per_replica: int) -> int:
+    """Rows of an embedding one step's gradient touches: measured, else batch x fields (ids per sample)."""
+    rows = v.shape[0] if v.shape else 1
+    if v.touched_rows is not None:
+        return min(int(v.touched_rows * per_replica / profile.batch_size), rows) or 1
+    fields = 1
+    spec = profile.input_spec or {}
+    if str(spec.get("dtype", "")).startswith("int") and spec.get("shape"):
+        fields = max(1, math.prod(int(d) for d in spec["shape"]))
+    return max(1, min(rows, per_replica * fields))
+
+
+def _wire(nbytes: float, v: VariableProfile, sync: Sync) -> float:
+    """fp16/bf16 compressors halve a 4-byte gradient on the all-reduce wire (runtime/compress.py)."""
+    if sync.compressor in ("fp16", "bf16") and v.nbytes >= 4 * max(v.numel, 1):
+        return nbytes / 2
+    return nbytes
+
+
+def _ddp_applies(strategy: Strategy) -> bool:
+    """Mirror of runtime/ddp.py ``ddp_applies``: every variable one unpartitioned all-reduce, one compressor."""
+    if strategy.gossip is not None or strategy.world <= 1:
+        return False
+    comps = set()
+    for plan in strategy.variables:
+        if plan.partition is not None or plan.sync is None or plan.sync.kind != "allreduce":
+            return False
+        comps.add(plan.sync.compressor)
+    return len(comps) == 1
+
+
+def compile_strategy(
+    profile: ModelProfile,
+    strategy: Strategy,
+    timing: ProfileTiming | None = None,
+    bucket_bytes: int = BUCKET_BYTES,
+    ddp: bool = True,
+) -> CompiledStrategy:
+    """Turn one strategy into backward tasks, sparse exchanges, server loads and gossip figures."""
+    timing = timing or profile_timing(profile)
+    p = max(strategy.world, 1)
+    per_replica = strategy.batch.per_replica
+    by_name = {v.name: v for v in profile.variables}
+    position = {v.name: i for i, v in enumerate(profile.variables)}  # model.parameters() order
+    plans = sorted((pl for pl in strategy.variables if pl.name in by_name), key=lambda pl: -position[pl.name])
+    ddp = ddp and _ddp_applies(strategy)
+
+    # units in reverse parameter order: (variable, sync, fraction of the variable)
+    units = []
+    for plan in plans:
+        v = by_name[plan.name]
+        syncs = plan.syncs
+        if plan.partition is not None and v.shape and plan.partition.axis < len(v.shape):
+            dim = v.shape[plan.partition.axis]
+            fracs = [n / max(dim, 1) for n in plan.partition.sizes(dim)]
+        else:
+            fracs = [1.0] * len(syncs)
+        units.extend((v, s, f) for s, f in zip(syncs, fracs))
+
+    tasks: list[list[float]] = []  # [ready, first position, ar bytes, ar calls, red bytes, red calls]
+    open_bucket: dict[tuple, list[float]] = {}
+    ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
+    ag_calls = sps_gather_calls = sps_bcast_calls = gossip_msgs = 0
+    ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
+    for v, sync, frac in units:
+        raw = v.nbytes * frac
+        ready = timing.ready.get(v.name, 1.0)
+        sparse = v.sparse
+        if sync.kind == "allreduce" or (sync.kind == "allgather" and not sparse):
+            key = ("ddp",) if ddp else (sync.group or 0, sync.compressor, v.dtype)
+            cap = DDP_FIRST_BUCKET_BYTES if ddp and not tasks and key not in open_bucket else bucket_bytes
+            b = open_bucket.get(key)
+            if b is not None and b[6] + raw > b[7]:
+                b = None
+            if b is None:
+                b = [0.0, position[v.name], 0.0, 1.0, 0.0, 0.0, 0.0, cap]
+                open_bucket[key] = b
+                tasks.append(b)
+            b[0] = max(b[0], ready)
+            b[1] = min(b[1], position[v.name])
+            b[2] += _wire(raw, v, sync)
+            b[6] += raw
+            local_opt += raw
+        elif sync.kind == "ps":
+            s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0])
+            s[2] += raw
+            if sparse:  # gather rows to the server after backward; broadcast changed rows after its step
+                rows = estimate_touched_rows(v, profile, per_replica) * frac
+                sps_gather += rows * (v.row_bytes + INDEX_BYTES)
+                sps_gather_calls += 3  # sizes, indices, values
+                union = min(rows * p, (v.shape[0] if v.shape else 1) * frac)
+                sps_bcast += union * (v.row_bytes + INDEX_BYTES)
+                sps_bcast_calls += 3  # count, rows, values
+            else:
+                tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0])
+                s[0] += raw
+                s[1] += 1
+        elif sync.kind == "allgather":  # sparse: indices + values of the touched rows
+            rows = estimate_touched_rows(v, profile, per_replica) * frac
+            ag_bytes += rows * (v.row_bytes + INDEX_BYTES)
+            ag_calls += 3  # sizes, indices, values
+            local_opt += raw
+        elif sync.kind == "gossip":
+            gossip_bytes += raw
+            gossip_msgs = 1  # the runtime flattens every gossip variable into one message per neighbour
+            local_opt += raw
+    tasks.sort(key=lambda t: -t[1])  # runtime order: by the earliest parameter a task holds, last first
+
+    servers = sorted(s for s in ps_load if ps_load[s][0] > 0)
+    ps_bytes = np.array([ps_load[s][0] for s in servers], dtype=float)
+    total_ps = float(ps_bytes.sum())
+    own = [ps_load[r][0] if r in ps_load else 0.0 for r in range(p)]
+    hosts: dict[str, int] = {}
+    devices: dict[tuple[str, str], int] = {}
+    for r in strategy.ranks:
+        hosts[r.host] = hosts.get(r.host, 0) + 1
+        if not r.device.startswith("cpu"):
+            devices[(r.host, r.device)] = devices.get((r.host, r.device), 0) + 1
+    g = strategy.gossip
+
+    def col(i: int) -> np.ndarray:
+        return np.array([t[i] for t in tasks], dtype=float)
+
+    def suffix(i: int) -> np.ndarray:
+        return np.cumsum(col(i)[::-1])[::-1]
+
+    # task k ends the timeline no later than an earlier task j with ready_j >= ready_k
+    # (end_last = max_k ready_k + suffix_k, and suffixes only grow towards the front)
+    ready = col(0)
+    keep = ready > np.concatenate([[-np.inf], np.maximum.accumulate(ready)[:-1]]) if len(ready) else ready > 0
+    scale = per_replica / profile.batch_size
+    return CompiledStrategy(
+        name=strategy.name,
+        builder=strategy.builder,
+        world=p,
+        per_replica=per_replica,
+        accum=max(strategy.batch.accumulation, 1),
+        fwd=timing.fwd * scale,
+        bwd=timing.bwd * scale,
+        hosts=tuple(sorted(hosts.items())),
+        device_share=max(devices.values(), default=1),
+        gpu=bool(devices),
+        profile_threads=int(profile.meta["threads"]) if profile.meta.get("threads") else None,
+        multi_host=len(hosts) > 1,
+        ddp=ddp,
+        task_ar_bytes=col(2),
+        task_red_bytes=col(4),
+        task_ready=col(0)[keep],
+        suf_ar_calls=suffix(3)[keep],
+        suf_ar_bytes=suffix(2)[keep],
+        suf_red_calls=suffix(5)[keep],
+        suf_red_bytes=suffix(4)[keep],
+        ag_bytes=ag_bytes,
+        ag_calls=ag_calls,
+        sps_gather_bytes=sps_gather,
+        sps_gather_calls=sps_gather_calls,
+        ps_bytes=ps_bytes,
+        ps_msgs=np.array([ps_load[s][1] for s in servers], dtype=float),
+        ps_worker_bytes=total_ps - min(own) if total_ps else 0.0,
+        sps_bcast_bytes=sps_bcast,
+        sps_bcast_calls=sps_bcast_calls,
+        gossip_bytes=gossip_bytes,
+        gossip_msgs=gossip_msgs,
+        gossip_topology=g.topology if g else "exp2",
+        gossip_dynamic=bool(g and g.dynamic),
+        gossip_awc=bool(g and g.mode == "awc"),
+        gossip_degree=strategy_in_degree(strategy) if gossip_msgs else 0.0,
+        opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
+    )

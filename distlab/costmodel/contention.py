@@ -1,0 +1,35 @@
+"""Compute slowdown when ranks share a host's cores: fewer threads per rank, time-slicing, interference.
+
+On a CPU host with ``c`` cores and ``n`` ranks, each rank runs ``t = max(1, c // n)`` threads
+(what the launcher gives a worker). Relative to the profile, measured with ``T`` threads alone:
+
+- fewer threads: ``(T / t) ** e``, with ``e`` the parallel efficiency exponent (1: perfect
+  scaling with threads, 0: none), so a model profiled on 2 threads runs ~2**e slower per rank
+  when two ranks split two cores;
+- time-slicing: ``max(1, n * t / c)`` when ranks outnumber cores;
+- interference: ``1 + contention * (min(n, c) - 1)`` for memory bandwidth and caches shared by
+  the busy cores (measured by calibration: a GEMM alone vs with every rank busy).
+"""
+
+from __future__ import annotations
+
+
+def rank_threads(ranks_on_host: int, cores: int | None) -> int:
+    """Threads one rank runs when ``ranks_on_host`` ranks share ``cores`` cores."""
+    n = max(int(ranks_on_host), 1)
+    return max(1, int(cores) // n) if cores else 1
+
+
+def slowdown(
+    ranks_on_host: int,
+    cores: int | None,
+    contention: float,
+    profile_threads: int | None = None,
+    thread_efficiency: float = 0.8,
+) -> float:
+    """How much slower one rank computes than the profile says (see module docstring)."""
+    n = max(int(ranks_on_host), 1)
+    c = int(cores) if cores else n
+    t = rank_threads(n, c)
+    threads = (profile_threads / t) ** thread_efficiency if profile_threads else 1.0
+    return threads * max(1.0, n * t / c) * (1.0 + contention * (min(n, c) - 1))

@@ -1,0 +1,184 @@
+"""The vectorised simulator: many compiled strategies x many environments in a handful of numpy ops.
+
+Step time (DESIGN.md, Cost model), with each transfer where the runtime performs it (compile.py):
+``accum * (fwd + bwd) * slowdown`` + exposed backward tasks + sparse exchanges + optimizer
++ broadcasts from servers + gossip.
+
+- Backward tasks (all-reduce buckets, PS reduces) run one after another as gradients become
+  ready: task k starts when its gradients are ready and task k-1 has finished,
+  ``end_k = max(ready_k, end_{k-1}) + T_k``, which unrolls to
+  ``end_last = max_k (ready_k + sum_{j>=k} T_j)``: a suffix sum, no Python loop. Only
+  ``end_last - backward`` is exposed, and only the last micro-batch's backward hides anything.
+- Servers broadcast after their optimizer step; the busiest server, or the rank with the most
+  bytes to receive from other servers, bounds that phase.
+- Gossip (BlueFog) runs after the step (ATC) or alongside the optimizer step (AWC), so AWC only
+  exposes what outlasts the step.
+Collective costs are alpha-beta with Thakur et al. (2005) factors (collectives.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from distlab.costmodel.collectives import COLLECTIVES, factors
+from distlab.costmodel.compile import CompiledStrategy
+
+_SCALARS = (
+    "world",
+    "per_replica",
+    "accum",
+    "fwd",
+    "bwd",
+    "multi_host",
+    "ag_bytes",
+    "ag_calls",
+    "sps_gather_bytes",
+    "sps_gather_calls",
+    "ps_worker_bytes",
+    "sps_bcast_bytes",
+    "sps_bcast_calls",
+    "gossip_bytes",
+    "gossip_msgs",
+    "gossip_awc",
+    "opt_bytes",
+)
+_TASKS = ("task_ready", "suf_ar_calls", "suf_ar_bytes", "suf_red_calls", "suf_red_bytes")
+_SERVERS = ("ps_bytes", "ps_msgs")
+
+
+def _pad(items: Sequence[CompiledStrategy], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Ragged per-strategy arrays as zero-padded (S, max length) arrays, by one fancy assignment each."""
+    lengths = np.fromiter((len(getattr(c, names[0])) for c in items), dtype=np.intp, count=len(items))
+    width = int(lengths.max()) if len(items) else 0
+    rows = np.repeat(np.arange(len(items)), lengths)
+    cols = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out = {}
+    for name in names:
+        a = np.zeros((len(items), width))
+        if width:
+            a[rows, cols] = np.concatenate([getattr(c, name) for c in items])
+        out[name] = a
+    return out
+
+
+class Batch:
+    """Compiled strategies stacked into arrays: ``(S,)`` per scalar, ``(S, tasks)`` and ``(S, servers)`` padded with 0."""
+
+    def __init__(self, items: Sequence[CompiledStrategy]) -> None:
+        self.items = list(items)
+        n = len(self.items)
+        for name in _SCALARS:
+            setattr(self, name, np.fromiter((getattr(c, name) for c in self.items), dtype=float, count=n))
+        for name, a in {**_pad(self.items, _TASKS), **_pad(self.items, _SERVERS)}.items():
+            setattr(self, name, a)
+        self.env_cache: dict = {}  # per-resources arrays the model derives once (slowdown, links)
+
+    @classmethod
+    def stack(cls, items: Sequence[CompiledStrategy]) -> Batch:
+        return cls(items)
+
+
+@dataclass
+class Env:
+    """Per-evaluation conditions, each broadcastable to (S, E).
+
+    ``alpha``/``beta`` map a collective to arrays already chosen for each strategy's link class.
+    """
+
+    world: np.ndarray
+    alpha: dict[str, np.ndarray]
+    beta: dict[str, np.ndarray]
+    slowdown: np.ndarray
+    gossip_degree: np.ndarray
+    ps_worker_bytes: np.ndarray | None = None  # override when the world differs from the strategy's
+    optimizer_per_byte: float = 3e-10
+    compute_scale: float = 1.0
+    step_overhead: float = 0.0
+
+
+def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
+    """Step time and its parts for every (strategy, environment): arrays of shape (S, E)."""
+
+    def col(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=float)[:, None]  # (S,) -> (S, 1)
+
+    p = np.broadcast_to(
+        np.asarray(env.world, dtype=float), np.broadcast_shapes(np.shape(env.world), (len(b.items), 1))
+    )
+    al, be = env.alpha, env.beta
+    slow = np.asarray(env.slowdown, dtype=float)
+    fwd = col(b.fwd) * slow * env.compute_scale
+    bwd = col(b.bwd) * slow * env.compute_scale
+    compute = col(b.accum) * (fwd + bwd) + env.step_overhead
+
+    # backward tasks: end_last = max_k (ready_k * bwd + T_k + ... + T_last), suffix sums precompiled (S, E, T)
+    if b.task_ready.shape[1]:
+        aa, ab = factors("allreduce", p)
+        ra, rb = factors("reduce", p)
+        end = b.task_ready[:, None, :] * bwd[..., None]
+        for calls, nbytes, (fa, fb), c in (
+            (b.suf_ar_calls, b.suf_ar_bytes, (aa, ab), "allreduce"),
+            (b.suf_red_calls, b.suf_red_bytes, (ra, rb), "reduce"),
+        ):
+            end = (
+                end
+                + (fa * al[c])[..., None] * calls[:, None, :]
+                + (fb * be[c])[..., None] * nbytes[:, None, :]
+            )
+        backward_total = end[..., 0] - b.task_ready[:, None, 0] * bwd
+        backward = np.maximum(end.max(axis=-1) - bwd, 0.0)
+    else:
+        backward = backward_total = np.zeros_like(p)
+
+    # after backward: sparse all-gathers and sparse gathers to servers ((p-1) messages each)
+    ga, gb = factors("allgather", p)
+    sparse = ga * al["allgather"] * col(b.ag_calls + b.sps_gather_calls) + gb * be["allgather"] * col(
+        b.ag_bytes + b.sps_gather_bytes
+    )
+
+    optimizer = col(b.opt_bytes) * env.optimizer_per_byte * slow
+
+    # after the step: servers broadcast new values; the busiest server or busiest receiver bounds
+    ba, bb = factors("broadcast", p)
+    many = p > 1
+    broadcast = ba * al["broadcast"] * col(b.sps_bcast_calls) + bb * be["broadcast"] * col(b.sps_bcast_bytes)
+    if b.ps_bytes.shape[1]:
+        server = (ba * al["broadcast"])[..., None] * b.ps_msgs[:, None, :] + (bb * be["broadcast"])[
+            ..., None
+        ] * b.ps_bytes[:, None, :]
+        push = env.ps_worker_bytes if env.ps_worker_bytes is not None else col(b.ps_worker_bytes)
+        broadcast = broadcast + np.maximum(server.max(axis=-1), be["broadcast"] * push * many)
+
+    deg = np.asarray(env.gossip_degree, dtype=float)
+    gossip = deg * (al["sendrecv"] * col(b.gossip_msgs) + be["sendrecv"] * col(b.gossip_bytes))
+    gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
+
+    comm = backward + sparse + broadcast + gossip
+    step = compute + comm + optimizer
+    samples = col(b.per_replica) * col(b.accum) * p
+    return {
+        "step_time": step,
+        "throughput": samples / step,
+        "compute": compute,
+        "comm": comm,
+        "optimizer": optimizer,
+        "backward": backward,
+        "backward_total": backward_total,
+        "sparse": sparse,
+        "broadcast": broadcast,
+        "gossip": gossip,
+        "world": p + np.zeros_like(step),
+    }
+
+
+def link_arrays(
+    multi_host: np.ndarray, table: dict[str, dict[str, tuple[float, float]]]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Choose intra or inter (alpha, beta) per strategy: ``table[link][collective] -> (alpha, beta)``."""
+    inter = np.asarray(multi_host, dtype=bool)[:, None]
+    alpha = {c: np.where(inter, table["inter"][c][0], table["intra"][c][0]) for c in COLLECTIVES}
+    beta = {c: np.where(inter, table["inter"][c][1], table["intra"][c][1]) for c in COLLECTIVES}
+    return alpha, beta

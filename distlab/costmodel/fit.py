@@ -1,0 +1,122 @@
+"""Fit a structural step-time model to a table of measured runs (Pollux, Qiao et al. OSDI 2021, section 4.2).
+
+Columns: ``num_nodes``, ``num_replicas``, ``local_bsz``, ``step_time`` and optionally
+``grad_bytes`` and ``accum_steps``. The model, not a curve, is what extrapolates to unseen
+world sizes:
+
+- gradient computation is linear in the local batch: ``T_grad = c0 + c1 * local_bsz``;
+- synchronisation is a ring all-reduce (Thakur et al. 2005) with alpha, beta per link class
+  (intra-host when ``num_nodes == 1``, else inter-host):
+  ``T_sync = 2(p-1) alpha + 2(p-1)/p * grad_bytes * beta`` and 0 on one replica;
+- overlap is Pollux's gamma-norm, ``(T_grad^g + T_sync^g)^(1/g)`` with g >= 1 (1: none), and
+  accumulation adds ``(accum_steps - 1) * T_grad`` of unoverlapped micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from distlab.costmodel.params import CostParams
+from distlab.errors import CalibrationError
+
+NAMES = ("c0", "c1", "alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
+REQUIRED = ("num_nodes", "num_replicas", "local_bsz", "step_time")
+
+
+def _columns(df: Any, need_time: bool) -> dict[str, np.ndarray]:
+    import pandas as pd
+
+    df = pd.DataFrame(df)
+    need = REQUIRED if need_time else REQUIRED[:3]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise CalibrationError(
+            f"measurements: missing columns {missing}; expected {list(REQUIRED)} (+ grad_bytes, accum_steps)"
+        )
+    n = len(df)
+    cols = {c: df[c].to_numpy(dtype=float) for c in need}
+    cols["grad_bytes"] = df["grad_bytes"].to_numpy(dtype=float) if "grad_bytes" in df.columns else np.ones(n)
+    cols["accum_steps"] = (
+        df["accum_steps"].to_numpy(dtype=float) if "accum_steps" in df.columns else np.ones(n)
+    )
+    return cols
+
+
+def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarray:
+    """The structural model above for every row."""
+    p, inter = cols["num_replicas"], cols["num_nodes"] > 1
+    t_grad = theta["c0"] + theta["c1"] * cols["local_bsz"]
+    alpha = np.where(inter, theta["alpha_inter"], theta["alpha_intra"])
+    beta = np.where(inter, theta["beta_inter"], theta["beta_intra"])
+    t_sync = np.where(
+        p > 1, 2 * (p - 1) * alpha + 2 * (p - 1) / np.maximum(p, 1) * cols["grad_bytes"] * beta, 0.0
+    )
+    g = theta["gamma"]
+    return (cols["accum_steps"] - 1) * t_grad + (t_grad**g + t_sync**g) ** (1 / g)
+
+
+def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, Any]]:
+    """Robust fit (soft-L1 on log step time) of the identifiable parameters; others tie or stay out."""
+    cols = _columns(df, need_time=True)
+    y = cols["step_time"]
+    if len(y) < 3 or np.any(y <= 0):
+        raise CalibrationError("measurements: need at least 3 rows with positive step_time")
+    multi = cols["num_replicas"] > 1
+    has_inter = bool(np.any(multi & (cols["num_nodes"] > 1)))
+    has_sync = bool(np.any(multi))
+    scale = float(np.median(y))
+    free = ["c0", "c1"] if len(np.unique(cols["local_bsz"])) > 1 else ["c0"]
+    if has_sync:
+        free += ["alpha_intra", "beta_intra"] if np.any(multi & (cols["num_nodes"] <= 1)) else []
+        free += ["alpha_inter", "beta_inter"] if has_inter else []
+        free += ["gamma"]
+    start = {
+        "c0": scale * 0.2,
+        "c1": scale * 0.8 / max(np.median(cols["local_bsz"]), 1),
+        "alpha_intra": scale * 0.01,
+        "beta_intra": scale * 0.1 / max(np.median(cols["grad_bytes"]), 1),
+        "gamma": 1.5,
+    }
+    start["alpha_inter"], start["beta_inter"] = start["alpha_intra"], start["beta_intra"]
+
+    def theta_of(x: np.ndarray) -> dict[str, float]:
+        th = {"c1": 0.0, "alpha_intra": 0.0, "beta_intra": 0.0, "gamma": 1.0}
+        for name, v in zip(free, x):
+            th[name] = float(v if name == "gamma" else np.exp(v))
+        if "alpha_intra" not in free and has_inter:  # only multi-node data: intra figures tie to inter
+            th["alpha_intra"], th["beta_intra"] = th["alpha_inter"], th["beta_inter"]
+        th.setdefault("alpha_inter", th["alpha_intra"])
+        th.setdefault("beta_inter", th["beta_intra"])
+        return th
+
+    x0 = np.array([start[n] if n == "gamma" else np.log(start[n]) for n in free])
+    lo = np.array([1.0 if n == "gamma" else -60.0 for n in free])
+    hi = np.array([10.0 if n == "gamma" else 20.0 for n in free])
+    res = least_squares(
+        lambda x: np.log(step_time(theta_of(x), cols)) - np.log(y),
+        x0,
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.05,
+    )
+    theta = theta_of(res.x)
+    rel = np.abs(step_time(theta, cols) / y - 1)
+    ab = {}
+    if "grad_bytes" in getattr(df, "columns", ()):
+        ab["allreduce/intra"] = (theta["alpha_intra"], theta["beta_intra"])
+        ab["allreduce/inter"] = (theta["alpha_inter"], theta["beta_inter"])
+    info = {
+        "rows": int(len(y)),
+        "free": free,
+        "mape": float(rel.mean()),
+        "worlds": sorted({int(p) for p in cols["num_replicas"]}),
+    }
+    return CostParams(alpha_beta=ab), theta, info
+
+
+def predict_measurements(theta: dict[str, float], df: Any) -> np.ndarray:
+    """Predicted step time (s) per row; ``step_time`` need not be present."""
+    return step_time({k: float(theta[k]) for k in NAMES}, _columns(df, need_time=False))

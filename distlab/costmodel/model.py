@@ -1,0 +1,345 @@
+"""CostModel: predict, rank and sweep strategies with the vectorised simulator; save and load calibrations."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
+from distlab.costmodel.compile import (
+    CompiledStrategy,
+    ProfileTiming,
+    compile_strategy,
+    profile_timing,
+)
+from distlab.costmodel.contention import slowdown
+from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
+from distlab.costmodel.goodput import statistical_efficiency
+from distlab.costmodel.params import CostParams, fingerprint_of
+from distlab.costmodel.prediction import Prediction
+from distlab.errors import CalibrationError, StrategyError
+from distlab.profile.model_profile import ModelProfile
+from distlab.resources import Link, ResourceSpec
+from distlab.strategy.types import Strategy
+
+MODEL_VERSION = 1
+_CACHE_PRUNE = 50_000
+_BATCHES_KEPT = 8
+
+
+class CostModel:
+    """Data-parallel step-time model (DESIGN.md, Cost model); pure, deterministic, fast.
+
+    ``params`` holds the calibrated numbers; ``fingerprint`` says what they were calibrated on;
+    ``throughput_fit`` holds the structural model ``CostModel.fit`` learned from job logs.
+    """
+
+    def __init__(
+        self,
+        params: CostParams | None = None,
+        fingerprint: dict[str, Any] | None = None,
+        throughput_fit: dict[str, float] | None = None,
+    ) -> None:
+        self.params = params or CostParams()
+        self.fingerprint: dict[str, Any] = dict(fingerprint or {"calibrated": False})
+        self.throughput_fit = dict(throughput_fit) if throughput_fit else None
+        self._compiled: dict[tuple[Any, ...], tuple[Any, Any, CompiledStrategy]] = {}
+        self._timings: dict[int, tuple[Any, ProfileTiming]] = {}
+        self._batches: dict[
+            tuple[int, ...], Batch
+        ] = {}  # last stacked candidate lists (the picker re-ranks them)
+
+    @classmethod
+    def default(cls) -> CostModel:
+        """An uncalibrated model: link figures from the ResourceSpec, textbook contention and optimizer costs."""
+        return cls()
+
+    # -- compilation cache ------------------------------------------------------------
+    def compile(self, profile: ModelProfile, strategy: Strategy) -> CompiledStrategy:
+        """The strategy as numbers, cached per (profile, strategy) identity."""
+        key = (id(profile), id(strategy), self.params.bucket_bytes, self.params.ddp)
+        hit = self._compiled.get(key)
+        if hit is not None and hit[0]() is profile and hit[1]() is strategy:
+            return hit[2]
+        if not isinstance(strategy, Strategy):
+            raise StrategyError(f"candidates: expected Strategy objects, got {type(strategy).__name__}")
+        t = self._timings.get(id(profile))
+        if t is None or t[0]() is not profile:
+            t = (weakref.ref(profile), profile_timing(profile))
+            self._timings[id(profile)] = t
+        compiled = compile_strategy(profile, strategy, t[1], self.params.bucket_bytes, self.params.ddp)
+        if len(self._compiled) > _CACHE_PRUNE:
+            self._compiled = {
+                k: v for k, v in self._compiled.items() if v[0]() is not None and v[1]() is not None
+            }
+        self._compiled[key] = (weakref.ref(profile), weakref.ref(strategy), compiled)
+        return compiled
+
+    # -- environment -------------------------------------------------------------------
+    def link_table(self, resources: ResourceSpec | None) -> dict[str, dict[str, tuple[float, float]]]:
+        """``table[link][collective] -> (alpha, beta)`` for both link classes."""
+        return {
+            lk: {c: self.params.alpha_beta_for(c, lk, resources) for c in COLLECTIVES} for lk in LINK_CLASSES
+        }
+
+    def links(self, resources: ResourceSpec | None = None) -> dict[str, Link]:
+        """Point-to-point figures per link class, to fill a ``ResourceSpec.links`` after calibration."""
+        table = self.link_table(resources)
+        return {
+            lk: Link(table[lk]["sendrecv"][0], 1.0 / max(table[lk]["sendrecv"][1], 1e-30))
+            for lk in LINK_CLASSES
+        }
+
+    def _strategy_slowdown(self, c: CompiledStrategy, resources: ResourceSpec | None) -> float:
+        if c.gpu:
+            return float(c.device_share)
+        cores = resources.cores if resources is not None else {}
+        prm = self.params
+        return max(
+            slowdown(n, cores.get(h), prm.contention, c.profile_threads, prm.thread_efficiency)
+            for h, n in c.hosts
+        )
+
+    def _env(self, batch: Batch, resources: ResourceSpec | None) -> Env:
+        alpha, beta = link_arrays(batch.multi_host, self.link_table(resources))
+        memo: dict[Any, float] = {}
+        slow = np.empty(len(batch.items))
+        for i, c in enumerate(batch.items):
+            k = (c.hosts, c.gpu, c.device_share, c.profile_threads)
+            if k not in memo:
+                memo[k] = self._strategy_slowdown(c, resources)
+            slow[i] = memo[k]
+        deg = np.fromiter((c.gossip_degree for c in batch.items), dtype=float, count=len(batch.items))
+        return Env(
+            batch.world[:, None],
+            alpha,
+            beta,
+            slow[:, None],
+            deg[:, None],
+            optimizer_per_byte=self.params.optimizer_per_byte,
+            compute_scale=self.params.compute_scale,
+            step_overhead=self.params.step_overhead,
+        )
+
+    # -- predictions -------------------------------------------------------------------
+    def evaluate_many(
+        self, profile: ModelProfile, resources: ResourceSpec | None, strategies: Sequence[Strategy]
+    ) -> dict[str, np.ndarray]:
+        """Raw simulator output for many strategies: arrays of shape (S,) per quantity."""
+        return self._evaluate([self.compile(profile, s) for s in strategies], resources)
+
+    def _evaluate(
+        self, items: Sequence[CompiledStrategy], resources: ResourceSpec | None
+    ) -> dict[str, np.ndarray]:
+        key = tuple(map(id, items))  # the batch holds the items, so their ids stay theirs
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = Batch.stack(items)
+            if len(self._batches) >= _BATCHES_KEPT:
+                self._batches.pop(next(iter(self._batches)))
+            self._batches[key] = batch
+        # what the environment depends on; dicts inside frozen specs can still change, so compare them
+        sig = (
+            self.params,
+            tuple(sorted(self.params.alpha_beta.items())),
+            None
+            if resources is None
+            else (tuple(sorted(resources.links.items())), tuple(sorted(resources.cores.items()))),
+        )
+        hit = batch.env_cache.get(id(resources))
+        if hit is not None and hit[0] == sig and (resources is None or hit[1]() is resources):
+            env = hit[2]
+        else:
+            env = self._env(batch, resources)
+            ref = weakref.ref(resources) if resources is not None else None
+            batch.env_cache = {id(resources): (sig, ref, env)}
+        out = evaluate(batch, env)
+        return {k: v[:, 0] for k, v in out.items()}
+
+    def predict(
+        self,
+        profile: ModelProfile,
+        resources: ResourceSpec | None,
+        strategy: Strategy,
+        noise_scale: float | None = None,
+        base_batch: int | None = None,
+    ) -> Prediction:
+        """Predicted step of one strategy; with ``noise_scale`` also goodput (Pollux statistical efficiency)."""
+        c = self.compile(profile, strategy)
+        out = self._evaluate([c], resources)
+        gb = c.per_replica * c.accum * c.world
+        eff = good = None
+        if noise_scale is not None:
+            eff = float(statistical_efficiency(gb, noise_scale, base_batch or profile.batch_size))
+            good = float(out["throughput"][0]) * eff
+        return Prediction(
+            strategy=strategy.name,
+            world=c.world,
+            global_batch=gb,
+            step_time=float(out["step_time"][0]),
+            throughput=float(out["throughput"][0]),
+            breakdown={k: float(out[k][0]) for k in ("compute", "comm", "optimizer")},
+            detail={
+                k: float(out[k][0]) for k in ("backward", "sparse", "broadcast", "gossip", "backward_total")
+            },
+            goodput=good,
+            efficiency=eff,
+        )
+
+    def rank(
+        self,
+        profile: ModelProfile,
+        resources: ResourceSpec | None,
+        candidates: Sequence[Strategy],
+        noise_scale: float | None = None,
+        base_batch: int | None = None,
+    ):  # -> pandas.DataFrame
+        """Every candidate's prediction, best first (by goodput when a noise scale is given, else throughput).
+
+        Columns: strategy (name), builder, world, per_replica, throughput, step_time, compute, comm,
+        optimizer, [efficiency, goodput], index (position in ``candidates``), plan (the Strategy).
+        """
+        import pandas as pd
+
+        cands = list(candidates)
+        items = [self.compile(profile, s) for s in cands]
+        if items:
+            out = self._evaluate(items, resources)
+        else:
+            out = {
+                k: np.zeros(0) for k in ("throughput", "step_time", "compute", "comm", "optimizer", "world")
+            }
+        df = pd.DataFrame(
+            {
+                "strategy": [c.name for c in items],
+                "builder": [c.builder for c in items],
+                "world": np.asarray(out["world"], dtype=int),
+                "per_replica": [c.per_replica for c in items],
+                "throughput": out["throughput"],
+                "step_time": out["step_time"],
+                "compute": out["compute"],
+                "comm": out["comm"],
+                "optimizer": out["optimizer"],
+            }
+        )
+        key = "throughput"
+        if noise_scale is not None:
+            gb = np.array([c.per_replica * c.accum * c.world for c in items], dtype=float)
+            df["efficiency"] = statistical_efficiency(gb, noise_scale, base_batch or profile.batch_size)
+            df["goodput"] = df["throughput"] * df["efficiency"]
+            key = "goodput"
+        df["index"] = np.arange(len(cands))
+        df["plan"] = cands
+        order = np.argsort(-df[key].to_numpy(), kind="stable")
+        return df.iloc[order].reset_index(drop=True)
+
+    def sweep(
+        self,
+        profile: ModelProfile,
+        resources: ResourceSpec,
+        strategies: Sequence[Strategy],
+        worlds: Sequence[int],
+        bandwidths: Sequence[float | None] = (None,),
+    ):  # -> pandas.DataFrame
+        """What-if: each strategy at each world size and bottleneck bandwidth; see ``whatif.sweep_frame``."""
+        from distlab.costmodel.whatif import sweep_frame
+
+        return sweep_frame(self, profile, resources, strategies, worlds, bandwidths)
+
+    # -- calibration ------------------------------------------------------------------
+    @classmethod
+    def from_microbenchmarks(
+        cls, rows: Sequence[dict[str, Any]], resources: ResourceSpec | None = None
+    ) -> CostModel:
+        """Fit alpha, beta per collective and link class and the contention factor (see calibrate.py)."""
+        from distlab.costmodel.calibrate import fit_microbenchmarks
+
+        params, info = fit_microbenchmarks(rows, CostParams())
+        return cls(
+            params, fingerprint_of(resources, {"calibrated": True, "source": "microbenchmarks", **info})
+        )
+
+    @classmethod
+    def fit(cls, measurements: Any) -> CostModel:
+        """Fit the structural throughput model to a table of measured runs (see fit.py)."""
+        from distlab.costmodel.fit import fit_measurements
+
+        params, theta, info = fit_measurements(measurements)
+        return cls(
+            params, fingerprint_of(None, {"calibrated": True, "source": "measurements", **info}), theta
+        )
+
+    def predict_table(self, df: Any) -> np.ndarray:
+        """Predicted step time (s) for each row of a measurement table (columns as for ``fit``)."""
+        from distlab.costmodel.fit import predict_measurements
+
+        if self.throughput_fit is None:
+            raise CalibrationError(
+                "predict_table: this model was not fitted from measurements; use CostModel.fit(table) first"
+            )
+        return predict_measurements(self.throughput_fit, df)
+
+    # -- persistence ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": MODEL_VERSION,
+            "params": self.params.to_dict(),
+            "fingerprint": self.fingerprint,
+            "throughput_fit": self.throughput_fit,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the calibration as JSON atomically (temp file + rename)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=str))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        try:
+            d = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise CalibrationError(
+                f"cost model file {str(path)!r}: cannot read it ({exc.strerror})"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise CalibrationError(
+                f"cost model file {str(path)!r}: not valid JSON ({exc.msg}); write it with CostModel.save()"
+            ) from None
+        if not isinstance(d, dict) or "params" not in d:
+            raise CalibrationError(
+                f"cost model file {str(path)!r}: no 'params'; write it with CostModel.save()"
+            )
+        return cls(CostParams.from_dict(d["params"]), d.get("fingerprint"), d.get("throughput_fit"))
+
+    def __repr__(self) -> str:
+        src = (
+            self.fingerprint.get("source", "uncalibrated")
+            if self.fingerprint.get("calibrated")
+            else "uncalibrated"
+        )
+        return f"<CostModel {src} {self.fingerprint.get('hash', '')}>".replace(" >", ">")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{a * 1e6:.1f} us</td><td>{1 / b / 1e9 if b else float('inf'):.3f} GB/s</td></tr>"
+            for k, (a, b) in sorted(self.params.alpha_beta.items())
+        )
+        return (
+            f"<p><b>{html.escape(repr(self))}</b> contention {self.params.contention:.3f}, optimizer "
+            f"{self.params.optimizer_per_byte * 1e9:.3f} ns/byte</p>"
+            + (
+                f"<table><tr><th>collective/link</th><th>alpha</th><th>bandwidth</th></tr>{rows}</table>"
+                if rows
+                else ""
+            )
+        )

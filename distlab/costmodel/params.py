@@ -1,0 +1,134 @@
+"""CostParams: the calibrated numbers of the cost model (alpha-beta per collective and link, contention, optimizer)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
+from distlab.errors import CalibrationError
+from distlab.resources import ResourceSpec
+
+PARAMS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Numbers the simulator needs besides the profile and the strategy.
+
+    ``alpha_beta`` maps ``"collective/link"`` (e.g. ``"allreduce/intra"``) to ``(alpha s, beta s/byte)``;
+    a missing entry falls back to the ``ResourceSpec``'s link figures, so an uncalibrated model
+    follows whatever the resource spec says. ``contention``: extra slowdown per additional busy
+    core on a host (memory bandwidth, caches); ``thread_efficiency``: how compute scales with the
+    threads a rank gets (contention.py).
+    ``optimizer_per_byte``: seconds per parameter byte of one optimizer update.
+    ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
+    count); ``step_overhead`` is fixed seconds per step (framework, data loading); ``bucket_bytes`` the
+    all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
+    the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
+    whose buckets ignore the strategy's group ids.
+    """
+
+    alpha_beta: dict[str, tuple[float, float]] = field(default_factory=dict)
+    contention: float = 0.05
+    thread_efficiency: float = 0.8
+    optimizer_per_byte: float = 3e-10
+    compute_scale: float = 1.0
+    step_overhead: float = 0.0
+    bucket_bytes: int = 25 * 2**20  # all-reduce bucket cap, as the runtime's default
+    ddp: bool = True  # the runtime runs pure all-reduce strategies with torch DDP's buckets
+
+    def __post_init__(self) -> None:
+        for key, ab in self.alpha_beta.items():
+            coll, _, link = key.partition("/")
+            if coll not in COLLECTIVES or link not in LINK_CLASSES:
+                raise CalibrationError(
+                    f"alpha_beta[{key!r}]: expected 'collective/link' with collective in {COLLECTIVES} and link in {LINK_CLASSES}"
+                )
+            if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
+                raise CalibrationError(f"alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
+        if (
+            self.contention < 0
+            or self.optimizer_per_byte < 0
+            or self.compute_scale <= 0
+            or self.step_overhead < 0
+        ):
+            raise CalibrationError(
+                "CostParams: contention, optimizer_per_byte and step_overhead must be >= 0 and compute_scale > 0"
+            )
+
+    def alpha_beta_for(
+        self, collective: str, link: str, resources: ResourceSpec | None
+    ) -> tuple[float, float]:
+        """(alpha, beta) of one collective over one link class, calibrated or from the resource spec."""
+        ab = self.alpha_beta.get(f"{collective}/{link}")
+        if ab is not None:
+            return float(ab[0]), float(ab[1])
+        if resources is not None and link in resources.links:
+            lk = resources.links[link]
+        else:
+            from distlab.resources import DEFAULT_INTER, DEFAULT_INTRA
+
+            lat, bw = DEFAULT_INTRA if link == "intra" else DEFAULT_INTER
+            return lat, 1.0 / bw
+        return float(lk.latency), 1.0 / float(lk.bandwidth)
+
+    def with_(self, **changes: Any) -> CostParams:
+        return replace(self, **changes)
+
+    # -- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PARAMS_VERSION,
+            "alpha_beta": {k: [float(a), float(b)] for k, (a, b) in sorted(self.alpha_beta.items())},
+            "contention": self.contention,
+            "thread_efficiency": self.thread_efficiency,
+            "optimizer_per_byte": self.optimizer_per_byte,
+            "compute_scale": self.compute_scale,
+            "step_overhead": self.step_overhead,
+            "bucket_bytes": self.bucket_bytes,
+            "ddp": self.ddp,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostParams:
+        try:
+            return cls(
+                alpha_beta={
+                    k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()
+                },
+                contention=float(d.get("contention", 0.05)),
+                thread_efficiency=float(d.get("thread_efficiency", 0.8)),
+                optimizer_per_byte=float(d.get("optimizer_per_byte", 3e-10)),
+                compute_scale=float(d.get("compute_scale", 1.0)),
+                step_overhead=float(d.get("step_overhead", 0.0)),
+                bucket_bytes=int(d.get("bucket_bytes", 25 * 2**20)),
+                ddp=bool(d.get("ddp", True)),
+            )
+        except (TypeError, ValueError, IndexError) as exc:
+            raise CalibrationError(
+                f"cost model JSON: malformed params ({exc}); write it with CostModel.save()"
+            ) from None
+
+
+def fingerprint_of(resources: ResourceSpec | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a calibration was taken on: hosts, ranks, devices, cores and library versions, plus a short hash."""
+    from importlib import metadata
+
+    fp: dict[str, Any] = {}
+    if resources is not None:
+        fp["hosts"] = list(resources.hosts)
+        fp["ranks"] = [[r.host, r.device] for r in resources.ranks]
+        fp["cores"] = dict(sorted(resources.cores.items()))
+    versions = {}
+    for lib in ("torch", "numpy"):
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    fp["versions"] = versions
+    fp.update(extra or {})
+    fp["hash"] = hashlib.sha256(json.dumps(fp, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return fp

@@ -1,0 +1,95 @@
+"""What-if sweeps: every strategy at many world sizes and bandwidths in one vectorised evaluation (the picker's sliders)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from distlab.costmodel.collectives import COLLECTIVES
+from distlab.costmodel.contention import slowdown
+from distlab.costmodel.degree import gossip_in_degree
+from distlab.costmodel.evaluate import Batch, Env, evaluate
+from distlab.profile.model_profile import ModelProfile
+from distlab.resources import ResourceSpec
+from distlab.strategy.types import Strategy
+
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+
+
+def sweep_frame(
+    cm: CostModel,
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    strategies: Sequence[Strategy],
+    worlds: Sequence[int],
+    bandwidths: Sequence[float | None] = (None,),
+) -> Any:  # pandas.DataFrame
+    """One row per (strategy, world, bandwidth): strategy, index, world, bandwidth, throughput, step_time, parts.
+
+    Each strategy keeps its plan (buckets, server loads, gossip topology) and is re-costed on
+    ``world`` ranks. Hosts keep the ranks per host of ``resources``, so a world that needs more
+    hosts pays the inter-host link. A bandwidth (bytes/s, None: as calibrated) scales every
+    collective's beta on the link in use in proportion to its point-to-point figure.
+    """
+    import pandas as pd
+
+    items = [cm.compile(profile, s) for s in strategies]
+    batch = Batch.stack(items)
+    worlds_e = [int(w) for w in worlds for _ in bandwidths]
+    bws = [bw for _ in worlds for bw in bandwidths]
+    n_s, n_e = len(items), len(worlds_e)
+    rph = max(1, math.ceil(resources.world / max(resources.num_hosts, 1)))
+    cores = resources.cores.get(resources.hosts[0]) if resources.hosts else None
+    table = cm.link_table(resources)
+    alpha = {c: np.empty((1, n_e)) for c in COLLECTIVES}
+    beta = {c: np.empty((1, n_e)) for c in COLLECTIVES}
+    slow = np.empty((n_s, n_e))
+    gpu = np.array([c.gpu for c in items], dtype=bool)
+    share = np.array([c.device_share for c in items], dtype=float)
+    for e, (w, bw) in enumerate(zip(worlds_e, bws)):
+        link = "inter" if math.ceil(w / rph) > 1 else "intra"
+        scale = 1.0 if bw is None else (1.0 / table[link]["sendrecv"][1]) / float(bw)
+        for c in COLLECTIVES:
+            alpha[c][0, e], beta[c][0, e] = table[link][c][0], table[link][c][1] * scale
+        cpu = [
+            slowdown(min(w, rph), cores, cm.params.contention, c.profile_threads, cm.params.thread_efficiency)
+            for c in items
+        ]
+        slow[:, e] = np.where(gpu, share, cpu)
+    deg = np.zeros((n_s, n_e))
+    for i, c in enumerate(items):
+        if c.gossip_msgs:
+            deg[i] = [
+                c.gossip_degree if w == c.world else gossip_in_degree(c.gossip_topology, w, c.gossip_dynamic)
+                for w in worlds_e
+            ]
+    p = np.asarray(worlds_e, dtype=float)[None, :]
+    # ranks beyond the strategy's own hold no server share: they receive every broadcast byte
+    push = np.where(
+        p > batch.world[:, None], batch.ps_bytes.sum(axis=1)[:, None], batch.ps_worker_bytes[:, None]
+    )
+    env = Env(
+        p,
+        alpha,
+        beta,
+        slow,
+        deg,
+        ps_worker_bytes=push,
+        optimizer_per_byte=cm.params.optimizer_per_byte,
+        compute_scale=cm.params.compute_scale,
+        step_overhead=cm.params.step_overhead,
+    )
+    out = evaluate(batch, env)
+    return pd.DataFrame(
+        {
+            "strategy": np.repeat([c.name for c in items], n_e),
+            "index": np.repeat(np.arange(n_s), n_e),
+            "world": np.tile(worlds_e, n_s),
+            "bandwidth": np.tile(np.array([np.nan if b is None else float(b) for b in bws]), n_s),
+            **{k: out[k].ravel() for k in ("throughput", "step_time", "compute", "comm", "optimizer")},
+        }
+    )

@@ -1,0 +1,184 @@
+"""Rank-side microbenchmarks that calibration runs: collectives over message sizes, compute under contention.
+
+``microbench_rank`` runs inside an already initialised ``torch.distributed`` process group (or
+sub-group) on every member rank; every rank returns the same rows, because each measurement is
+reduced with MAX across ranks (a collective is as slow as its slowest rank). The rows feed
+``CostModel.from_microbenchmarks``; their schema is documented in ``distlab/costmodel/calibrate.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
+COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
+GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
+OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor) -> None:
+    for _ in range(GEMM_ITERS):
+        torch.mm(a, b)
+
+
+def _sgd(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor) -> None:
+    buf.mul_(0.9).add_(g)
+    p.add_(buf, alpha=-0.01)
+
+
+def _time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1) -> list[float]:
+    """Per-repeat seconds, each started right after a barrier so all ranks begin together."""
+    out = []
+    for i in range(warmup + repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        if i >= warmup:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def _max_median(times: list[float], group: Any) -> float:
+    """Median over repeats of the slowest rank's time (MAX across ranks per repeat)."""
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(statistics.median(t.tolist()))
+
+
+def _op(name: str, nbytes: int, local: int, members: Sequence[int], group: Any) -> Any:
+    numel = max(nbytes // 4, 1)
+    x = torch.ones(numel, dtype=torch.float32)
+    root = members[0]
+    if name == "allreduce":
+        return lambda: dist.all_reduce(x, group=group)
+    if name == "reduce":
+        return lambda: dist.reduce(x, dst=root, group=group)
+    if name == "broadcast":
+        return lambda: dist.broadcast(x, src=root, group=group)
+    if name == "allgather":
+        outs = [torch.empty_like(x) for _ in members]
+        return lambda: dist.all_gather(outs, x, group=group)
+    if name == "sendrecv":  # ping-pong between pairs (0,1), (2,3), ...: one-way time is half
+        partner = local ^ 1
+        if partner >= len(members):
+            return lambda: None
+        peer = members[partner]
+
+        def pingpong() -> None:
+            if local % 2 == 0:
+                dist.send(x, dst=peer, group=group)
+                dist.recv(x, src=peer, group=group)
+            else:
+                dist.recv(x, src=peer, group=group)
+                dist.send(x, dst=peer, group=group)
+
+        return pingpong
+    raise ValueError(f"collectives: unknown {name!r}; expected some of {COLLECTIVES}")
+
+
+def microbench_rank(
+    rank: int,
+    world: int,
+    group: Any = None,
+    sizes: Sequence[int] | None = None,
+    collectives: Sequence[str] = COLLECTIVES,
+    repeats: int = 5,
+    compute: bool = True,
+    time_budget: float = 20.0,
+) -> list[dict[str, Any]]:
+    """Measure every collective at every size, and the compute workload alone vs all ranks busy.
+
+    ``rank``: this process's global rank; ``world``: the size of ``group`` (the default group
+    when None). Sizes run smallest first; once ``time_budget`` seconds have passed on any rank
+    the larger sizes are skipped (all ranks agree). Rows: ``collective, world, nbytes, seconds,
+    link, repeats`` (sendrecv: one-way seconds; allgather: bytes contributed per rank), then a
+    ``compute`` row (``seconds`` all busy, ``alone``, ``contention``, ``threads``, ``flops``,
+    ``ranks_on_host``, ``cores``) and an ``optimizer`` row (seconds per SGD-momentum update of
+    ``nbytes`` parameter bytes, all ranks busy).
+    """
+    members = (
+        list(dist.get_process_group_ranks(group)) if group is not None else list(range(dist.get_world_size()))
+    )
+    if len(members) != world:
+        raise ValueError(f"world: {world} does not match the group's {len(members)} ranks")
+    local = members.index(rank)
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    link = "intra" if len(set(hosts)) == 1 else "inter"
+    base = {"world": world, "link": link, "repeats": repeats, "threads": torch.get_num_threads()}
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    if world > 1:
+        for nbytes in sorted(sizes or DEFAULT_SIZES):
+            over = torch.tensor([float(time.perf_counter() - start > time_budget)])
+            dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
+            if over.item() > 0:
+                break
+            for name in collectives:
+                fn = _op(name, int(nbytes), local, members, group)
+                seconds = _max_median(_time_reps(fn, repeats, group), group)
+                if name == "sendrecv":
+                    seconds /= 2
+                rows.append({**base, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
+    if compute:
+        rows.extend(_compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
+    return rows
+
+
+def _compute_rows(
+    local: int, world: int, group: Any, hosts: list[Any], base: dict[str, Any], repeats: int
+) -> list[dict[str, Any]]:
+    """GEMM time with this rank alone (others wait at a barrier) and with every rank busy at once."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(GEMM_N, GEMM_N, generator=g)
+    b = torch.randn(GEMM_N, GEMM_N, generator=g)
+    _gemm(a, b)  # warm-up
+    alone = 0.0
+    for turn in range(world):
+        dist.barrier(group=group)
+        if turn == local:
+            ts = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                _gemm(a, b)
+                ts.append(time.perf_counter() - t0)
+            alone = statistics.median(ts)
+        dist.barrier(group=group)
+    busy = statistics.median(_time_reps(lambda: _gemm(a, b), repeats, group, warmup=0))
+    p, gr, buf = torch.zeros(OPT_NUMEL), torch.ones(OPT_NUMEL), torch.zeros(OPT_NUMEL)
+    opt = statistics.median(_time_reps(lambda: _sgd(p, gr, buf), repeats, group))
+    t = torch.tensor([alone, busy, opt], dtype=torch.float64)
+    dist.all_reduce(t, group=group)  # mean over ranks
+    alone, busy, opt = (t / world).tolist()
+    me = hosts[local]
+    flops = 2.0 * GEMM_N**3 * GEMM_ITERS
+    return [
+        {
+            **base,
+            "collective": "compute",
+            "nbytes": 0,
+            "seconds": busy,
+            "alone": alone,
+            "contention": busy / alone if alone > 0 else float("nan"),
+            "flops": flops,
+            "ranks_on_host": max(hosts.count(h) for h in set(hosts)),
+            "cores": _cores(),
+            "host": me,
+        },
+        {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt},
+    ]

@@ -1,0 +1,129 @@
+"""Fitting alpha/beta, contention and optimizer cost to synthetic microbenchmark rows with known values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distlab.costmodel import CostModel
+from distlab.costmodel.collectives import COLLECTIVES, collective_time
+from distlab.errors import CalibrationError
+
+TRUE = {  # collective -> (alpha, beta) on loopback; inter-host 5x slower
+    "allreduce": (150e-6, 1.5e-9),
+    "reduce": (120e-6, 1.2e-9),
+    "broadcast": (100e-6, 0.5e-9),
+    "allgather": (200e-6, 2.0e-9),
+    "sendrecv": (60e-6, 0.7e-9),
+}
+SIZES = [4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20]
+
+
+def synthetic_rows(noise: float = 0.03, outlier: bool = True, worlds=(2, 3, 4), seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for link, slow in (("intra", 1.0), ("inter", 5.0)):
+        for coll, (a, b) in TRUE.items():
+            for p in worlds:
+                for n in SIZES:
+                    t = float(collective_time(coll, p, n, a, b * slow)) * (1 + noise * rng.standard_normal())
+                    rows.append({"collective": coll, "world": p, "nbytes": n, "seconds": t, "link": link})
+    if outlier:  # one measurement hit by a noisy neighbour
+        rows[3]["seconds"] *= 8
+    rows.append(
+        {
+            "collective": "compute",
+            "world": 1,
+            "nbytes": 0,
+            "seconds": 0.0066,
+            "alone": 0.0066,
+            "ranks_on_host": 1,
+            "cores": 2,
+            "threads": 2,
+        }
+    )
+    rows.append(
+        {
+            "collective": "compute",
+            "world": 2,
+            "nbytes": 0,
+            "seconds": 0.0132,
+            "alone": 0.012,
+            "ranks_on_host": 2,
+            "cores": 2,
+            "threads": 1,
+        }
+    )
+    rows.append(
+        {
+            "collective": "compute",
+            "world": 4,
+            "nbytes": 0,
+            "seconds": 0.0264,
+            "alone": 0.012,
+            "ranks_on_host": 4,
+            "cores": 2,
+            "threads": 1,
+        }
+    )
+    rows.append({"collective": "optimizer", "world": 2, "nbytes": 8 << 20, "seconds": 2.5e-10 * (8 << 20)})
+    return rows
+
+
+def test_recovers_alpha_beta_per_collective_and_link_despite_noise_and_an_outlier():
+    cm = CostModel.from_microbenchmarks(synthetic_rows())
+    for coll, (a, b) in TRUE.items():
+        for link, slow in (("intra", 1.0), ("inter", 5.0)):
+            fa, fb = cm.params.alpha_beta[f"{coll}/{link}"]
+            assert fb == pytest.approx(b * slow, rel=0.05), (coll, link)
+            assert fa == pytest.approx(a, rel=0.25), (coll, link)
+
+
+def test_contention_and_optimizer_cost_are_fitted():
+    cm = CostModel.from_microbenchmarks(synthetic_rows(noise=0.0))
+    # 2 ranks on 2 cores: 1.1x -> 0.1 per extra busy core; 4 on 2: 2 * 1.1 = 2.2x -> also 0.1
+    assert cm.params.contention == pytest.approx(0.1, abs=1e-9)
+    assert cm.params.optimizer_per_byte == pytest.approx(2.5e-10)
+    # alone: 6.6 ms on 2 threads, 12 ms on 1 -> time ~ threads ** -0.862
+    assert cm.params.thread_efficiency == pytest.approx(np.log(0.012 / 0.0066) / np.log(2))
+
+
+def test_structure_carries_to_a_world_size_not_measured():
+    cm = CostModel.from_microbenchmarks(synthetic_rows(worlds=(2, 3)))
+    a, b = cm.params.alpha_beta["allreduce/intra"]
+    for n in (1 << 20, 64 << 20):
+        true = float(collective_time("allreduce", 8, n, *TRUE["allreduce"]))
+        assert float(collective_time("allreduce", 8, n, a, b)) == pytest.approx(true, rel=0.08)
+
+
+def test_calibration_records_what_it_was_taken_on():
+    from distlab.resources import ResourceSpec
+    from distlab.strategy.types import RankSpec
+
+    res = ResourceSpec((RankSpec(0, "vm"), RankSpec(1, "vm")), cores={"vm": 2})
+    cm = CostModel.from_microbenchmarks(synthetic_rows(), res)
+    fp = cm.fingerprint
+    assert (
+        fp["calibrated"]
+        and fp["hosts"] == ["vm"]
+        and fp["cores"] == {"vm": 2}
+        and fp["worlds"] == [1, 2, 3, 4]
+    )
+    assert "torch" in fp["versions"] and len(fp["hash"]) == 16
+    other = CostModel.from_microbenchmarks(
+        synthetic_rows(), ResourceSpec((RankSpec(0, "vm"),), cores={"vm": 2})
+    )
+    assert other.fingerprint["hash"] != fp["hash"]
+    links = cm.links(res)
+    assert links["intra"].bandwidth == pytest.approx(1 / TRUE["sendrecv"][1], rel=0.05)
+
+
+def test_unusable_rows_give_one_clear_error():
+    with pytest.raises(CalibrationError, match="no rows"):
+        CostModel.from_microbenchmarks([])
+    with pytest.raises(CalibrationError, match=r"microbenchmarks\[0\]: missing \['seconds'\]"):
+        CostModel.from_microbenchmarks([{"collective": "allreduce", "world": 2}])
+    one_rank = [{"collective": "allreduce", "world": 1, "nbytes": 4096, "seconds": 1e-5, "link": "intra"}] * 3
+    with pytest.raises(CalibrationError, match="world size >= 2"):
+        CostModel.from_microbenchmarks(one_rank)
+    assert set(TRUE) == set(COLLECTIVES)

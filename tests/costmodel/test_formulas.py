@@ -1,0 +1,232 @@
+"""Each cost formula against a hand computation (Thakur et al. 2005 alpha-beta costs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distlab.costmodel.collectives import collective_time
+from distlab.strategy.types import GossipConfig, Partition, Sync, VariablePlan
+
+from .toys import ALPHA, BETA, allreduce, exact_model, plan, toy_profile, toy_resources
+
+
+@pytest.mark.parametrize(
+    "coll,p,n,expected",
+    [
+        ("allreduce", 4, 1000, 2 * 3 * ALPHA + 2 * 3 / 4 * 1000 * BETA),
+        ("allreduce", 2, 1000, 2 * ALPHA + 1000 * BETA),
+        ("reduce", 8, 1000, 3 * (ALPHA + 1000 * BETA)),
+        ("broadcast", 5, 1000, 3 * (ALPHA + 1000 * BETA)),
+        ("allgather", 4, 1000, 3 * ALPHA + 3 * 1000 * BETA),
+        ("sendrecv", 4, 1000, ALPHA + 1000 * BETA),
+        ("allreduce", 1, 1000, 0.0),
+    ],
+)
+def test_collective_times_match_thakur(coll, p, n, expected):
+    assert float(collective_time(coll, p, n, ALPHA, BETA)) == pytest.approx(expected)
+
+
+def test_single_bucket_allreduce_is_fully_exposed_ring_cost():
+    prof = toy_profile()
+    res = toy_resources(4)
+    pred = exact_model().predict(prof, res, plan(prof, allreduce(0, 0, 0), res))
+    n = 4 * 4000
+    assert pred.breakdown["comm"] == pytest.approx(6 * ALPHA + 1.5 * n * BETA)
+    assert pred.breakdown["compute"] == pytest.approx(3 * 0.005 + 3 * 0.010)
+    assert pred.step_time == pytest.approx(sum(pred.breakdown.values()))
+    assert pred.throughput == pytest.approx(4 * 32 / pred.step_time)
+
+
+def test_world_of_one_has_no_communication():
+    prof = toy_profile()
+    res = toy_resources(1)
+    pred = exact_model().predict(prof, res, plan(prof, allreduce(0, 1, 2), res))
+    assert pred.breakdown["comm"] == 0.0
+    assert pred.throughput == pytest.approx(32 / 0.045)
+
+
+def test_inter_host_link_is_used_when_ranks_span_hosts():
+    prof = toy_profile()
+    cm = exact_model()
+    cm.params.alpha_beta["allreduce/inter"] = (ALPHA, 10 * BETA)  # a 10x slower network
+    one = cm.predict(
+        prof, toy_resources(4, hosts=1), plan(prof, allreduce(0, 0, 0), toy_resources(4, hosts=1))
+    )
+    two = cm.predict(
+        prof, toy_resources(4, hosts=2), plan(prof, allreduce(0, 0, 0), toy_resources(4, hosts=2))
+    )
+    n = 16000
+    assert two.breakdown["comm"] - 6 * ALPHA == pytest.approx(10 * (one.breakdown["comm"] - 6 * ALPHA))
+    assert two.breakdown["comm"] == pytest.approx(6 * ALPHA + 1.5 * n * 10 * BETA)
+
+
+def test_uncalibrated_model_follows_resource_spec_links():
+    from distlab.costmodel import CostModel
+    from distlab.resources import Link, ResourceSpec
+
+    prof = toy_profile()
+    base = toy_resources(2)
+    res = ResourceSpec(base.ranks, links={"intra": Link(1e-3, 1e6), "inter": Link(1e-3, 1e6)})
+    pred = CostModel.default().predict(prof, res, plan(prof, allreduce(0, 0, 0), res))
+    assert pred.breakdown["comm"] == pytest.approx(2 * 1e-3 + 16000 / 1e6)
+
+
+def test_fp16_compressor_halves_the_bandwidth_term():
+    prof = toy_profile()
+    res = toy_resources(4)
+    cm = exact_model()
+    plain = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res)).breakdown["comm"]
+    half = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0, compressor="fp16"), res)).breakdown["comm"]
+    assert plain - 6 * ALPHA == pytest.approx(2 * (half - 6 * ALPHA))
+
+
+def test_parameter_servers_reduce_in_backward_and_busiest_server_bounds_broadcast():
+    prof = toy_profile(sizes=(1000, 1000, 2000))  # 4000, 4000, 8000 bytes, ready at 30, 20, 10 ms
+    res = toy_resources(2)
+    cm = exact_model()
+    # server 0: v0+v1 (2 calls, 8000 B); server 1: v2 (1 call, 8000 B); log2(2) = 1 tree round
+    balanced = cm.predict(
+        prof, res, plan(prof, [Sync("ps", server=0), Sync("ps", server=0), Sync("ps", server=1)], res)
+    )
+    # reduces overlap backward: only v0's (ready last) shows
+    assert balanced.detail["backward"] == pytest.approx(ALPHA + 4000 * BETA)
+    assert balanced.detail["broadcast"] == pytest.approx(2 * ALPHA + 8000 * BETA)
+    single = cm.predict(prof, res, plan(prof, [Sync("ps", server=0)] * 3, res))
+    assert single.detail["broadcast"] == pytest.approx(3 * ALPHA + 16000 * BETA)
+    assert balanced.throughput > single.throughput
+    # four ranks: a binomial tree has ceil(log2 4) = 2 rounds
+    res4 = toy_resources(4)
+    four = cm.predict(prof, res4, plan(prof, [Sync("ps", server=0)] * 3, res4))
+    assert four.detail["broadcast"] == pytest.approx(2 * (3 * ALPHA + 16000 * BETA))
+    assert four.detail["backward"] == pytest.approx(2 * (ALPHA + 4000 * BETA))
+
+
+def test_receiving_from_every_other_server_can_bound_the_broadcast():
+    prof = toy_profile(sizes=(1000, 1000, 1000, 1000), bwd=(0.01,) * 4)
+    res = toy_resources(4)
+    # 4 servers of 4000 B: each server's tree costs 2 * 4000 beta, but every rank receives 12000 B
+    pred = exact_model(alpha=0.0).predict(
+        prof, res, plan(prof, [Sync("ps", server=r) for r in range(4)], res)
+    )
+    assert pred.detail["broadcast"] == pytest.approx(12000 * BETA)
+
+
+def test_optimizer_time_counts_only_a_servers_share():
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    res = toy_resources(2)
+    cm = exact_model(optimizer_per_byte=1e-9)
+    ar = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res)).breakdown["optimizer"]
+    ps = cm.predict(
+        prof, res, plan(prof, [Sync("ps", server=0), Sync("ps", server=0), Sync("ps", server=1)], res)
+    )
+    assert ar == pytest.approx(16000 * 1e-9)
+    assert ps.breakdown["optimizer"] == pytest.approx(8000 * 1e-9)
+
+
+def test_sparse_allgather_grows_linearly_with_touched_rows_and_world():
+    from distlab.profile.model_profile import ModelProfile, VariableProfile
+
+    emb = VariableProfile(
+        "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
+    )
+    prof = ModelProfile((emb,), batch_size=32, step_time=0.01)
+    cm = exact_model()
+    for p in (2, 4, 8):
+        res = toy_resources(p)
+        pred = cm.predict(prof, res, plan(prof, [Sync("allgather")], res))
+        assert pred.detail["sparse"] == pytest.approx((p - 1) * (3 * ALPHA + 100 * (64 + 8) * BETA))
+    # without a measured count: batch x fields (ids per sample) rows
+    est = ModelProfile(
+        (VariableProfile("emb", (1000, 16), "float32", 64000, sparse=True, embedding=True),),
+        batch_size=32,
+        step_time=0.01,
+        input_spec={"shape": [5], "dtype": "int64"},
+    )
+    res = toy_resources(2)
+    assert cm.predict(est, res, plan(est, [Sync("allgather")], res)).detail["sparse"] == pytest.approx(
+        3 * ALPHA + 160 * 72 * BETA
+    )
+
+
+def test_allgather_of_a_dense_variable_runs_as_an_allreduce_bucket():
+    prof = toy_profile()
+    res = toy_resources(4)
+    cm = exact_model()
+    dense = cm.predict(prof, res, plan(prof, [Sync("allgather")] * 3, res))
+    assert dense.breakdown["comm"] == pytest.approx(
+        cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res)).breakdown["comm"]
+    )
+
+
+@pytest.mark.parametrize("world,degree", [(2, 1), (4, 2), (8, 3), (9, 4)])
+def test_gossip_exp2_costs_in_degree_messages(world, degree):
+    prof = toy_profile()
+    res = toy_resources(world)
+    s = plan(prof, [Sync("gossip")] * 3, res, gossip=GossipConfig("exp2", dynamic=False, mode="atc"))
+    pred = exact_model().predict(prof, res, s)
+    assert degree == int(math.floor(math.log2(world - 1))) + 1
+    assert pred.breakdown["comm"] == pytest.approx(
+        degree * (ALPHA + 16000 * BETA)
+    )  # one flat message per neighbour
+
+
+def test_one_peer_gossip_is_one_message_and_awc_hides_behind_the_optimizer_step():
+    prof = toy_profile()
+    res = toy_resources(8)
+    one_peer = GossipConfig("exp2", dynamic=True, mode="atc")
+    one = exact_model().predict(prof, res, plan(prof, [Sync("gossip")] * 3, res, gossip=one_peer))
+    assert one.breakdown["comm"] == pytest.approx(ALPHA + 16000 * BETA)
+    awc = GossipConfig("exp2", dynamic=True, mode="awc")
+    # the optimizer step takes 16000 B * 100 ns = 1.6 ms: 0.26 ms of gossip hides inside it
+    cm = exact_model(optimizer_per_byte=1e-7)
+    assert cm.predict(prof, res, plan(prof, [Sync("gossip")] * 3, res, gossip=awc)).breakdown["comm"] == 0.0
+    # 160 ms of gossip: only what outlasts the step shows; ATC shows all of it
+    slow = exact_model(beta=1e-5, optimizer_per_byte=1e-7)
+    awc_slow = slow.predict(prof, res, plan(prof, [Sync("gossip")] * 3, res, gossip=awc))
+    assert awc_slow.breakdown["comm"] == pytest.approx(ALPHA + 16000 * 1e-5 - 16000 * 1e-7)
+    atc_slow = slow.predict(prof, res, plan(prof, [Sync("gossip")] * 3, res, gossip=one_peer))
+    assert atc_slow.breakdown["comm"] == pytest.approx(ALPHA + 16000 * 1e-5)
+
+
+def test_partitioned_variable_shards_go_to_their_servers():
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    res = toy_resources(2)
+    vs = (
+        VariablePlan("v0", Sync("ps", server=0)),
+        VariablePlan("v1", Sync("ps", server=1)),
+        VariablePlan("v2", partition=Partition(0, 2), shards=(Sync("ps", server=0), Sync("ps", server=1))),
+    )
+    from distlab.strategy.types import Strategy
+
+    pred = exact_model().predict(prof, res, Strategy(vs, res.ranks))
+    assert pred.detail["broadcast"] == pytest.approx(2 * ALPHA + 8000 * BETA)  # each server: 2 calls, 8000 B
+    assert pred.detail["backward"] == pytest.approx(ALPHA + 4000 * BETA)  # v0's reduce, after backward
+
+
+def test_batch_scales_compute_linearly_and_accumulation_amortises_comm():
+    prof = toy_profile()
+    res = toy_resources(2)
+    cm = exact_model()
+    base = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res))
+    double = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res, per_replica=64))
+    assert double.breakdown["compute"] == pytest.approx(2 * base.breakdown["compute"])
+    acc = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res, accum=4))
+    assert acc.breakdown["compute"] == pytest.approx(4 * base.breakdown["compute"])
+    assert acc.breakdown["comm"] == pytest.approx(base.breakdown["comm"])
+    assert acc.throughput == pytest.approx(4 * 32 * 2 / acc.step_time)
+    assert acc.throughput > base.throughput
+
+
+def test_ddp_buckets_ignore_group_ids_like_the_runtime():
+    prof = toy_profile(sizes=(100_000, 200_000, 300_000))  # 0.4, 0.8, 1.2 MB; ready at 30, 20, 10 ms
+    res = toy_resources(2)
+    s = plan(prof, allreduce(0, 1, 2), res)
+    by_group = exact_model(beta=1e-7).compile(prof, s)
+    assert list(by_group.task_ar_bytes) == [1.2e6, 0.8e6, 0.4e6]
+    ddp = exact_model(beta=1e-7, ddp=True).compile(prof, s)
+    # DDP: a 1 MiB first bucket (v2 alone, 1.2 MB overflows it on its own), then up to 25 MiB
+    assert list(ddp.task_ar_bytes) == [1.2e6, 1.2e6]
+    capped = exact_model(bucket_bytes=2 * 2**20).compile(prof, plan(prof, allreduce(0, 0, 0), res))
+    assert list(capped.task_ar_bytes) == [2.0e6, 0.4e6]  # one group split at the 2 MiB cap

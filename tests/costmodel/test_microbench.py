@@ -1,0 +1,92 @@
+"""microbench_rank on 2 real gloo processes, and the calibration fitted from what it measured."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import queue
+
+import pytest
+
+from distlab.costmodel import CostModel
+
+
+def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from distlab.runtime.microbench import microbench_rank
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+    )
+    try:
+        rows = microbench_rank(rank, world, sizes=[4 << 10, 256 << 10, 4 << 20], repeats=3)
+        solo = dist.new_group([0])  # every rank creates it; only its member measures
+        if rank == 0:
+            rows += microbench_rank(0, 1, group=solo, repeats=3)
+        out.put((rank, rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(world: int) -> dict[int, list[dict]]:
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_body, args=(r, world, store.port, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(world):
+            rank, rows = out.get(timeout=90)
+            results[rank] = rows
+    except queue.Empty:
+        pytest.fail("microbench ranks did not report within 90 s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_microbench_two_gloo_ranks_measure_and_calibrate():
+    results = _run_ranks(2)
+    rows = results[0]
+    # every rank reports the same (MAX-reduced) figures
+    assert [r["seconds"] for r in rows if r["world"] == 2] == [r["seconds"] for r in results[1]]
+    colls = {r["collective"] for r in rows}
+    assert colls == {"allreduce", "reduce", "broadcast", "allgather", "sendrecv", "compute", "optimizer"}
+    ar = sorted((r["nbytes"], r["seconds"]) for r in rows if r["collective"] == "allreduce")
+    assert [n for n, _ in ar] == [4 << 10, 256 << 10, 4 << 20]
+    assert ar[-1][1] > ar[0][1] > 0  # 4 MiB takes longer than 4 KiB
+    assert all(r["link"] == "intra" for r in rows) and {r["world"] for r in rows} == {1, 2}
+    comp = next(r for r in rows if r["collective"] == "compute" and r["world"] == 2)
+    assert comp["alone"] > 0 and comp["seconds"] > 0 and comp["threads"] == 1 and comp["ranks_on_host"] == 2
+
+    # rank 0 also measured a one-rank sub-group: no collectives, compute alone
+    solo = [r for r in rows if r["world"] == 1]
+    assert {r["collective"] for r in solo} == {"compute", "optimizer"}
+    assert next(r for r in solo if r["collective"] == "compute")["ranks_on_host"] == 1
+
+    cm = CostModel.from_microbenchmarks(rows)
+    alpha, beta = cm.params.alpha_beta["allreduce/intra"]
+    assert alpha >= 0 and 1 / beta > 1e7  # loopback moves more than 10 MB/s
+    # the fitted model reproduces the largest measured all-reduce within a factor of 2
+    pred = 2 * alpha + (4 << 20) * beta
+    assert 0.5 < pred / ar[-1][1] < 2.0
