@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from distlab.errors import DistlabError
 
@@ -38,13 +42,18 @@ def estimate_gradient_stats(small_batch: int, small_sqnorm: float, big_batch: in
     return GradientStats(sqr=max(sqr, 1e-30), var=max(var, 0.0))
 
 
-def statistical_efficiency(batch: float, noise_scale: float, base_batch: float) -> float:
-    """Progress per sample at ``batch`` relative to ``base_batch`` (Pollux eq. 5): (phi + M0) / (phi + M)."""
-    if batch <= 0 or base_batch <= 0:
+def statistical_efficiency(batch: ArrayLike, noise_scale: float, base_batch: float) -> Any:
+    """Progress per sample at ``batch`` relative to ``base_batch`` (Pollux eq. 5): (phi + M0) / (phi + M).
+
+    ``phi`` is the gradient noise scale: batches far below it scale perfectly, batches far above
+    it waste samples. Capped at 1 (a batch below the base is not more than perfectly efficient).
+    Works elementwise on arrays.
+    """
+    m = np.asarray(batch, dtype=float)
+    if base_batch <= 0 or np.any(m <= 0):
         raise DistlabError(f"statistical_efficiency: batch sizes must be positive, got {batch}, {base_batch}")
-    if batch <= base_batch:
-        return 1.0
-    return (noise_scale + base_batch) / (noise_scale + batch)
+    eff = np.minimum(1.0, (noise_scale + base_batch) / (noise_scale + m))
+    return float(eff) if eff.ndim == 0 else eff
 
 
 def adascale_gain(stats: GradientStats, scale: float) -> float:
@@ -54,9 +63,9 @@ def adascale_gain(stats: GradientStats, scale: float) -> float:
     return (stats.var + stats.sqr) / (stats.var / scale + stats.sqr)
 
 
-def goodput(throughput: float, batch: float, noise_scale: float, base_batch: float) -> float:
-    """Useful samples per second: throughput x statistical efficiency."""
-    return throughput * statistical_efficiency(batch, noise_scale, base_batch)
+def goodput(throughput: ArrayLike, batch: ArrayLike, noise_scale: float, base_batch: float) -> Any:
+    """Useful samples per second: throughput x statistical efficiency (elementwise on arrays)."""
+    return np.asarray(throughput, dtype=float) * statistical_efficiency(batch, noise_scale, base_batch)
 
 
 def best_batch(
@@ -65,7 +74,7 @@ def best_batch(
     """The global batch size (of ``batches``) with the highest goodput, and that goodput."""
     best: tuple[int, float] | None = None
     for b in batches:
-        g = goodput(throughput_at(b), b, noise_scale, base_batch)
+        g = float(goodput(throughput_at(b), b, noise_scale, base_batch))
         if best is None or g > best[1]:
             best = (b, g)
     if best is None:

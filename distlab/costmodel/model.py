@@ -19,7 +19,7 @@ from distlab.costmodel.compile import (
 )
 from distlab.costmodel.contention import slowdown
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
-from distlab.costmodel.goodput import statistical_efficiency
+from distlab.adaptive.goodput import statistical_efficiency
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
 from distlab.errors import CalibrationError, StrategyError
