@@ -179,7 +179,7 @@ class StrategyPicker(w.VBox):
         if self._busy or change["new"] is None:
             return
         row = self._ranked.iloc[change["new"]]
-        strategy = row["strategy_obj"] if "strategy_obj" in row else None
+        strategy = row["plan"] if "plan" in row else None
         builder = row["builder"]
         opts = dict(getattr(strategy, "options", {}) or {})
         self._busy = True
