@@ -62,7 +62,20 @@ def test_profile_shows_the_table_and_stores_the_profile(shell, capsys):
     assert isinstance(prof, ModelProfile)
     assert prof.batch_size == 4
     assert [v.name for v in prof.variables] == ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert "ModelProfile" in out and "Figure" in out  # the profile and its chart were displayed
+    assert "4 variables (0 sparse, 0 embedding), 195 parameters" in out
+
+
+def test_profile_chart_shows_time_and_flops_per_layer():
+    import distlab as dl
+    from distlab.notebook.views import profile_chart
+
+    prof = dl.profile(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), batch_size=4)
+    fig = profile_chart(prof)
+    names = [t.name for t in fig.data]
+    assert names == ["forward", "backward", "fwd FLOPs", "bwd FLOPs"]
+    linear0 = list(fig.data[2].y).index("0 (Linear)")
+    assert fig.data[2].x[linear0] == pytest.approx(2 * 4 * 8 * 16 / 1e9)
+    assert all(x >= 0 for x in fig.data[0].x)
 
 
 def test_profile_with_a_wrong_input_shape_names_the_layer(shell, capsys):
