@@ -1,0 +1,143 @@
+"""Grids of (model, strategy, world, batch) runs: predict every one first, then measure, then score.
+
+``run_grid`` is what ``notebooks/bench/sweep.ipynb`` and ``cost-model-accuracy.ipynb`` call; the
+scoring functions (``accuracy``, ``leave_one_world_out``) are pure and work on its tidy table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from distlab.errors import DistlabError
+
+Spec = str | tuple[str, dict[str, Any]]
+
+
+def _spec(s: Spec) -> tuple[str, dict[str, Any]]:
+    return (s, {}) if isinstance(s, str) else (s[0], dict(s[1]))
+
+
+def plan_grid(
+    resources: Any,
+    cost_model: Any,
+    models: Sequence[Spec],
+    strategies: Sequence[Spec],
+    batches: Sequence[int],
+) -> list[dict[str, Any]]:
+    """Build and predict every configuration on ``resources`` (pure: before anything runs)."""
+    import distlab as dl
+    from distlab import zoo
+
+    res, world = resources, resources.world
+    if not batches:
+        raise DistlabError("plan_grid: batches is empty; give at least one per-replica batch size")
+    configs = []
+    for model_spec in models:
+        mname, mopts = _spec(model_spec)
+        model = zoo.get(mname, **mopts)
+        prof = dl.profile(model, batch_size=max(batches))
+        for strat_spec in strategies:
+            bname, bopts = _spec(strat_spec)
+            for batch in batches:
+                try:
+                    s = dl.strategy.build(bname, prof, res, batch_size=batch, **bopts)
+                except DistlabError:
+                    continue  # not applicable at this world size (e.g. gossip on one rank)
+                pred = cost_model.predict(prof, res, s)
+                configs.append(
+                    {
+                        "model": mname, "strategy": s.name, "builder": bname, "world": world, "batch": batch,
+                        "predicted_throughput": pred.throughput, "predicted_step_time": pred.step_time,
+                        "grad_bytes": prof.param_bytes, "_model": model, "_strategy": s,
+                    }
+                )
+    return configs
+
+
+def measure_grid(
+    lab: Any, configs: list[dict[str, Any]], *, steps: int, repeats: int, progress: Callable[[str], None] | None = None
+) -> pd.DataFrame:
+    """Run every configuration ``repeats`` times, round by round (interleaved), on ``lab``."""
+    import distlab as dl
+
+    rows = []
+    for rep in range(repeats):
+        order = configs if rep % 2 == 0 else list(reversed(configs))
+        for c in order:
+            data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=rep)
+            run = lab.launch(c["_model"], strategy=c["_strategy"], steps=steps, data=data, batch_size=c["batch"], seed=rep)
+            run.wait(progress=False)
+            m = run.metrics
+            step_time = float(np.median(m.groupby("step")["step_time"].max().iloc[len(m["step"].unique()) // 4 :]))
+            rows.append(
+                {k: v for k, v in c.items() if not k.startswith("_")}
+                | {"repeat": rep, "measured_throughput": run.throughput, "measured_step_time": step_time}
+            )
+            if progress:
+                progress(f"{c['model']} {c['strategy']} w={c['world']} b={c['batch']}: {run.throughput:.0f}/s")
+    return pd.DataFrame(rows)
+
+
+def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Per-configuration errors and the headline figures.
+
+    The noise floor is the median relative deviation of repeats from their configuration's
+    median: an error below it cannot be told from re-running. Regret: the throughput lost by
+    running the predicted best strategy instead of the measured best, per (model, world, batch).
+    """
+    from scipy.stats import spearmanr
+
+    keys = ["model", "strategy", "world", "batch"]
+    g = df.groupby(keys, as_index=False).agg(
+        predicted=("predicted_throughput", "first"), measured=("measured_throughput", "median")
+    )
+    g["error"] = (g["predicted"] - g["measured"]).abs() / g["measured"]
+    merged = df.merge(g[keys + ["measured"]], on=keys)
+    noise = (merged["measured_throughput"] - merged["measured"]).abs() / merged["measured"]
+    rhos, regrets = [], []
+    for _, part in g.groupby(["model", "world"]):
+        if len(part) >= 3 and part["measured"].nunique() > 1:
+            rhos.append(spearmanr(part["predicted"], part["measured"]).statistic)
+    for _, part in g.groupby(["model", "world", "batch"]):
+        picked = part.loc[part["predicted"].idxmax(), "measured"]
+        regrets.append(1 - picked / part["measured"].max())
+    repeats_exist = df.groupby(keys).size().max() > 1
+    summary = {
+        "configs": float(len(g)),
+        "mape": float(g["error"].mean()),
+        "p90_error": float(g["error"].quantile(0.9)),
+        "max_error": float(g["error"].max()),
+        "noise_floor": float(noise[noise > 0].median()) if repeats_exist and (noise > 0).any() else float("nan"),
+        "spearman_median": float(statistics.median(rhos)) if rhos else float("nan"),
+        "spearman_min": float(min(rhos)) if rhos else float("nan"),
+        "regret_median": float(statistics.median(regrets)) if regrets else float("nan"),
+        "regret_max": float(max(regrets)) if regrets else float("nan"),
+    }
+    return g, summary
+
+
+def leave_one_world_out(df: pd.DataFrame, builder: str = "AllReduce") -> dict[str, float]:
+    """Error of ``CostModel.fit`` predicting each world size from the others (per model)."""
+    from distlab.costmodel import CostModel
+
+    errors: dict[str, float] = {}
+    sub = df[df["builder"] == builder]
+    for model, part in sub.groupby("model"):
+        table = pd.DataFrame(
+            {
+                "num_nodes": 1, "num_replicas": part["world"], "local_bsz": part["batch"],
+                "step_time": part["measured_step_time"], "grad_bytes": part["grad_bytes"],
+            }
+        )
+        for w in sorted(part["world"].unique()):
+            train, test = table[table["num_replicas"] != w], table[table["num_replicas"] == w]
+            if train["num_replicas"].nunique() < 2:
+                continue
+            pred = CostModel.fit(train).predict_table(test)
+            errors[f"{model}_w{w}"] = float(np.mean(np.abs(np.asarray(pred) - test["step_time"].to_numpy()) / test["step_time"].to_numpy()))
+    return errors
