@@ -20,7 +20,19 @@ class RankJob:
     ``data`` is a map-style torch ``Dataset`` of ``(input, target)`` pairs. The global batch
     of step t (with ``shuffle=False``) is samples ``[t*G, (t+1)*G)`` with
     ``G = batch_size * world``; rank r reads its contiguous ``batch_size`` slice of it.
-    ``sample_offset`` shifts the data position (elastic resume keeps the position in samples).
+    ``sample_offset`` is the data position (global samples already seen) at step ``start_step``:
+    step t reads ``[sample_offset + (t - start_step)*G, ... + G)``, so an elastic resume on a
+    new world keeps its position in samples (pass the checkpoint's ``samples``). Positions
+    wrap around the dataset; with ``shuffle=True`` epoch e is read through
+    ``randperm(len(data), seed + e)``, the same on every rank.
+
+    ``topology`` optionally overrides ``distlab.topology.get(strategy.gossip.topology, world)``
+    for gossip (an object with ``.weights``, ``.in_neighbors(r)``, ``.out_neighbors(r)`` and,
+    when dynamic, ``.at(step)``). ``extra`` keys the runtime reads: ``ddp`` (default False; True
+    runs a pure all-reduce strategy with torch's DDP reducer instead of distlab's buckets; note
+    that a DDP-wrapped group stays open after a failure, so peers then wait for ``timeout``),
+    ``bucket_bytes`` (all-reduce bucket cap, default 4 MiB).
+    ``run_id`` must be unique per rendezvous store (it prefixes the store's keys).
     """
 
     rank: int
@@ -46,7 +58,11 @@ class RankJob:
     device: str = "cpu"  # "cpu" or "cuda:N"
     run_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    topology: Any = None  # gossip topology object; default: distlab.topology.get(...)
 
 
 # What run_rank reports per step through ``emit``: one dict with these keys.
+# samples: the data position after the step (global samples seen so far, sample_offset included);
+# step_time: seconds for the whole step on this rank; comm_time: seconds of it spent waiting on
+# communication (what backward did not hide, plus the sync after it); wall_time: time.time().
 STEP_RECORD_KEYS = ("run_id", "step", "rank", "loss", "samples", "step_time", "comm_time", "wall_time")
