@@ -21,8 +21,14 @@ demo: $(STAMP)
 	mkdir -p out
 	$(BIN)/distlab demo --out out
 
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q
+
+# Debian's Chromium for the real-browser test; skipped (and the test skips) where apt cannot install it.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium not installed: the browser test will skip"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check distlab tests
