@@ -1,0 +1,129 @@
+"""Start or attach to the Dask cluster a Lab owns, and describe it as a ResourceSpec."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from distlab.errors import LaunchError
+from distlab.launch.spmd import workers_info
+from distlab.resources import ResourceSpec
+from distlab.strategy.types import RankSpec
+
+
+# Read when the worker processes start (the nanny hands them the config), so scoping is enough.
+WORKER_CONFIG = {
+    "distributed.worker.daemon": False,  # ranks may start DataLoader worker processes
+    # the statistical profiler samples the task thread's stack every 10 ms, taking the GIL from
+    # the training loop; the embedded cluster trains, it does not need to profile itself
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.gil.enabled": False,
+}
+
+
+def start_local_cluster(
+    workers: int | None, *, gpus: bool, threads_per_worker: int | None, dashboard: bool | str, security: Any
+) -> Any:
+    """The embedded cluster: loopback only, non-daemonic worker processes, one rank per worker.
+
+    ``WORKER_CONFIG`` is set only while the workers are spawned, so no global setting outlives
+    the call.
+    """
+    import dask
+
+    dashboard_address = None if not dashboard else (dashboard if isinstance(dashboard, str) else "127.0.0.1:8787")
+    n = workers or _local_cores()
+    with dask.config.set(WORKER_CONFIG):
+        if gpus:
+            return _start_cuda_cluster(workers, threads_per_worker, dashboard_address, security)
+        from distributed import LocalCluster
+
+        kwargs: dict[str, Any] = {}
+        if dashboard_address is None:
+            # the scheduler always serves HTTP (health, metrics): keep it off the fixed port 8787
+            kwargs["scheduler_kwargs"] = {"dashboard_address": "127.0.0.1:0"}
+        if security is not None:
+            kwargs["security"] = security
+        return LocalCluster(
+            n_workers=n,
+            threads_per_worker=threads_per_worker or 1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=dashboard_address,
+            silence_logs=50,
+            **kwargs,
+        )
+
+
+def _start_cuda_cluster(workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any) -> Any:
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        raise LaunchError(
+            "Lab(gpus=True) needs dask-cuda; install it with `pip install dask-cuda` (or use Lab() for CPU workers)"
+        ) from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise LaunchError("Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers")
+    kwargs: dict[str, Any] = {"host": "127.0.0.1", "dashboard_address": dashboard_address, "threads_per_worker": threads_per_worker or 1}
+    if workers:
+        kwargs["n_workers"] = workers
+    if security is not None:
+        kwargs["security"] = security
+    return LocalCUDACluster(**kwargs)
+
+
+def _local_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def worker_facts() -> dict[str, Any]:
+    """(worker) What a rank placed here can use: cores and the GPU it sees, if any."""
+    facts: dict[str, Any] = {"cores": _local_cores(), "gpu": None}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        facts["gpu"] = visible.split(",")[0]
+    return facts
+
+
+def resources_of(client: Any, facts_cache: dict[str, dict[str, Any]]) -> ResourceSpec:
+    """The live cluster as a ResourceSpec: one rank per worker, ordered by (host, worker address).
+
+    ``ResourceSpec.from_client`` builds it from a snapshot of the scheduler's workers (asked
+    directly, see ``spmd.workers_info``) and the cores and GPU each worker reported (cached).
+    """
+    info = workers_info(client)
+    missing = [w for w in info if w not in facts_cache]
+    if missing:
+        facts_cache.update(client.run(worker_facts, workers=missing, on_error="ignore"))
+    facts = {w: f for w, f in facts_cache.items() if w in info and isinstance(f, dict)}
+    return ResourceSpec.from_client(_Snapshot(info), facts)
+
+
+class _Snapshot:
+    """A client stand-in for ``ResourceSpec.from_client``: the workers as they were just read."""
+
+    def __init__(self, workers: dict[str, Any]) -> None:
+        self._workers = workers
+
+    def scheduler_info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"workers": self._workers}
+
+
+def sub_resources(res: ResourceSpec, addresses: list[str]) -> ResourceSpec:
+    """The part of ``res`` made of the workers in ``addresses`` (ranks renumbered in that order)."""
+    index = {a: i for i, a in enumerate(res.addresses)}
+    ranks = tuple(
+        RankSpec(rank=j, host=res.ranks[index[a]].host, device=res.ranks[index[a]].device) for j, a in enumerate(addresses)
+    )
+    hosts = {r.host for r in ranks}
+    return ResourceSpec(
+        ranks=ranks,
+        links=dict(res.links),
+        cores={h: c for h, c in res.cores.items() if h in hosts},
+        addresses=tuple(addresses),
+    )

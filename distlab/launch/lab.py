@@ -1,0 +1,263 @@
+"""Lab: owns the notebook's Dask cluster, its calibration and its runs; launches strategies on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from distlab.errors import LaunchError
+from distlab.launch import cluster as _cluster
+from distlab.launch import spmd
+from distlab.launch import validate as _v
+from distlab.launch.run import Run
+from distlab.resources import ResourceSpec
+
+
+class Lab:
+    """A Dask cluster for this notebook: the embedded LocalCluster, or one you attach to.
+
+    ``Lab()`` starts one non-daemonic worker process per core on loopback (no dashboard unless
+    ``dashboard=True``); ``Lab(address=...)`` / ``Lab(client=...)`` attach to a running scheduler
+    (``security`` is passed through for TLS); ``Lab(gpus=True)`` starts dask-cuda's
+    ``LocalCUDACluster``. One run at a time: ranks use the default process group of their worker.
+    """
+
+    def __init__(self, workers: int | None = None, *, address: str | None = None, client: Any = None,
+                 gpus: bool = False, security: Any = None, threads_per_worker: int | None = None,
+                 dashboard: bool | str = False, timeout: float = 60, cache_dir: str | Path | None = None,
+                 checkpoint_dir: str | Path | None = None) -> None:
+        from distributed import Client
+
+        if workers is not None:
+            _v.check_positive("workers", workers)
+        if sum(x is not None for x in (address, client)) > 1:
+            raise LaunchError("Lab: give either address= or client=, not both")
+        self.timeout = timeout
+        self.cost_model: Any = None
+        self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "distlab"
+        self._own_ckpt = checkpoint_dir is None
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="distlab-ckpt-"))
+        self._runs: list[Run] = []
+        self._facts: dict[str, dict[str, Any]] = {}
+        self._cluster = None
+        self._own_client = client is None
+        if client is not None:
+            self.client = client
+        elif address is not None:
+            try:
+                self.client = Client(address, security=security, timeout=timeout)
+            except OSError as exc:
+                raise LaunchError(f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and that it runs") from None
+        else:
+            self._cluster = _cluster.start_local_cluster(
+                workers, gpus=gpus, threads_per_worker=threads_per_worker, dashboard=dashboard, security=security
+            )
+            self.client = Client(self._cluster, security=security)
+        self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
+
+    # -- cluster ----------------------------------------------------------------------------------
+    @property
+    def resources(self) -> ResourceSpec:
+        """The live cluster: one rank per worker, ranks ordered by (host, worker address)."""
+        return _cluster.resources_of(self.client, self._facts)
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self.resources.addresses)
+
+    def close(self) -> None:
+        for run in self._runs:
+            if not run.done:
+                try:
+                    run.cancel()
+                except Exception:  # noqa: BLE001
+                    pass
+        if self._own_client:
+            self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+        if self._own_ckpt:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the generic SPMD core ------------------------------------------------------------------------
+    def run_ranks(self, fn: Callable[..., Any], *args: Any, world: int | None = None, timeout: float | None = None) -> list[Any]:
+        """``fn(rank, world, master_addr, master_port, *args)`` once per rank; results in rank order.
+
+        One pinned Dask task per worker; the first failure stops every rank and raises a
+        ``LaunchError`` summarising it.
+        """
+        self._check_idle()
+        res = self.resources
+        workers = list(res.addresses)[: world or res.world]
+        if world is not None and world > len(workers):
+            raise LaunchError(f"world: {world} ranks asked, the Lab has {len(workers)} workers")
+        run_id = uuid.uuid4().hex[:8]
+        group = spmd.start_ranks(self.client, workers, fn, args, run_id=run_id, threads=self._threads(res, workers),
+                                 timeout=timeout or self.timeout, key_prefix="distlab-spmd")
+        try:
+            return group.wait(timeout)
+        except spmd.RankFailure as exc:
+            raise LaunchError(f"run_ranks({getattr(fn, '__name__', 'fn')}): {exc.summary()}") from None
+        finally:
+            group.close()
+
+    def _threads(self, res: ResourceSpec, workers: list[str]) -> list[int]:
+        sub = _cluster.sub_resources(res, workers)
+        return [spmd.rank_threads(sub.cores.get(r.host, 1), len(sub.ranks_on(r.host))) for r in sub.ranks]
+
+    def _check_idle(self) -> None:
+        for run in self._runs:
+            if not run.done:
+                raise LaunchError(f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching another")
+
+    # -- launching ------------------------------------------------------------------------------------
+    def launch(self, model: Any, strategy: Any = "AllReduce", steps: int = 100, data: Any = None, loss: Any = None,
+               optimizer: Any = None, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
+               checkpoint_every: int | None = None, elastic: bool = True, timeout: float | None = None,
+               block: bool = False) -> Run:
+        """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
+
+        ``checkpoint_every`` defaults to every ``max(1, steps // 10)`` steps when ``elastic``
+        (so a lost worker costs at most a tenth of the run), never otherwise.
+        """
+        from distlab.runtime.job import RankJob
+
+        steps = _v.check_positive("steps", steps)
+        batch_size = _v.check_positive("batch_size", batch_size, optional=True)
+        checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
+        _v.check_model(model)
+        self._check_idle()
+        res = self.resources
+        profile_cache: dict[str, Any] = {}
+
+        def profile() -> Any:
+            if "p" not in profile_cache:
+                profile_cache["p"] = _profile(model, batch_size)
+            return profile_cache["p"]
+
+        st, _ = _v.resolve_strategy(strategy, model, res, profile)
+        _v.check_strategy_fits(st, model, res.world)
+        b = batch_size or st.batch.per_replica
+        if data is None:
+            data = _v.synthetic_data(model, profile(), max(b * st.world * 4, 256), seed)
+        _v.check_data(data, model, loss)
+        workers = list(res.addresses)[: st.world]
+        run_id = f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
+        if elastic and checkpoint_every is None:
+            checkpoint_every = max(1, steps // 10)
+        job = RankJob(
+            rank=0, world=st.world, master_addr="", master_port=0, strategy=st, model=model, steps=steps, data=data,
+            loss=loss, optimizer=optimizer, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            checkpoint_dir=str(self.checkpoint_dir / run_id) if checkpoint_every else None,
+            checkpoint_every=checkpoint_every, timeout=float(timeout or self.timeout), run_id=run_id,
+        )
+
+        def replan(survivors: list[str]) -> tuple[Any, list[int]]:
+            sub = _cluster.sub_resources(self.resources, survivors)
+            return _replan(st, model, sub, profile), self._threads(self.resources, survivors)
+
+        run = Run(self, run_id, model, st, job, workers, self._threads(res, workers), elastic=elastic, replan=replan,
+                  predicted=self._predict(profile, res, st))
+        self._runs.append(run)
+        run._start()
+        if block:
+            run.wait()
+        return run
+
+    def _predict(self, profile: Callable[[], Any], res: ResourceSpec, st: Any) -> float:
+        if self.cost_model is None:
+            return math.nan
+        try:
+            sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
+            return float(self.cost_model.predict(profile(), sub, st).throughput)
+        except Exception:  # noqa: BLE001 - a prediction is a bonus column, never a reason not to run
+            return math.nan
+
+    @property
+    def runs(self) -> Any:
+        """One row per run: run_id, model, strategy, world, batch, steps, status, measured and predicted throughput."""
+        import pandas as pd
+
+        cols = ["run_id", "model", "strategy", "world", "batch", "steps", "status", "restarts",
+                "measured_throughput", "predicted_throughput"]
+        return pd.DataFrame([r.row() for r in self._runs], columns=cols)
+
+    # -- calibration ------------------------------------------------------------------------------------
+    def calibrate(self, sizes: Any = None, cache: bool = True, progress: bool = True) -> Any:
+        """Microbenchmark collectives and compute on this cluster and fit a ``CostModel`` (cached)."""
+        from distlab.launch.calibrate import calibrate_lab
+
+        self._check_idle()
+        self.cost_model = calibrate_lab(self, sizes=sizes, cache=cache, progress=progress)
+        return self.cost_model
+
+    # -- rendering --------------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        res = self.resources
+        return f"<Lab {res.world} workers on {res.num_hosts} host(s), {len(self._runs)} runs>"
+
+    def _repr_html_(self) -> str:
+        res = self.resources
+        rows = "".join(
+            f"<tr><td>{r.rank}</td><td>{html.escape(r.host)}</td><td>{html.escape(r.device)}</td>"
+            f"<td>{html.escape(a)}</td></tr>"
+            for r, a in zip(res.ranks, res.addresses)
+        )
+        cm = "calibrated" if self.cost_model is not None else "not calibrated (lab.calibrate())"
+        return (
+            f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost model {cm}</p>"
+            f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
+        )
+
+
+def _warm_torch() -> bool:
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    return True
+
+
+def _profile(model: Any, batch_size: int | None) -> Any:
+    """The model's profile (dl.profile), or a variables-only one when the profiler is not installed."""
+    try:
+        from distlab.profile.torch_profiler import profile
+    except ImportError:
+        return _v.variables_profile(model)
+    return profile(model, batch_size=batch_size or 32)
+
+
+def _replan(st: Any, model: Any, res: ResourceSpec, profile: Callable[[], Any]) -> Any:
+    """The strategy re-planned for ``res`` (elastic resume on fewer workers)."""
+    if st.world == res.world and [(r.host, r.device) for r in st.ranks] == [(r.host, r.device) for r in res.ranks]:
+        return st
+    try:
+        from distlab import strategy as strategies
+
+        # same per-replica batch and gradient accumulation: only the number of replicas changes
+        return dataclasses.replace(strategies.build(st.builder, profile(), res, **st.options), batch=st.batch)
+    except Exception as exc:  # noqa: BLE001
+        if st.builder == "custom" or not hasattr(strategies, "build"):
+            return _shrink(st, res, exc)
+        raise LaunchError(f"elastic resume: cannot re-plan {st.name} for {res.world} ranks ({exc})") from None
+
+
+def _shrink(st: Any, res: ResourceSpec, exc: Exception) -> Any:
+    """A hand-made strategy on fewer ranks: keep it if it names no rank that is gone."""
+    used = set(st.servers) | {s.server for p in st.variables for s in p.syncs if s.server is not None}
+    if used and max(used) >= res.world:
+        raise LaunchError(f"elastic resume: strategy {st.name} uses server ranks {sorted(used)} and cannot run on {res.world} ranks ({exc})")
+    return dataclasses.replace(st, ranks=tuple(res.ranks))

@@ -1,0 +1,55 @@
+"""Per-step records of a run as a DataFrame, and the steady-state throughput measured from them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+COLUMNS = ["run_id", "step", "rank", "loss", "samples", "step_time", "comm_time", "wall_time", "restart", "world"]
+
+
+def frame(records: Iterable[Mapping[str, Any]]) -> Any:
+    """Records -> DataFrame with ``COLUMNS`` (plus any extra keys the runtime sent), sorted."""
+    import pandas as pd
+
+    df = pd.DataFrame(list(records))
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = pd.Series(dtype="float64")
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[COLUMNS + extra]
+    if len(df):
+        df = df.sort_values(["restart", "step", "rank"], kind="stable").reset_index(drop=True)
+    return df
+
+
+def warmup_steps(n: int) -> int:
+    """Steps excluded as warm-up from a segment of ``n`` steps: 20%, at least 1, at most 10, keeping >= 1."""
+    if n <= 1:
+        return 0
+    return min(10, max(1, n // 5), n - 1)
+
+
+def throughput(df: Any) -> float:
+    """Steady-state samples/s of the last segment (the final world size).
+
+    ``samples`` in a record is the data position after that step (global samples seen), so a
+    step's global samples are the difference to the previous step. A step's duration is the
+    slowest rank's wall-clock interval between the end of the previous step and the end of this
+    one (data loading and everything between steps count, as a user timing the loop would see).
+    Throughput = median global samples per step / median step duration, over the steps after
+    warm-up (``warmup_steps``). Medians, because a shared machine has outliers.
+    """
+    if df is None or len(df) == 0:
+        return math.nan
+    seg = df[df["restart"] == df["restart"].max()].sort_values(["rank", "step"])
+    by_rank = seg.groupby("rank")
+    seg = seg.assign(duration=by_rank["wall_time"].diff(), gsamples=by_rank["samples"].diff())
+    per_step = seg.groupby("step").agg(samples=("gsamples", "max"), duration=("duration", "max"), ranks=("rank", "nunique"))
+    per_step = per_step[per_step["ranks"] == per_step["ranks"].max()]
+    per_step = per_step.iloc[max(1, warmup_steps(len(per_step))) :].dropna()
+    if len(per_step) == 0:
+        return math.nan
+    dur = float(per_step["duration"].median())
+    return float(per_step["samples"].median()) / dur if dur > 0 else math.nan

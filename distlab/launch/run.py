@@ -1,0 +1,301 @@
+"""Run: the handle of a launched job, driven by a client-side thread that restarts it elastically."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import html
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from distlab.errors import DistlabError, LaunchError
+from distlab.launch import metrics as _metrics
+from distlab.launch import spmd
+from distlab.launch.train import runtime_entry, train_rank
+
+STATUSES = ("pending", "running", "finished", "failed", "cancelled")
+LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worker after a rank saw it
+CANCEL_WITHIN = 10.0  # seconds: every rank stops within this after cancel()
+
+
+class Run:
+    """A launched training job: status, live records, measured throughput, the trained model.
+
+    Status goes ``pending -> running -> finished | failed | cancelled``. Records arrive live
+    through Dask worker events; ``on_record`` callbacks (e.g. a plotly FigureWidget update) are
+    called with each record, from the client's event thread.
+    """
+
+    def __init__(self, lab: Any, run_id: str, model: Any, strategy: Any, job: Any, workers: list[str],
+                 threads: list[int], *, elastic: bool, replan: Callable[[list[str]], Any], predicted: float = math.nan) -> None:
+        self.id = run_id
+        self.lab = lab
+        self.strategy = strategy
+        self.steps = job.steps
+        self.batch_size = job.batch_size or strategy.batch.per_replica
+        self.elastic = elastic
+        self.predicted_throughput = predicted
+        self.on_record: list[Callable[[dict[str, Any]], None]] = []
+        self.error: DistlabError | None = None
+        self.traceback = ""
+        self.checkpoint: str | None = None
+        self.launched_at = time.perf_counter()
+        self.first_record_at: float | None = None
+        self._model0, self._job, self._workers, self._threads, self._replan = model, job, workers, threads, replan
+        self._status = "pending"
+        self._records: dict[tuple[int, int, int], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._cancel = False
+        self._group: spmd.RankGroup | None = None
+        self._state_dict: Any = None
+        self._model: Any = None
+        self._topic = f"distlab-run-{run_id}"
+        self._runtime = runtime_entry()  # (run_rank, latest checkpoint, load checkpoint)
+        self._thread = threading.Thread(target=self._drive, name=f"distlab-run-{run_id}", daemon=True)
+
+    def _start(self) -> None:
+        self.lab.client.subscribe_topic(self._topic, self._on_event)
+        self._thread.start()
+
+    # -- live records --------------------------------------------------------------------------
+    def _on_event(self, event: Any) -> None:
+        _, msg = event
+        for rec in msg.get("records", ()):
+            self._add(rec)
+
+    def _add(self, rec: dict[str, Any]) -> None:
+        key = (int(rec.get("restart", 0)), int(rec["rank"]), int(rec["step"]))
+        with self._lock:
+            new = key not in self._records
+            self._records[key] = rec
+            if self.first_record_at is None:
+                self.first_record_at = time.perf_counter()
+        if new:
+            for cb in list(self.on_record):
+                try:
+                    cb(rec)
+                except Exception:  # noqa: BLE001 - a broken chart must not break the run
+                    pass
+
+    # -- the driver ------------------------------------------------------------------------------
+    def _drive(self) -> None:
+        client = self.lab.client
+        workers, threads, job = list(self._workers), list(self._threads), self._job
+        restart = 0
+        try:
+            while True:
+                if self._cancel:
+                    self._status = "cancelled"
+                    return
+                self._segment_job = job
+                try:
+                    self._group = spmd.start_ranks(
+                        client, workers, train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]), run_id=self.id, threads=threads,
+                        timeout=job.timeout,
+                    )
+                    self._status = "running"
+                    if self._cancel:  # cancel() ran while the ranks were being started
+                        self._group.stop()
+                    results = self._group.wait(None)
+                except (spmd.RankFailure, spmd.WorkerLost, LaunchError) as exc:
+                    self._group and self._group.close()
+                    if self._cancel:
+                        self._status = "cancelled"
+                        return
+                    lost = self._lost(workers, exc)
+                    if not lost or not self.elastic:
+                        self._fail(exc, lost)
+                        return
+                    workers = [w for w in workers if w not in lost]
+                    if not workers:
+                        self._fail(exc, lost)
+                        return
+                    restart += 1
+                    job, threads = self._resume_job(job, workers, restart)
+                    continue
+                self._group.close()
+                self._finish(results)
+                if self._cancel:
+                    self._status = "cancelled"
+                return
+        except BaseException as exc:  # noqa: BLE001 - the driver must always settle the run
+            if self._group is not None:
+                self._group.close()
+            if self._cancel:
+                self._status = "cancelled"
+            else:
+                self._fail(exc, [])
+        finally:
+            try:
+                client.unsubscribe_topic(self._topic)
+            except Exception:  # noqa: BLE001
+                pass
+            self._done.set()
+
+    def _lost(self, workers: list[str], exc: BaseException) -> list[str]:
+        """Workers that left the cluster by themselves (not the ones restarted to stop a stuck rank)."""
+        if isinstance(exc, spmd.WorkerLost):
+            return [w for w in exc.workers if self._group is None or w not in self._group.restarted]
+        restarted = self._group.restarted if self._group is not None else set()
+        deadline = time.monotonic() + (LOST_WORKER_GRACE if self.elastic else 0.0)
+        while True:
+            alive = set(spmd.workers_info(self.lab.client))
+            lost = [w for w in workers if w not in alive and w not in restarted]
+            if lost or time.monotonic() > deadline:
+                return lost
+            time.sleep(0.1)
+
+    def _resume_job(self, job: Any, workers: list[str], restart: int) -> tuple[Any, list[int]]:
+        """Re-plan for the surviving workers and resume from the last checkpoint (data position in samples)."""
+        _, latest, load = self._runtime
+        path = latest(job.checkpoint_dir) if job.checkpoint_dir else None
+        start_step, offset = 0, 0
+        if path is not None:
+            state = load(path)
+            start_step = int(state.get("step", 0))
+            offset = int(state.get("samples", start_step * (job.batch_size or self.batch_size) * job.world))
+        strategy, threads = self._replan(workers)
+        self.strategy = strategy
+        new = dataclasses.replace(
+            job, world=len(workers), strategy=strategy, start_step=start_step, sample_offset=offset,
+            resume_from=str(path) if path is not None else None,
+        )
+        return new, threads
+
+    def _fail(self, exc: BaseException, lost: list[str]) -> None:
+        if isinstance(exc, spmd.RankFailure):
+            self.traceback = exc.tb
+            what = exc.summary()
+        else:
+            what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DistlabError) else str(exc)
+        if lost and not self.elastic:
+            what = f"worker(s) {', '.join(lost)} left the cluster ({what}); launch with elastic=True to resume from checkpoints"
+        self.error = LaunchError(f"run {self.id} failed: {what}")
+        self._status = "failed"
+
+    def _finish(self, results: list[dict[str, Any]]) -> None:
+        for out in results:
+            for rec in out.get("records") or []:
+                self._add(rec)
+        r0 = results[0]
+        self._state_dict = r0.get("state_dict")
+        self.checkpoint = r0.get("checkpoint") or self.checkpoint
+        if self.checkpoint is None and self._job.checkpoint_dir:
+            path = self._runtime[1](self._job.checkpoint_dir)
+            self.checkpoint = str(path) if path else None
+        self._status = "finished"
+
+    # -- public ----------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        return self._status
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
+        """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers."""
+        bar = None
+        start = time.monotonic()
+        try:
+            while not self._done.wait(0.1):
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise LaunchError(f"run {self.id}: still {self.status} after {timeout:g} s; wait longer or run.cancel()")
+                if progress and bar is None and time.monotonic() - start > 1.0:
+                    from tqdm.auto import tqdm
+
+                    bar = tqdm(total=self.steps, desc=f"run {self.id}", unit="step", leave=False)
+                if bar is not None and bar.n != self._last_step():
+                    bar.n = self._last_step()
+                    bar.refresh()
+        except KeyboardInterrupt:
+            self.cancel()
+            raise KeyboardInterrupt(f"run {self.id} interrupted: cancelled on every worker") from None
+        finally:
+            if bar is not None:
+                bar.n = self._last_step()
+                bar.close()
+        if self._status == "failed" and self.error is not None:
+            raise self.error
+        return self
+
+    def _last_step(self) -> int:
+        with self._lock:
+            return max((k[2] + 1 for k in self._records), default=0)
+
+    def cancel(self, timeout: float = CANCEL_WITHIN) -> Run:
+        """Stop every rank (within ``timeout`` seconds); the Lab is usable again afterwards."""
+        if self._done.is_set():
+            return self
+        self._cancel = True
+        group = self._group
+        if group is not None:
+            group.stop()
+        self._done.wait(timeout)
+        if not self._done.is_set():
+            raise LaunchError(f"run {self.id}: ranks did not stop within {timeout:g} s; lab.close() ends the workers")
+        return self
+
+    @property
+    def metrics(self) -> Any:
+        """DataFrame: run_id, step, rank, loss, samples, step_time, comm_time, wall_time, restart, world."""
+        with self._lock:
+            recs = list(self._records.values())
+        return _metrics.frame(recs)
+
+    @property
+    def restarts(self) -> int:
+        with self._lock:
+            return max((k[0] for k in self._records), default=0)
+
+    @property
+    def throughput(self) -> float:
+        """Steady-state samples/s, warm-up excluded (see ``distlab.launch.metrics.throughput``)."""
+        return _metrics.throughput(self.metrics)
+
+    @property
+    def model(self) -> Any:
+        """The trained model: rank 0's weights loaded into a copy of the launched model."""
+        if self._model is None:
+            if self._state_dict is None:
+                raise LaunchError(f"run {self.id}: no trained model ({self.status}); wait() for it to finish")
+            m = copy.deepcopy(self._model0)
+            m.load_state_dict(self._state_dict)
+            self._model = m
+        return self._model
+
+    @property
+    def world(self) -> int:
+        return self.strategy.world if self.strategy is not None else len(self._workers)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "run_id": self.id, "model": type(self._model0).__name__, "strategy": self.strategy.name,
+            "world": self.world, "batch": self.batch_size, "steps": self.steps, "status": self.status,
+            "restarts": self.restarts, "measured_throughput": self.throughput,
+            "predicted_throughput": self.predicted_throughput,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {self._last_step()}/{self.steps} steps>"
+
+    def _repr_html_(self) -> str:
+        r = self.row()
+        tp = r["measured_throughput"]
+        cells = "".join(
+            f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in [
+                ("status", r["status"]), ("strategy", r["strategy"]), ("world", r["world"]),
+                ("steps", f"{self._last_step()}/{self.steps}"), ("restarts", r["restarts"]),
+                ("throughput", f"{tp:.1f} samples/s" if tp == tp else "-"),
+                ("error", str(self.error) if self.error else ""),
+            ] if v != ""
+        )
+        return f"<p><b>Run {html.escape(self.id)}</b></p><table>{cells}</table>"

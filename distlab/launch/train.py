@@ -1,0 +1,82 @@
+"""The training rank body that runs in each Dask task: a RankJob handed to the runtime, records sent as events."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from distlab.launch import spmd
+
+EMIT_INTERVAL = 0.1  # seconds between live-record events from one rank
+
+
+def runtime_entry() -> tuple[Any, Any, Any]:
+    """(run_rank, latest_checkpoint, load_checkpoint) of distlab.runtime."""
+    from distlab.runtime import checkpoint
+    from distlab.runtime.trainer import run_rank
+
+    return run_rank, checkpoint.latest, checkpoint.load
+
+
+def _plain(value: Any) -> Any:
+    """msgpack-safe scalars (numpy/torch scalars -> Python)."""
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _reset_group_names() -> None:
+    """Worker hygiene: a default process group whose rendezvous failed leaves torch's group counter
+    raised, so this worker would name its next group differently from its peers and never meet
+    them. With no group alive, the counter must be 0 (as destroy_process_group leaves it)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if dist.is_available() and not dist.is_initialized() and getattr(c10d._world, "group_count", 0):
+        c10d._world.group_count = 0
+
+
+def train_rank(rank: int, world: int, master_addr: str, master_port: int, payload: bytes, topic: str, restart: int,
+               run_rank: Any) -> dict[str, Any]:
+    """(worker) Run one rank of the job; every step record goes to the client as a Dask event on ``topic``.
+
+    The job arrives pickled (``payload``) and is unpickled here, so the model and the process
+    group its hooks reference belong to this call alone: when the rank fails, they are freed
+    with its frames and the group's sockets close, which makes the peers' collectives fail at
+    once. (A job held in the task's arguments would keep the group alive until the task is
+    released, and the peers would wait for the collective timeout.)
+    """
+    import cloudpickle
+    from distributed import get_worker
+
+    _reset_group_names()
+    worker = get_worker()
+    job = dataclasses.replace(cloudpickle.loads(payload), rank=rank, world=world, master_addr=master_addr, master_port=master_port)
+    tag = {"restart": restart, "world": world}
+    batch: list[dict[str, Any]] = []
+    sent = [0.0]
+
+    def flush() -> None:
+        if batch:
+            worker.log_event(topic, {"records": list(batch)})
+            batch.clear()
+        sent[0] = time.monotonic()
+
+    def emit(record: dict[str, Any]) -> None:
+        # One event per EMIT_INTERVAL, not per step: each event wakes the worker's event loop,
+        # which competes with training for the cores. The first record goes at once (latency).
+        batch.append({**{k: _plain(v) for k, v in record.items()}, **tag})
+        if not sent[0] or time.monotonic() - sent[0] >= EMIT_INTERVAL:
+            flush()
+
+    def should_stop() -> bool:
+        return spmd.should_stop(job.run_id)
+
+    try:
+        out = run_rank(job, emit=emit, should_stop=should_stop)
+    finally:
+        flush()
+    for rec in out.get("records") or []:
+        rec.update(tag)
+    return out

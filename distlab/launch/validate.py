@@ -1,0 +1,130 @@
+"""Check a launch's inputs on the client, before any worker starts: each fault is one line with the fix."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+from distlab.errors import DistlabError, LaunchError, StrategyError
+from distlab.resources import ResourceSpec
+from distlab.strategy.types import Strategy
+
+
+def check_positive(name: str, value: Any, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LaunchError(f"{name}: must be a positive integer, got {value!r}")
+    return value
+
+
+def check_model(model: Any) -> None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise LaunchError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise LaunchError("model: has no trainable parameters; there is nothing to train")
+
+
+def variables_profile(model: Any) -> Any:
+    """A profile of the model's trainable variables only (names, shapes, dtypes): no forward pass."""
+    from distlab.profile.model_profile import ModelProfile
+
+    sparse = _sparse_params(model)
+    rows = [(n, tuple(p.shape), str(p.dtype), n in sparse) for n, p in model.named_parameters() if p.requires_grad]
+    return ModelProfile.from_variables(rows, name=type(model).__name__)
+
+
+def _sparse_params(model: Any) -> set[str]:
+    import torch
+
+    out = set()
+    for mname, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            out.add(f"{mname}.weight" if mname else "weight")
+    return out
+
+
+def resolve_strategy(strategy: Any, model: Any, resources: ResourceSpec, profile_fn: Any) -> tuple[Strategy, Any]:
+    """A Strategy from a Strategy, a builder name or a JSON path; returns it and the profile used, if any."""
+    profile = None
+    if isinstance(strategy, Strategy):
+        st = strategy
+    elif isinstance(strategy, (str, os.PathLike)):
+        text = os.fspath(strategy)
+        if os.path.exists(text) or text.endswith(".json"):
+            st = Strategy.load(text)
+        else:
+            from distlab import strategy as strategies
+
+            known = strategies.builders() if hasattr(strategies, "builders") else []
+            if text not in known:
+                raise StrategyError(f"strategy: builder {text!r} is not known; use one of: {', '.join(known) or 'none installed'}")
+            profile = profile_fn()
+            st = strategies.build(text, profile, resources)
+    else:
+        raise LaunchError(f"strategy: expected a Strategy, a builder name or a JSON path, got {type(strategy).__name__}")
+    return st, profile
+
+
+def check_strategy_fits(st: Strategy, model: Any, available: int) -> None:
+    """The strategy plans exactly this model's variables (names and shapes) and fits the cluster."""
+    import importlib
+
+    sv = importlib.import_module("distlab.strategy.validate")  # the package re-exports a function of that name
+    prof = variables_profile(model)
+    try:
+        sv.check(st, prof)
+    except StrategyError as exc:
+        raise StrategyError(f"strategy {st.name} does not fit model {type(model).__name__}: {exc}") from None
+    if st.world > available:
+        raise LaunchError(
+            f"strategy: planned for {st.world} ranks but the Lab has {available} workers; "
+            "build it for lab.resources or start the Lab with more workers"
+        )
+
+
+def synthetic_data(model: Any, profile: Any, n: int, seed: int) -> Any:
+    """data=None: a synthetic dataset shaped from the profile's input and target specs."""
+    if profile is None or not getattr(profile, "input_spec", None):
+        raise LaunchError(
+            f"data: the profile of {type(model).__name__} has no input shape to synthesise data from; pass data= (a Dataset of (input, target))"
+        )
+    from distlab.data import synthetic
+
+    return synthetic(profile, n, seed)
+
+
+def check_data(data: Any, model: Any, loss: Any) -> None:
+    """The dataset is map-style, non-empty, yields (input, target) pairs that go through a copy of the model."""
+    import torch
+
+    try:
+        n = len(data)
+    except TypeError:
+        raise LaunchError(f"data: expected a map-style Dataset with len(), got {type(data).__name__}") from None
+    if n == 0:
+        raise LaunchError("data: the dataset is empty")
+    try:
+        sample = data[0]
+    except Exception as exc:  # noqa: BLE001 - a user's dataset can raise anything
+        raise LaunchError(f"data[0]: cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise LaunchError(f"data[0]: expected an (input, target) pair, got {type(sample).__name__}")
+    x, y = sample
+    probe = copy.deepcopy(model)
+    try:
+        out = probe(torch.as_tensor(x).unsqueeze(0))
+        value = (loss or torch.nn.functional.cross_entropy)(out, torch.as_tensor(y).unsqueeze(0))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise LaunchError(f"loss: must return a scalar tensor, returned {type(value).__name__} of shape {getattr(value, 'shape', '?')}")
+    except DistlabError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise LaunchError(
+            f"data: sample 0 (input shape {tuple(torch.as_tensor(x).shape)}) does not fit model {type(model).__name__}: "
+            f"{type(exc).__name__}: {first}; make the dataset match the model's input and the loss's target"
+        ) from None

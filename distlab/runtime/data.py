@@ -1,0 +1,53 @@
+"""Which samples a rank reads at each step: its contiguous slice of the global batch, optionally shuffled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class RankBatches:
+    """Rank r's batch at data position ``pos`` (global samples seen before the step).
+
+    The global batch is positions ``[pos, pos + G)`` with ``G = batch * world``; rank r reads
+    ``[pos + r*batch, pos + (r+1)*batch)``. Positions wrap around the dataset (epochs); with
+    ``shuffle`` each epoch e reads through ``randperm(len, seed + e)``, the same on every rank.
+    """
+
+    def __init__(self, data: Any, batch: int, rank: int, world: int, shuffle: bool, seed: int) -> None:
+        self.data, self.batch, self.rank, self.world = data, batch, rank, world
+        self.shuffle, self.seed = shuffle, seed
+        self.n = len(data)
+        self._perms: dict[int, torch.Tensor] = {}
+        self._tensors = getattr(data, "tensors", None)  # TensorDataset: index all at once
+        if (
+            self._tensors is None
+            and torch.is_tensor(getattr(data, "inputs", None))
+            and torch.is_tensor(getattr(data, "targets", None))
+        ):
+            self._tensors = (data.inputs, data.targets)  # distlab.data.TensorPairs
+
+    def _index(self, positions: torch.Tensor) -> torch.Tensor:
+        if not self.shuffle:
+            return positions % self.n
+        epochs = positions // self.n
+        out = torch.empty_like(positions)
+        for e in epochs.unique().tolist():
+            if e not in self._perms:
+                g = torch.Generator().manual_seed(self.seed + int(e))
+                self._perms = {e: torch.randperm(self.n, generator=g)}  # one epoch cached at a time
+            mask = epochs == e
+            out[mask] = self._perms[e][positions[mask] % self.n]
+        return out
+
+    def get(self, pos: int) -> tuple[Any, Any]:
+        start = pos + self.rank * self.batch
+        idx = self._index(torch.arange(start, start + self.batch))
+        if self._tensors is not None:
+            x, y = self._tensors[0][idx], self._tensors[1][idx]
+            return x, y
+        from torch.utils.data import default_collate
+
+        x, y = default_collate([self.data[int(i)] for i in idx])
+        return x, y

@@ -1,0 +1,71 @@
+"""The fast path for a pure all-reduce strategy: torch's DistributedDataParallel reducer (C++ buckets, overlap)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from distlab.runtime.plan import SyncUnit
+from distlab.runtime.sparse import sparse_param_ids
+
+
+def ddp_applies(model: torch.nn.Module, units: list[SyncUnit], error_feedback: bool) -> bool:
+    """DDP runs a strategy exactly when every variable is one unpartitioned all-reduce with one compressor."""
+    if error_feedback or not units or sparse_param_ids(model):
+        return False
+    comps = {u.sync.compressor for u in units}
+    return all(u.sync.kind == "allreduce" and u.axis is None for u in units) and len(comps) == 1
+
+
+class DDPSynchronizer:
+    """Same interface as ``Synchronizer``; groups are DDP's size-capped buckets, not the strategy's ids."""
+
+    gossip = None
+    server_opt = None
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        units: list[SyncUnit],
+        make_optimizer: Callable[[list], Any],
+        device: str,
+    ) -> None:
+        self.model, self.units = model, units
+        ids = [torch.device(device).index or 0] if device.startswith("cuda") else None
+        self.wrapped = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        comp = units[0].sync.compressor
+        if comp == "fp16":
+            self.wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif comp == "bf16":
+            self.wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        self.local_opt = make_optimizer([u.param for u in units])
+        self.last_ready = 0.0
+        self.comm_time = 0.0
+        self._hooks = [u.param.register_post_accumulate_grad_hook(self._on_ready) for u in units]
+
+    def _on_ready(self, p: torch.Tensor) -> None:
+        self.last_ready = time.perf_counter()
+
+    def zero_grad(self) -> None:
+        self.local_opt.zero_grad(set_to_none=True)
+        self.comm_time = 0.0
+
+    def step(self, step: int) -> None:
+        self.local_opt.step()
+
+    def refresh_shadows(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        # the C++ reducer holds the process group; drop it now so a failed run's sockets close
+        # (and peers blocked on this rank fail at once) even while its traceback is kept
+        self.wrapped.reducer = None
+        self.wrapped.logger = None

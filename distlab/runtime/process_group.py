@@ -1,0 +1,191 @@
+"""Rendezvous and process-group lifetime for one rank: backend choice, timeouts, failure and stop signals."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distlab.errors import LaunchError
+
+# Keys under the run's prefix in the rendezvous store.
+ERROR_KEY = "error"  # "<rank>\t<one-line cause>" of the first rank that failed
+STOP_KEY = "stop"  # the step before which every rank stops (agreed through the store)
+
+
+def resolve_backend(backend: str, device: str) -> str:
+    """``auto`` -> ``nccl`` for a ``cuda`` device, ``gloo`` otherwise."""
+    if backend == "auto":
+        return "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl" and not device.startswith("cuda"):
+        raise LaunchError(
+            f"strategy.backend: nccl needs a cuda device, this rank has {device!r}; use 'gloo' or 'auto'"
+        )
+    return backend
+
+
+def connect_store(addr: str, port: int, world: int, timeout: float, run_id: str, store: Any = None) -> Any:
+    """A client connection to the run's ``TCPStore`` (or the given store), prefixed by ``run_id``.
+
+    The prefix lets one store host several runs one after the other (tests, warm relaunches).
+    """
+    td = datetime.timedelta(seconds=timeout)
+    if store is None:
+        try:
+            store = dist.TCPStore(addr, port, world, False, timeout=td)
+        except Exception as exc:  # noqa: BLE001 - one line naming the address is the useful part
+            raise LaunchError(
+                f"rendezvous {addr}:{port}: cannot connect within {timeout:g} s ({exc})"
+            ) from None
+    return dist.PrefixStore(f"distlab/{run_id}/", store)
+
+
+def block(work: Any) -> None:
+    """The plain wait (no failure watch): for code outside a run."""
+    work.wait()
+
+
+class Waiter:
+    """Wait for async collectives while watching the store for another rank's failure.
+
+    A gloo peer that fails does not reliably close its sockets (they stay open while its
+    process lives), so a blocking ``work.wait()`` would sit until the collective timeout.
+    Polling ``is_completed()`` and, every ``poll`` seconds, the run's error key turns a
+    peer's failure into a ``LaunchError`` naming it within a fraction of a second.
+    """
+
+    def __init__(self, store: Any, rank: int, poll: float = 0.2) -> None:
+        self.store, self.rank, self.poll = store, rank, poll
+        self.abandoned = False
+
+    def wait(self, work: Any) -> None:
+        if not work.is_completed():
+            next_check = time.monotonic() + self.poll
+            pause = 2e-5
+            while not work.is_completed():
+                time.sleep(pause)
+                pause = min(pause * 2, 2e-4)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.poll
+                    other = failure_of_other(self.store, self.rank, wait=0.0)
+                    if other is not None:
+                        self.abandoned = True
+                        raise LaunchError(
+                            f"rank {self.rank}: stopped because rank {other[0]} failed: {other[1]}"
+                        )
+        work.wait()
+
+
+# A group whose collective was abandoned cannot be destroyed until that collective ends (the
+# peer's process exits or the timeout fires); it is destroyed in the background and the next
+# group in this process waits for that first. Process-wide because torch's default group is.
+_pending_teardown: list[threading.Thread] = []
+
+
+@contextmanager
+def process_group(
+    store: Any, rank: int, world: int, backend: str, timeout: float, device: str
+) -> Iterator[Waiter]:
+    """The default process group for the duration of the block; always destroyed on exit."""
+    while _pending_teardown:
+        _pending_teardown.pop().join(timeout)
+    if dist.is_initialized():  # a previous run in this long-lived worker left one behind
+        dist.destroy_process_group()
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(device))
+    try:
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout)
+        )
+    except Exception as exc:  # noqa: BLE001
+        raise LaunchError(
+            f"rank {rank}: process group ({backend}, {world} ranks) did not form within {timeout:g} s: {exc}"
+        ) from None
+    waiter = Waiter(store, rank)
+    failed = False
+    try:
+        yield waiter
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if failed and backend == "nccl":
+            _abort()
+        if waiter.abandoned:
+            t = threading.Thread(target=_destroy, name="distlab-pg-teardown", daemon=True)
+            t.start()
+            _pending_teardown.append(t)
+        else:
+            _destroy()
+
+
+def _destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _abort() -> None:
+    """Abort the default group (NCCL: unblocks pending kernels); best effort, destroy follows."""
+    try:
+        if dist.is_initialized():
+            dist.distributed_c10d._get_default_group().abort()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def report_failure(store: Any, rank: int, cause: str) -> None:
+    """Record this rank as the failing one, unless another rank was first."""
+    try:
+        store.compare_set(ERROR_KEY, "", f"{rank}\t{cause}")
+    except Exception:  # noqa: BLE001 - the store may be gone; the local error still surfaces
+        pass
+
+
+def failure_of_other(store: Any, rank: int, wait: float = 2.0) -> tuple[int, str] | None:
+    """The (rank, cause) another rank reported, waiting up to ``wait`` seconds for it to appear."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if store.check([ERROR_KEY]):
+                who, _, cause = store.get(ERROR_KEY).decode().partition("\t")
+                return (int(who), cause) if int(who) != rank else None
+        except Exception:  # noqa: BLE001
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+class StopSignal:
+    """Agree on a step to stop at, through the store, when any rank's ``should_stop()`` says so.
+
+    The first rank that wants to stop before step t writes ``t + margin``; ranks run in near
+    lockstep (every step has a collective, gossip ranks drift at most the graph diameter), so
+    every rank reads the key before it reaches that step and all stop at the same one.
+    """
+
+    def __init__(self, store: Any, should_stop: Any, margin: int) -> None:
+        self.store, self.should_stop, self.margin = store, should_stop, margin
+        self.target: int | None = None
+
+    def stop_before(self, step: int) -> bool:
+        if self.should_stop is None:
+            return False
+        if self.target is None:
+            if self.should_stop():
+                self.store.compare_set(STOP_KEY, "", str(step + self.margin))
+            if self.store.check([STOP_KEY]):
+                self.target = int(self.store.get(STOP_KEY).decode())
+        return self.target is not None and step >= self.target
+
+    def requested(self) -> bool:
+        try:
+            return bool(self.store.check([STOP_KEY]))
+        except Exception:  # noqa: BLE001
+            return False

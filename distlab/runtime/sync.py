@@ -1,0 +1,151 @@
+"""The per-rank synchroniser: composes the kernels for every unit of a strategy around backward and the optimizer step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from distlab.runtime.allgather import allgather_sparse
+from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES, build_buckets
+from distlab.runtime.gossip import Gossip
+from distlab.runtime.plan import SyncUnit
+from distlab.runtime.process_group import block
+from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_server
+from distlab.runtime.sparse import sparse_param_ids
+
+
+class Synchronizer:
+    """Partition -> replicate -> synchronise, per unit (AutoDist's kernels, for torch).
+
+    Dense gradient work (all-reduce buckets, PS reduces) is launched from gradient hooks in a
+    fixed order as soon as every gradient it needs is ready, so it overlaps with the rest of
+    backward; sparse exchanges need their sizes first and run after backward; the optimizer
+    step runs on replicated units everywhere and on PS units only on their server.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        units: list[SyncUnit],
+        make_optimizer: Callable[[list], Any],
+        rank: int,
+        world: int,
+        topology: Any = None,
+        gossip_mode: str = "atc",
+        error_feedback: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        wait: Callable[[Any], None] = block,
+    ) -> None:
+        self.wait = wait
+        self.model, self.units, self.rank, self.world = model, units, rank, world
+        sparse = sparse_param_ids(model)
+        order = {id(p): i for i, p in enumerate(model.parameters())}
+        # gradients arrive roughly in reverse model order: launch work in that order
+        rev = sorted(units, key=lambda u: (-order[id(u.param)], u.shard or 0))
+        ar = [
+            u
+            for u in rev
+            if u.sync.kind == "allreduce" or (u.sync.kind == "allgather" and id(u.param) not in sparse)
+        ]
+        ps_dense = [u for u in rev if u.sync.kind == "ps" and id(u.param) not in sparse]
+        self.sparse_units = [u for u in units if u.sync.kind in ("allgather", "ps") and id(u.param) in sparse]
+        self.ps_units = [u for u in units if u.sync.kind == "ps"]
+        gossip_units = [u for u in units if u.sync.kind == "gossip"]
+        tasks = build_buckets(ar, world, error_feedback, bucket_bytes, wait) + [
+            DenseReduce(u, world, rank, wait) for u in ps_dense
+        ]
+        first_ready = {id(t): min(order[i] for i in t.params) for t in tasks}
+        self.tasks = sorted(tasks, key=lambda t: -first_ready[id(t)])
+        self._tasks_of: dict[int, list] = {}
+        for t in self.tasks:
+            for pid in t.params:
+                self._tasks_of.setdefault(pid, []).append(t)
+        self._pending: dict[int, int] = {}
+        self._next = 0
+        self._hooks = []
+        self.last_ready = 0.0
+        for p in {id(u.param): u.param for u in units}.values():
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_ready))
+        local = [u.target for u in units if u.sync.kind != "ps"]
+        served = [u.target for u in units if u.sync.kind == "ps" and u.sync.server == rank]
+        self.local_opt = make_optimizer(local) if local else None
+        self.server_opt = make_optimizer(served) if served else None
+        self.broadcast = ServerBroadcast(self.ps_units, rank, sparse, wait)
+        self.gossip = (
+            Gossip([u.target for u in gossip_units], topology, gossip_mode, rank, world, wait)
+            if gossip_units
+            else None
+        )
+        self.comm_time = 0.0
+
+    # -- backward ----------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        for p in self.model.parameters():
+            p.grad = None
+        for u in self.units:
+            if u.shadow is not None:
+                u.shadow.grad = None
+        self._pending = {id(t): len(t.params) for t in self.tasks}
+        self._next = 0
+        self.comm_time = 0.0
+
+    def _on_ready(self, p: torch.Tensor) -> None:
+        self.last_ready = time.perf_counter()
+        for t in self._tasks_of.get(id(p), ()):
+            self._pending[id(t)] -= 1
+        self._launch_ready()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        while self._next < len(self.tasks):
+            t = self.tasks[self._next]
+            if not force and self._pending.get(id(t), 0) > 0:
+                return
+            t.launch()
+            self._next += 1
+
+    # -- after backward ----------------------------------------------------------------
+    def step(self, step: int) -> None:
+        """Finish gradient sync, apply the optimizers, and synchronise parameters."""
+        t0 = time.perf_counter()
+        self._launch_ready(force=True)  # variables that got no gradient this step
+        for t in self.tasks:
+            t.finish()
+        for u in self.sparse_units:
+            if u.sync.kind == "allgather":
+                allgather_sparse(u, self.wait)
+            else:
+                gather_sparse_to_server(u, self.world, self.rank, self.wait)
+        comm = time.perf_counter() - t0
+        if self.gossip is not None:
+            self.gossip.before_step(step)
+        self.broadcast.before_step()
+        if self.local_opt is not None:
+            self.local_opt.step()
+        if self.server_opt is not None:
+            self.server_opt.step()
+        t1 = time.perf_counter()
+        if self.ps_units:
+            self.broadcast.after_step()
+        if self.gossip is not None:
+            self.gossip.after_step(step)
+        comm += time.perf_counter() - t1
+        with torch.no_grad():
+            for u in self.units:  # replicated shards: write the stepped shard back into the variable
+                if u.shadow is not None and u.sync.kind != "ps":
+                    u.view(u.param).copy_(u.shadow)
+        self.comm_time = comm
+
+    def refresh_shadows(self) -> None:
+        """Reload every shard's own parameter from the variable (after a checkpoint restore)."""
+        with torch.no_grad():
+            for u in self.units:
+                if u.shadow is not None:
+                    u.shadow.copy_(u.view(u.param))
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []

@@ -1,0 +1,224 @@
+"""run_rank: one rank's whole run — validate, rendezvous, train under the strategy, checkpoint, report."""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from distlab.errors import DistlabError, LaunchError
+from distlab.runtime import checkpoint as ckpt
+from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
+from distlab.runtime.data import RankBatches
+from distlab.runtime.ddp import DDPSynchronizer, ddp_applies
+from distlab.runtime.gossip import resolve_topology
+from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
+from distlab.runtime.optim_state import gather_state, restore_state
+from distlab.runtime.plan import build_units
+from distlab.runtime.process_group import (
+    StopSignal,
+    connect_store,
+    failure_of_other,
+    process_group,
+    report_failure,
+    resolve_backend,
+)
+from distlab.runtime.sync import Synchronizer
+
+
+def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension (classification and language models alike)."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+def default_optimizer(params: list) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01)
+
+
+def run_rank(
+    job: RankJob,
+    emit: Callable[[dict[str, Any]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    store: Any = None,
+) -> dict[str, Any]:
+    """Train ``job.steps - job.start_step`` steps of ``job.model`` under ``job.strategy`` as rank ``job.rank``.
+
+    Returns ``{"rank", "steps", "records", "state_dict", "checkpoint", "consensus_distance",
+    "stopped"}``; ``state_dict`` is rank 0's trained weights (CPU), ``None`` elsewhere.
+    The strategy is validated before the rendezvous, so a mismatch fails every rank at once.
+    A failing rank records its cause in the store and tears its group down; the others then
+    raise ``LaunchError`` naming it instead of waiting for the collective timeout.
+    """
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    torch.manual_seed(job.seed + job.rank)
+    if job.data is None:
+        raise LaunchError("RankJob.data: None; pass a map-style Dataset of (input, target) pairs")
+    if job.steps <= job.start_step:
+        raise LaunchError(f"RankJob.steps: {job.steps} <= start_step {job.start_step}; nothing to train")
+    model = job.model.to(job.device)
+    units = build_units(model, job.strategy, job.world)  # StrategyError before any rendezvous
+    backend = resolve_backend(job.strategy.backend, job.device)
+    pstore = connect_store(job.master_addr, job.master_port, job.world, job.timeout, job.run_id, store)
+    progress = {"step": job.start_step}
+    with process_group(pstore, job.rank, job.world, backend, job.timeout, job.device) as waiter:
+        try:
+            return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
+        except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
+            _release(exc)
+            other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
+            if other is not None and not isinstance(exc, DistlabError):
+                raise LaunchError(
+                    f"rank {job.rank}: stopped because rank {other[0]} failed: {other[1]}"
+                ) from exc
+            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            report_failure(pstore, job.rank, cause)
+            if isinstance(exc, DistlabError):
+                raise
+            raise LaunchError(f"rank {job.rank} failed at step {progress['step']}: {cause}") from exc
+
+
+def _release(exc: BaseException) -> None:
+    """Drop the failed run's objects (DDP reducer, kernels) that the traceback keeps alive.
+
+    The group's sockets close only when nothing refers to it; the launcher keeps the
+    exception (and so its frames), which would leave peers blocked until their timeout.
+    """
+    traceback.clear_frames(exc.__traceback__)
+    gc.collect()
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    """A failure of a collective (a peer went away or timed out), as opposed to this rank's own bug."""
+    if isinstance(exc, getattr(torch.distributed, "DistError", ())):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        k in text for k in ("gloo", "Connection", "Timed out", "NCCL", "timeout")
+    )
+
+
+def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable) -> Any:
+    s = job.strategy
+    ef = bool(s.options.get("error_feedback", False))
+    if s.gossip is None and ddp_applies(model, units, ef) and job.extra.get("ddp", False) and job.world > 1:
+        return DDPSynchronizer(model, units, make_opt, job.device)
+    gossiping = any(u.sync.kind == "gossip" for u in units)
+    topo = resolve_topology(s, job.topology) if gossiping else None
+    return Synchronizer(
+        model,
+        units,
+        make_opt,
+        job.rank,
+        job.world,
+        topology=topo,
+        gossip_mode=s.gossip.mode if s.gossip else "atc",
+        error_feedback=ef,
+        bucket_bytes=int(job.extra.get("bucket_bytes", DEFAULT_BUCKET_BYTES)),
+        wait=wait,
+    )
+
+
+def _train(
+    job: RankJob,
+    model: torch.nn.Module,
+    units: list,
+    store: Any,
+    emit: Any,
+    should_stop: Any,
+    progress: dict[str, int],
+    wait: Callable,
+) -> dict[str, Any]:
+    make_opt = job.optimizer or default_optimizer
+    loss_fn = job.loss or default_loss
+    sync = _make_sync(job, model, units, make_opt, wait)
+    forward = getattr(sync, "wrapped", model)
+    batch = job.batch_size or job.strategy.batch.per_replica
+    G = batch * job.world
+    data = RankBatches(job.data, batch, job.rank, job.world, job.shuffle, job.seed)
+    pos = job.sample_offset
+    if job.resume_from:
+        state = ckpt.load(job.resume_from)
+        model.load_state_dict(state["model"])
+        sync.refresh_shadows()
+        restore_state(sync.local_opt, units, state["optimizer"])
+        restore_state(sync.server_opt, units, state["optimizer"])
+    stop = StopSignal(store, should_stop, margin=job.world + 1)
+    records: list[dict[str, Any]] = []
+    last_ckpt = None
+    step = job.start_step
+    stopped = False
+    try:
+        model.train()
+        for step in range(job.start_step, job.steps):
+            if stop.stop_before(step):
+                stopped = True
+                break
+            progress["step"] = step
+            t0 = time.perf_counter()
+            x, y = data.get(pos)
+            x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
+            sync.zero_grad()
+            loss = loss_fn(forward(x), y)
+            loss.backward()
+            t_bwd = time.perf_counter()
+            sync.step(step)
+            exposed = max(0.0, t_bwd - sync.last_ready) if sync.last_ready else 0.0
+            loss_value = float(loss.detach())
+            t1 = time.perf_counter()
+            pos += G
+            rec = dict(
+                zip(
+                    STEP_RECORD_KEYS,
+                    (
+                        job.run_id,
+                        step,
+                        job.rank,
+                        loss_value,
+                        pos,
+                        t1 - t0,
+                        exposed + sync.comm_time,
+                        time.time(),
+                    ),
+                )
+            )
+            records.append(rec)
+            if emit is not None:
+                emit(rec)
+            if job.checkpoint_dir and job.checkpoint_every and (step + 1) % job.checkpoint_every == 0:
+                last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos)
+        distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
+    finally:
+        sync.close()
+    return {
+        "rank": job.rank,
+        "steps": len(records),
+        "records": records,
+        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        if job.rank == 0
+        else None,
+        "checkpoint": str(last_ckpt) if last_ckpt else None,
+        "consensus_distance": distance,
+        "stopped": stopped,
+    }
+
+
+def _checkpoint(job: RankJob, model: torch.nn.Module, sync: Any, units: list, step: int, samples: int) -> Any:
+    opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world)
+    if job.rank != 0:
+        return None
+    payload = {
+        "step": step,
+        "samples": samples,
+        "world": job.world,
+        "run_id": job.run_id,
+        "strategy": job.strategy.to_json(indent=None),
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": opt_state,
+    }
+    return ckpt.save(job.checkpoint_dir, payload)

@@ -1,0 +1,199 @@
+"""Faults on a live 2-worker cluster: a rank raises, cancel, a rank never arrives, a worker dies, bad input."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import cloudpickle
+import pytest
+import torch
+from conftest import Blobs, allreduce_strategy
+
+from distlab.errors import DistlabError, LaunchError, StrategyError
+from distlab.launch import spmd
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+class Poisoned(Blobs):
+    """Sample ``bad`` raises: with shuffle=False only the rank that reads it fails."""
+
+    def __init__(self, bad: int) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError(f"sample {i} is corrupt")
+        return super().__getitem__(i)
+
+
+class SlowBlobs(Blobs):
+    """~2 ms per sample, so a run lasts long enough to be interrupted."""
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return super().__getitem__(i)
+
+
+def _assert_reusable(lab, tiny, blobs):
+    run = lab.launch(tiny, strategy=allreduce_strategy(tiny, lab.resources), steps=3, data=blobs, elastic=False)
+    assert run.wait(60).status == "finished"
+
+
+def test_a_rank_that_raises_fails_the_run_with_its_error(clean_lab, tiny, blobs):
+    st = allreduce_strategy(tiny, clean_lab.resources)  # 16 per replica: step 3 reads [96, 128), rank 1 [112, 128)
+    run = clean_lab.launch(tiny, strategy=st, steps=50, data=Poisoned(bad=120), shuffle=False, elastic=False)
+    with pytest.raises(LaunchError) as info:
+        run.wait(60)
+    msg = str(info.value)
+    assert run.status == "failed" and run.error is info.value
+    assert "\n" not in msg and "rank 1" in msg and "sample 120 is corrupt" in msg
+    assert spmd.active_on_cluster(clean_lab.client) == {}
+    _assert_reusable(clean_lab, tiny, blobs)
+
+
+def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny):
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs())
+    while len(run.metrics) < 4:
+        assert run.status in ("pending", "running")
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    run.cancel()
+    assert time.monotonic() - t0 < 10
+    assert run.status == "cancelled"
+    assert spmd.active_on_cluster(clean_lab.client) == {}
+    assert run.metrics["step"].max() < 100000
+    _assert_reusable(clean_lab, tiny, Blobs())
+
+
+def test_ctrl_c_in_wait_cancels_the_run(clean_lab, tiny):
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs(), elastic=False)
+    while len(run.metrics) < 2:
+        time.sleep(0.05)
+    import _thread
+
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt, match="cancelled"):
+        run.wait(60)
+    assert run.status == "cancelled"
+    assert spmd.active_on_cluster(clean_lab.client) == {}
+
+
+def _busy(seconds):
+    time.sleep(seconds)
+    return True
+
+
+def test_a_rank_that_never_arrives_is_a_clear_error_within_the_timeout(clean_lab, tiny, blobs):
+    """Worker 1 is busy, so rank 1 never joins: the run fails after timeout=, not after 30 minutes."""
+    w1 = clean_lab.resources.addresses[1]
+    blocker = clean_lab.client.submit(_busy, 6, workers=[w1], pure=False)
+    time.sleep(0.5)
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    t0 = time.monotonic()
+    run = clean_lab.launch(tiny, strategy=st, steps=10, data=blobs, timeout=2, elastic=False)
+    with pytest.raises(LaunchError) as info:
+        run.wait(30)
+    took = time.monotonic() - t0
+    assert took < 2 + 5, took
+    assert "rank 0" in str(info.value) and "2 s" in str(info.value)
+    blocker.result(timeout=30)
+    _assert_reusable(clean_lab, tiny, blobs)
+
+
+def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean_lab, tiny):
+    steps, every, batch = 240, 40, 16
+    st = allreduce_strategy(tiny, clean_lab.resources, batch=batch)
+    victim = clean_lab.resources.addresses[1]
+    pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
+    run = clean_lab.launch(tiny, strategy=st, steps=steps, data=SlowBlobs(), checkpoint_every=every, elastic=True)
+    while run.metrics["step"].max() != run.metrics["step"].max() or run.metrics["step"].max() < every + 5:
+        assert run.status in ("pending", "running"), run.error
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    run.wait(120)
+    assert run.status == "finished"
+    df = run.metrics
+    assert run.restarts == 1 and set(df[df.restart == 1]["world"]) == {1}
+    resumed = df[df.restart == 1]
+    first = int(resumed["step"].min())
+    assert first % every == 0 and first >= every  # from a checkpoint, not from scratch
+    assert int(resumed["step"].max()) == steps - 1
+    # data position in samples: 2 ranks x 16 up to the checkpoint, then 1 x 16 per step
+    r0 = resumed.sort_values("step")
+    assert int(r0["samples"].iloc[0]) == first * 2 * batch + batch
+    assert int(r0["samples"].iloc[-1]) == first * 2 * batch + (steps - first) * batch
+    assert run.world == 1 and run.model is not None
+    assert clean_lab.runs.iloc[-1]["restarts"] == 1
+
+
+def test_a_killed_worker_without_elastic_fails_the_run(clean_lab, tiny):
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    victim = clean_lab.resources.addresses[1]
+    pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
+    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs(), elastic=False)
+    while len(run.metrics) < 4:
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    with pytest.raises(LaunchError, match="elastic=True"):
+        run.wait(60)
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"steps": 0}, LaunchError, "steps: must be a positive integer"),
+        ({"steps": -3}, LaunchError, "steps"),
+        ({"strategy": "NoSuchBuilder"}, StrategyError, "NoSuchBuilder"),
+        ({"batch_size": 0}, LaunchError, "batch_size"),
+        ({"data": Blobs(d=7)}, LaunchError, "does not fit model TinyNet"),
+        ({"data": [1, 2, 3]}, LaunchError, "data\\[0\\]"),
+        ({"data": []}, LaunchError, "empty"),
+        ({"strategy": "/nonexistent/strategy.json"}, StrategyError, "cannot read"),
+    ],
+)
+def test_bad_input_fails_before_any_worker_starts(clean_lab, tiny, kwargs, error, match):
+    before = len(clean_lab._runs)
+    args = {"strategy": allreduce_strategy(tiny, clean_lab.resources), "steps": 5, "data": Blobs(), **kwargs}
+    with pytest.raises(error, match=match) as info:
+        clean_lab.launch(tiny, **args)
+    assert isinstance(info.value, DistlabError) and "\n" not in str(info.value)
+    assert len(clean_lab._runs) == before
+
+
+def test_a_strategy_for_another_model_is_refused(clean_lab, tiny):
+    other = allreduce_strategy(Wide(), clean_lab.resources)
+    with pytest.raises(StrategyError, match="does not fit model TinyNet"):
+        clean_lab.launch(tiny, strategy=other, steps=5, data=Blobs())
+
+
+def test_a_strategy_for_more_ranks_than_workers_is_refused(clean_lab, tiny):
+    from dataclasses import replace
+
+    from distlab.strategy.types import RankSpec
+
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    st = replace(st, ranks=st.ranks + (RankSpec(2, "127.0.0.1"), RankSpec(3, "127.0.0.1")))
+    with pytest.raises(LaunchError, match="4 ranks but the Lab has 2 workers"):
+        clean_lab.launch(tiny, strategy=st, steps=5, data=Blobs())
+
+
+def test_a_model_that_is_not_a_module_is_refused(clean_lab):
+    with pytest.raises(LaunchError, match="torch.nn.Module"):
+        clean_lab.launch(object(), steps=5)

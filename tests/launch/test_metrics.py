@@ -1,0 +1,49 @@
+"""Throughput and the metrics table, from hand-made records (no cluster)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distlab.launch import metrics
+
+
+def _records(steps, world, batch, step_seconds, restart=0, start=0, offset=0):
+    out = []
+    for s in range(start, steps):
+        for r in range(world):
+            out.append({
+                "run_id": "x", "step": s, "rank": r, "loss": 1.0 / (s + 1),
+                "samples": offset + (s + 1 - start) * batch * world,
+                "step_time": step_seconds(s) * 0.9, "comm_time": 0.0,
+                "wall_time": 1000.0 + sum(step_seconds(i) for i in range(start, s + 1)) + 0.001 * r,
+                "restart": restart, "world": world,
+            })
+    return out
+
+
+def test_throughput_is_global_samples_over_median_step_time():
+    df = metrics.frame(_records(20, 2, 16, lambda s: 0.1))
+    assert metrics.throughput(df) == pytest.approx(32 / 0.1, rel=1e-6)
+
+
+def test_warmup_steps_do_not_count():
+    slow_start = metrics.frame(_records(20, 2, 16, lambda s: 2.0 if s < 3 else 0.1))
+    assert metrics.throughput(slow_start) == pytest.approx(320, rel=1e-6)
+
+
+def test_after_a_restart_throughput_is_the_last_world_size():
+    recs = _records(10, 2, 16, lambda s: 0.1) + _records(30, 1, 16, lambda s: 0.2, restart=1, start=10, offset=320)
+    df = metrics.frame(recs)
+    assert metrics.throughput(df) == pytest.approx(16 / 0.2, rel=1e-6)
+    assert list(df.columns[:10]) == metrics.COLUMNS
+
+
+def test_no_records_means_no_throughput():
+    assert math.isnan(metrics.throughput(metrics.frame([])))
+
+
+@pytest.mark.parametrize("n,expected", [(1, 0), (2, 1), (10, 2), (100, 10)])
+def test_warmup_share(n, expected):
+    assert metrics.warmup_steps(n) == expected

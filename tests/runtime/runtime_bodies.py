@@ -1,0 +1,474 @@
+"""Importable multi-process test bodies for the runtime (run by spawn_local in fresh processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from distlab.profile.model_profile import ModelProfile
+from distlab.runtime.data import RankBatches
+from distlab.runtime.job import RankJob
+from distlab.runtime.sparse import sparse_param_ids
+from distlab.strategy.types import GossipConfig, Partition, RankSpec, Strategy, Sync, VariablePlan
+
+BATCH = 4  # per replica
+
+
+# -- models and data ------------------------------------------------------------------------------
+def dense_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 5))
+
+
+class SparseNet(torch.nn.Module):
+    """An embedding with sparse gradients followed by a dense head."""
+
+    def __init__(self, rows: int = 40, dim: int = 6, sparse: bool = True) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(rows, dim, sparse=sparse)
+        self.head = torch.nn.Linear(2 * dim, 3)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(idx).reshape(idx.shape[0], -1))
+
+
+def sparse_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return SparseNet()
+
+
+def dataset(kind: str, n: int = 96, seed: int = 1) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "sparse":
+        return TensorDataset(
+            torch.randint(0, 40, (n, 2), generator=g), torch.randint(0, 3, (n,), generator=g)
+        )
+    return TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 5, (n,), generator=g))
+
+
+MODELS = {"dense": dense_model, "sparse": sparse_model}
+
+
+def sgd_momentum(params: list) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def adam(params: list) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def optimizer_factory(name: str):
+    return {"sgd": sgd_momentum, "adam": adam}[name]
+
+
+def profile_of(model: torch.nn.Module) -> ModelProfile:
+    ids = sparse_param_ids(model)
+    return ModelProfile.from_variables(
+        [(n, tuple(p.shape), "float32", id(p) in ids) for n, p in model.named_parameters()], batch_size=BATCH
+    )
+
+
+# -- strategies -----------------------------------------------------------------------------------
+def ranks(world: int) -> tuple[RankSpec, ...]:
+    return tuple(RankSpec(r, "127.0.0.1", f"cpu:{r}") for r in range(world))
+
+
+def strategy_for(case: str, model: torch.nn.Module, world: int) -> Strategy:
+    """A builder's strategy (``builder:NAME[:opt=value]``) or a hand-built one."""
+    import distlab as dl
+    from distlab.resources import ResourceSpec
+
+    if case.startswith("builder:"):
+        _, name, *opts = case.split(":")
+        options = dict(o.split("=") for o in opts)
+        return dl.strategy.build(name, profile_of(model), ResourceSpec.local(world), **options)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    sparse = {n for n, p in model.named_parameters() if id(p) in sparse_param_ids(model)}
+    plans = []
+    for i, n in enumerate(names):
+        if case == "mixed":  # every kernel at once, servers spread, partitions on both axes
+            if n in sparse:
+                plans.append(VariablePlan(n, Sync("allgather")))
+            elif len(shapes[n]) == 2 and i % 2 == 0:
+                k = min(3, shapes[n][1])
+                plans.append(
+                    VariablePlan(
+                        n,
+                        partition=Partition(1, k),
+                        shards=tuple(Sync("ps", server=(j + 1) % world) for j in range(k)),
+                    )
+                )
+            elif len(shapes[n]) == 2:
+                plans.append(
+                    VariablePlan(
+                        n,
+                        partition=Partition(0, 2),
+                        shards=(Sync("allreduce", group=1), Sync("ps", server=world - 1)),
+                    )
+                )
+            else:
+                plans.append(VariablePlan(n, Sync("allreduce", group=i % 2)))
+        elif case == "allgather":
+            plans.append(VariablePlan(n, Sync("allgather" if n in sparse else "allreduce", group=0)))
+        elif case == "sparse_ps_partitioned":
+            if n in sparse:
+                plans.append(
+                    VariablePlan(
+                        n,
+                        partition=Partition(0, 3),
+                        shards=tuple(Sync("ps", server=j % world) for j in range(3)),
+                    )
+                )
+            else:
+                plans.append(VariablePlan(n, Sync("ps", server=(i + 1) % world)))
+        elif case == "allreduce_own":  # the distlab kernel, not DDP
+            plans.append(VariablePlan(n, Sync("allreduce", group=i % 2)))
+        elif case == "fp16":
+            plans.append(VariablePlan(n, Sync("allreduce", group=0, compressor="fp16")))
+        elif case.startswith("gossip"):
+            plans.append(VariablePlan(n, Sync("gossip")))
+        else:
+            raise ValueError(case)
+    gossip = None
+    if case.startswith("gossip"):
+        _, topo, mode = case.split(":")
+        gossip = GossipConfig(topology=topo, dynamic=topo == "one_peer_exp2", mode=mode)
+    return Strategy(tuple(plans), ranks(world), batch=_batch(), gossip=gossip, builder=case)
+
+
+def _batch():
+    from distlab.strategy.types import BatchConfig
+
+    return BatchConfig(per_replica=BATCH)
+
+
+# -- bodies ----------------------------------------------------------------------------------------
+def make_job(
+    rank: int, world: int, addr: str, port: int, case: str, model_kind: str, opt: str, steps: int, **kw: Any
+) -> RankJob:
+    model = MODELS[model_kind]()
+    extra = {"ddp": True} if case.endswith("+ddp") else {}
+    run_id = f"{case}-{model_kind}-{opt}-{kw.pop('tag', '')}"
+    case = case.removesuffix("+ddp")
+    return RankJob(
+        rank=rank,
+        world=world,
+        master_addr=addr,
+        master_port=port,
+        strategy=strategy_for(case, model, world),
+        model=model,
+        steps=steps,
+        data=dataset(model_kind),
+        optimizer=optimizer_factory(opt),
+        batch_size=BATCH,
+        shuffle=True,
+        seed=3,
+        run_id=run_id,
+        timeout=30.0,
+        extra=extra,
+        **kw,
+    )
+
+
+def equivalence_body(
+    rank: int, world: int, addr: str, port: int, cases: list[tuple[str, str, str]], steps: int
+) -> dict:
+    """Run every (case, model, optimizer) in this one process group; return each rank's final weights."""
+    from distlab.runtime.trainer import run_rank
+
+    out = {}
+    for case, model_kind, opt in cases:
+        job = make_job(rank, world, addr, port, case, model_kind, opt, steps)
+        res = run_rank(job)
+        out[(case, model_kind, opt)] = {
+            "weights": {k: v.detach().clone() for k, v in job.model.state_dict().items()},
+            "steps": res["steps"],
+            "losses": [r["loss"] for r in res["records"]],
+        }
+    return out
+
+
+def reference_weights(model_kind: str, opt: str, steps: int, world: int) -> dict[str, torch.Tensor]:
+    """One process training on the whole global batch (mean loss), same data order."""
+    from distlab.runtime.trainer import default_loss
+
+    model = MODELS[model_kind]()
+    optim = optimizer_factory(opt)(list(model.parameters()))
+    G = BATCH * world
+    data = RankBatches(dataset(model_kind), G, 0, 1, True, 3)
+    for t in range(steps):
+        x, y = data.get(t * G)
+        optim.zero_grad()
+        default_loss(model(x), y).backward()
+        optim.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# -- gossip ---------------------------------------------------------------------------------------
+def averaging_body(rank: int, world: int, addr: str, port: int, topo_name: str, steps: int) -> dict:
+    """Pure averaging (lr 0): rank r starts from weights seeded r; returns its weights and the distance."""
+    from distlab.runtime.trainer import run_rank
+
+    model = dense_model(seed=100 + rank)
+    strategy = strategy_for(f"gossip:{topo_name}:atc", model, world)
+    job = RankJob(
+        rank=rank,
+        world=world,
+        master_addr=addr,
+        master_port=port,
+        strategy=strategy,
+        model=model,
+        steps=steps,
+        data=dataset("dense"),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
+        batch_size=BATCH,
+        run_id=f"avg-{topo_name}",
+        timeout=30.0,
+    )
+    res = run_rank(job)
+    return {
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+        "distance": res["consensus_distance"],
+    }
+
+
+def digits_body(rank: int, world: int, addr: str, port: int, cases: list[str], steps: int) -> dict:
+    """Train a small classifier on scikit-learn's digits under each case; return rank-averaged losses."""
+    from sklearn.datasets import load_digits
+
+    from distlab.runtime.trainer import run_rank
+
+    X, y = load_digits(return_X_y=True)
+    data = TensorDataset(torch.tensor(X / 16.0, dtype=torch.float32), torch.tensor(y))
+    out = {}
+    for case in cases:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        if case == "allreduce":
+            from distlab.strategy.types import BatchConfig
+
+            strategy = Strategy(
+                tuple(VariablePlan(n, Sync("allreduce")) for n, _ in model.named_parameters()),
+                ranks(world),
+                batch=BatchConfig(per_replica=16),
+            )
+        else:
+            strategy = strategy_for(case, model, world)
+        job = RankJob(
+            rank=rank,
+            world=world,
+            master_addr=addr,
+            master_port=port,
+            strategy=strategy,
+            model=model,
+            steps=steps,
+            data=data,
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+            batch_size=16,
+            run_id=f"digits-{case}",
+            timeout=30.0,
+        )
+        res = run_rank(job)
+        out[case] = {
+            "losses": np.array([r["loss"] for r in res["records"]]),
+            "distance": res["consensus_distance"],
+        }
+    return out
+
+
+# -- faults ---------------------------------------------------------------------------------------
+class Boom(torch.nn.Module):
+    """Raises in forward on one rank at one step."""
+
+    def __init__(self, rank: int, fail_rank: int, fail_step: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 5)
+        self.calls, self.rank, self.fail_rank, self.fail_step = 0, rank, fail_rank, fail_step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rank == self.fail_rank and self.calls == self.fail_step:
+            raise ValueError("injected failure")
+        self.calls += 1
+        return self.lin(x)
+
+
+def failing_rank_body(rank: int, world: int, addr: str, port: int, fail_rank: int, case: str) -> dict:
+    from distlab.runtime.trainer import run_rank
+
+    torch.manual_seed(0)
+    model = Boom(rank, fail_rank, fail_step=2)
+    strategy = strategy_for(case, model, world)
+    job = RankJob(
+        rank=rank,
+        world=world,
+        master_addr=addr,
+        master_port=port,
+        strategy=strategy,
+        model=model,
+        steps=5,
+        data=dataset("dense"),
+        batch_size=BATCH,
+        run_id=f"fail-{case}",
+        timeout=20.0,
+    )
+    return run_rank(job)
+
+
+def mismatch_body(rank: int, world: int, addr: str, port: int, kind: str) -> dict:
+    """A strategy built for another model: every rank must fail before its first step."""
+    from distlab.runtime.trainer import run_rank
+
+    model = dense_model()
+    strategy = strategy_for("allreduce_own", model, world)
+    if kind == "missing":
+        strategy = Strategy(strategy.variables[:-1], strategy.ranks, batch=strategy.batch)
+    elif kind == "extra":
+        strategy = Strategy(
+            (*strategy.variables, VariablePlan("ghost.weight", Sync("allreduce"))),
+            strategy.ranks,
+            batch=strategy.batch,
+        )
+    elif kind == "shape":
+        bad = VariablePlan(
+            "2.bias", partition=Partition(0, 9), shards=tuple(Sync("allreduce") for _ in range(9))
+        )
+        strategy = Strategy((*strategy.variables[:-1], bad), strategy.ranks, batch=strategy.batch)
+    steps_seen = []
+    job = RankJob(
+        rank=rank,
+        world=world,
+        master_addr=addr,
+        master_port=port,
+        strategy=strategy,
+        model=model,
+        steps=3,
+        data=dataset("dense"),
+        batch_size=BATCH,
+        run_id=f"mismatch-{kind}",
+        timeout=20.0,
+    )
+    return run_rank(job, emit=steps_seen.append)
+
+
+def gossip_suite_body(rank: int, world: int, addr: str, port: int, digits_steps: int) -> dict:
+    """Pure averaging on one_peer_exp2 and exp2, then digits training under gossip and all-reduce."""
+    return {
+        "one_peer_exp2": averaging_body(rank, world, addr, port, "one_peer_exp2", steps=2),
+        "exp2": averaging_body(rank, world, addr, port, "exp2", steps=2),
+        "digits": digits_body(
+            rank,
+            world,
+            addr,
+            port,
+            ["allreduce", "gossip:one_peer_exp2:atc", "gossip:one_peer_exp2:awc", "gossip:exp2:atc"],
+            digits_steps,
+        ),
+    }
+
+
+def faults_body(rank: int, world: int, addr: str, port: int) -> dict:
+    """Mismatched strategies (fail before step 0) and a rank raising mid-run, for several kernels."""
+    import time
+
+    out: dict = {}
+    for kind in ("missing", "extra", "shape"):
+        try:
+            mismatch_body(rank, world, addr, port, kind)
+            out[kind] = None
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out[kind] = exc
+    for case in ("builder:AllReduce", "mixed", "builder:PS:servers=all"):
+        t0 = time.monotonic()
+        try:
+            failing_rank_body(rank, world, addr, port, fail_rank=1, case=case)
+            out[case] = (None, time.monotonic() - t0)
+        except Exception as exc:  # noqa: BLE001
+            out[case] = (exc, time.monotonic() - t0)
+    return out
+
+
+def checkpoint_body(
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    directory: str,
+    case: str = "builder:PartitionedPS:servers=all",
+) -> dict:
+    """Run 4 steps checkpointing every 2; resume a second run from the step-2 checkpoint; both end alike."""
+    from distlab.runtime import checkpoint
+    from distlab.runtime.trainer import run_rank
+
+    full = make_job(
+        rank,
+        world,
+        addr,
+        port,
+        case,
+        "dense",
+        "adam",
+        4,
+        checkpoint_dir=directory,
+        checkpoint_every=2,
+        tag="full",
+    )
+    res = run_rank(full)
+    path = checkpoint.path_for(directory, 2)
+    state = checkpoint.load(path)
+    resumed = make_job(
+        rank,
+        world,
+        addr,
+        port,
+        case,
+        "dense",
+        "adam",
+        4,
+        start_step=2,
+        sample_offset=int(state["samples"]),
+        resume_from=str(path),
+        tag="resumed",
+    )
+    res2 = run_rank(resumed)
+    return {
+        "full": {k: v.clone() for k, v in full.model.state_dict().items()},
+        "resumed": {k: v.clone() for k, v in resumed.model.state_dict().items()},
+        "checkpoint": res["checkpoint"],
+        "resumed_steps": [r["step"] for r in res2["records"]],
+        "samples": state["samples"],
+    }
+
+
+def stop_body(rank: int, world: int, addr: str, port: int) -> dict:
+    """Rank 1's should_stop turns true before step 3: every rank stops at the same step, cleanly."""
+    from distlab.runtime.trainer import run_rank
+
+    job = make_job(rank, world, addr, port, "allreduce_own", "dense", "sgd", 50, tag="stop")
+    seen: list[int] = []
+
+    def should_stop() -> bool:
+        return rank == 1 and len(seen) >= 3
+
+    res = run_rank(job, emit=lambda r: seen.append(r["step"]), should_stop=should_stop)
+    return {"steps": res["steps"], "stopped": res["stopped"]}
+
+
+def nccl_equivalence_body(rank: int, world: int, addr: str, port: int, cases: list, steps: int) -> dict:
+    """As ``equivalence_body`` with the model on ``cuda:rank`` (backend auto -> nccl)."""
+    from distlab.runtime.trainer import run_rank
+
+    out = {}
+    for case, model_kind, opt in cases:
+        job = make_job(
+            rank, world, addr, port, case, model_kind, opt, steps, device=f"cuda:{rank}", tag="nccl"
+        )
+        res = run_rank(job)
+        out[(case, model_kind, opt)] = {
+            "weights": {k: v.detach().cpu() for k, v in job.model.state_dict().items()},
+            "steps": res["steps"],
+        }
+    return out
