@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,25 @@ def export_html(notebook: str | Path, dst: str | Path) -> Path:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(notebook), as_version=4)
+    _plotly_as_html(nb)
     body, _ = HTMLExporter().from_notebook_node(nb)
     dst = Path(dst)
     dst.write_text(body)
     return dst
+
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _plotly_as_html(nb: Any) -> None:
+    """Give every plotly output an HTML rendering (plotly.js embedded once) so the page shows it offline."""
+    import plotly.io as pio
+
+    first = True
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data") or {}
+            if PLOTLY_MIME in data and "text/html" not in data:
+                fig = pio.from_json(json.dumps(data[PLOTLY_MIME]), skip_invalid=True)
+                data["text/html"] = pio.to_html(fig, include_plotlyjs=first, full_html=False)
+                first = False
