@@ -13,8 +13,9 @@ def job_for_rank(rank: int, world: int, master_addr: str, master_port: int, payl
     """(spawned child) The pickled RankJob for this rank; ``spawn_local`` then runs ``run_rank`` on it."""
     import cloudpickle
 
-    return dataclasses.replace(cloudpickle.loads(payload), rank=rank, world=world, master_addr=master_addr,
-                               master_port=master_port)
+    return dataclasses.replace(
+        cloudpickle.loads(payload), rank=rank, world=world, master_addr=master_addr, master_port=master_port
+    )
 
 
 def spawn_run(job: Any, world: int, threads: int | None = None, timeout: float = 300.0) -> dict[str, Any]:

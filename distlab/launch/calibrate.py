@@ -14,8 +14,16 @@ from distlab.errors import CalibrationError, LaunchError
 CALIBRATION_BUDGET = 40.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 
 
-def calibrate_rank(rank: int, world: int, master_addr: str, master_port: int, sizes: Any, worlds: list[int],
-                   budget: float, timeout: float) -> list[dict[str, Any]]:
+def calibrate_rank(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    sizes: Any,
+    worlds: list[int],
+    budget: float,
+    timeout: float,
+) -> list[dict[str, Any]]:
     """(worker) Form the full group, then measure at every world size in ``worlds`` (sub-groups of ranks 0..k-1)."""
     import torch.distributed as dist
 
@@ -27,13 +35,17 @@ def calibrate_rank(rank: int, world: int, master_addr: str, master_port: int, si
     store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=td)
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("gloo", store=dist.PrefixStore("distlab-calibrate/", store), rank=rank, world_size=world, timeout=td)
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("distlab-calibrate/", store), rank=rank, world_size=world, timeout=td
+    )
     try:
         rows: list[dict[str, Any]] = []
         for k in worlds:
             group = None if k == world else dist.new_group(list(range(k)))  # every rank joins new_group
             if rank < k:
-                rows.extend(microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds)))
+                rows.extend(
+                    microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds))
+                )
             dist.barrier()
         return rows if rank == 0 else []
     finally:
@@ -63,10 +75,14 @@ def calibrate_lab(lab: Any, sizes: Any = None, cache: bool = True, progress: boo
         from distlab.costmodel import CostModel
         from distlab.runtime import microbench  # noqa: F401
     except ImportError as exc:
-        raise CalibrationError(f"calibration needs distlab.costmodel and distlab.runtime.microbench ({exc})") from None
+        raise CalibrationError(
+            f"calibration needs distlab.costmodel and distlab.runtime.microbench ({exc})"
+        ) from None
     res = lab.resources
     if res.world < 2:
-        raise CalibrationError(f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))")
+        raise CalibrationError(
+            f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
+        )
     path = Path(lab.cache_dir) / f"calibration-{cache_key(res, sizes)}.json"
     if cache and path.exists():
         try:
@@ -81,8 +97,14 @@ def calibrate_lab(lab: Any, sizes: Any = None, cache: bool = True, progress: boo
         bar = tqdm(total=2, desc=f"calibrating {res.world} ranks", unit="stage", leave=False)
     try:
         try:
-            out = lab.run_ranks(calibrate_rank, list(sizes) if sizes else None, worlds, CALIBRATION_BUDGET, lab.timeout,
-                                timeout=CALIBRATION_BUDGET + 2 * lab.timeout)
+            out = lab.run_ranks(
+                calibrate_rank,
+                list(sizes) if sizes else None,
+                worlds,
+                CALIBRATION_BUDGET,
+                lab.timeout,
+                timeout=CALIBRATION_BUDGET + 2 * lab.timeout,
+            )
         except LaunchError as exc:
             raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
         if bar is not None:

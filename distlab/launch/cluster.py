@@ -10,7 +10,6 @@ from distlab.launch.spmd import workers_info
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import RankSpec
 
-
 # Read when the worker processes start (the nanny hands them the config), so scoping is enough.
 WORKER_CONFIG = {
     "distributed.worker.daemon": False,  # ranks may start DataLoader worker processes
@@ -31,7 +30,9 @@ def start_local_cluster(
     """
     import dask
 
-    dashboard_address = None if not dashboard else (dashboard if isinstance(dashboard, str) else "127.0.0.1:8787")
+    dashboard_address = (
+        None if not dashboard else (dashboard if isinstance(dashboard, str) else "127.0.0.1:8787")
+    )
     n = workers or _local_cores()
     with dask.config.set(WORKER_CONFIG):
         if gpus:
@@ -55,7 +56,9 @@ def start_local_cluster(
         )
 
 
-def _start_cuda_cluster(workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any) -> Any:
+def _start_cuda_cluster(
+    workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any
+) -> Any:
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
@@ -65,8 +68,14 @@ def _start_cuda_cluster(workers: int | None, threads_per_worker: int | None, das
     import torch
 
     if not torch.cuda.is_available():
-        raise LaunchError("Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers")
-    kwargs: dict[str, Any] = {"host": "127.0.0.1", "dashboard_address": dashboard_address, "threads_per_worker": threads_per_worker or 1}
+        raise LaunchError(
+            "Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers"
+        )
+    kwargs: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "dashboard_address": dashboard_address,
+        "threads_per_worker": threads_per_worker or 1,
+    }
     if workers:
         kwargs["n_workers"] = workers
     if security is not None:
@@ -118,7 +127,8 @@ def sub_resources(res: ResourceSpec, addresses: list[str]) -> ResourceSpec:
     """The part of ``res`` made of the workers in ``addresses`` (ranks renumbered in that order)."""
     index = {a: i for i, a in enumerate(res.addresses)}
     ranks = tuple(
-        RankSpec(rank=j, host=res.ranks[index[a]].host, device=res.ranks[index[a]].device) for j, a in enumerate(addresses)
+        RankSpec(rank=j, host=res.ranks[index[a]].host, device=res.ranks[index[a]].device)
+        for j, a in enumerate(addresses)
     )
     hosts = {r.host for r in ranks}
     return ResourceSpec(

@@ -29,10 +29,20 @@ class Lab:
     ``LocalCUDACluster``. One run at a time: ranks use the default process group of their worker.
     """
 
-    def __init__(self, workers: int | None = None, *, address: str | None = None, client: Any = None,
-                 gpus: bool = False, security: Any = None, threads_per_worker: int | None = None,
-                 dashboard: bool | str = False, timeout: float = 60, cache_dir: str | Path | None = None,
-                 checkpoint_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        address: str | None = None,
+        client: Any = None,
+        gpus: bool = False,
+        security: Any = None,
+        threads_per_worker: int | None = None,
+        dashboard: bool | str = False,
+        timeout: float = 60,
+        cache_dir: str | Path | None = None,
+        checkpoint_dir: str | Path | None = None,
+    ) -> None:
         from distributed import Client
 
         if workers is not None:
@@ -43,7 +53,9 @@ class Lab:
         self.cost_model: Any = None
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "distlab"
         self._own_ckpt = checkpoint_dir is None
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="distlab-ckpt-"))
+        self.checkpoint_dir = (
+            Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="distlab-ckpt-"))
+        )
         self._runs: list[Run] = []
         self._facts: dict[str, dict[str, Any]] = {}
         self._cluster = None
@@ -54,10 +66,16 @@ class Lab:
             try:
                 self.client = Client(address, security=security, timeout=timeout)
             except OSError as exc:
-                raise LaunchError(f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and that it runs") from None
+                raise LaunchError(
+                    f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and that it runs"
+                ) from None
         else:
             self._cluster = _cluster.start_local_cluster(
-                workers, gpus=gpus, threads_per_worker=threads_per_worker, dashboard=dashboard, security=security
+                workers,
+                gpus=gpus,
+                threads_per_worker=threads_per_worker,
+                dashboard=dashboard,
+                security=security,
             )
             self.client = Client(self._cluster, security=security)
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
@@ -94,7 +112,9 @@ class Lab:
         self.close()
 
     # -- the generic SPMD core ------------------------------------------------------------------------
-    def run_ranks(self, fn: Callable[..., Any], *args: Any, world: int | None = None, timeout: float | None = None) -> list[Any]:
+    def run_ranks(
+        self, fn: Callable[..., Any], *args: Any, world: int | None = None, timeout: float | None = None
+    ) -> list[Any]:
         """``fn(rank, world, master_addr, master_port, *args)`` once per rank; results in rank order.
 
         One pinned Dask task per worker; the first failure stops every rank and raises a
@@ -106,8 +126,16 @@ class Lab:
         if world is not None and world > len(workers):
             raise LaunchError(f"world: {world} ranks asked, the Lab has {len(workers)} workers")
         run_id = uuid.uuid4().hex[:8]
-        group = spmd.start_ranks(self.client, workers, fn, args, run_id=run_id, threads=self._threads(res, workers),
-                                 timeout=timeout or self.timeout, key_prefix="distlab-spmd")
+        group = spmd.start_ranks(
+            self.client,
+            workers,
+            fn,
+            args,
+            run_id=run_id,
+            threads=self._threads(res, workers),
+            timeout=timeout or self.timeout,
+            key_prefix="distlab-spmd",
+        )
         try:
             return group.wait(timeout)
         except spmd.RankFailure as exc:
@@ -122,13 +150,27 @@ class Lab:
     def _check_idle(self) -> None:
         for run in self._runs:
             if not run.done:
-                raise LaunchError(f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching another")
+                raise LaunchError(
+                    f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching another"
+                )
 
     # -- launching ------------------------------------------------------------------------------------
-    def launch(self, model: Any, strategy: Any = "AllReduce", steps: int = 100, data: Any = None, loss: Any = None,
-               optimizer: Any = None, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
-               checkpoint_every: int | None = None, elastic: bool = True, timeout: float | None = None,
-               block: bool = False) -> Run:
+    def launch(
+        self,
+        model: Any,
+        strategy: Any = "AllReduce",
+        steps: int = 100,
+        data: Any = None,
+        loss: Any = None,
+        optimizer: Any = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        checkpoint_every: int | None = None,
+        elastic: bool = True,
+        timeout: float | None = None,
+        block: bool = False,
+    ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
 
         ``checkpoint_every`` defaults to every ``max(1, steps // 10)`` steps when ``elastic``
@@ -160,18 +202,41 @@ class Lab:
         if elastic and checkpoint_every is None:
             checkpoint_every = max(1, steps // 10)
         job = RankJob(
-            rank=0, world=st.world, master_addr="", master_port=0, strategy=st, model=model, steps=steps, data=data,
-            loss=loss, optimizer=optimizer, batch_size=batch_size, shuffle=shuffle, seed=seed,
+            rank=0,
+            world=st.world,
+            master_addr="",
+            master_port=0,
+            strategy=st,
+            model=model,
+            steps=steps,
+            data=data,
+            loss=loss,
+            optimizer=optimizer,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
             checkpoint_dir=str(self.checkpoint_dir / run_id) if checkpoint_every else None,
-            checkpoint_every=checkpoint_every, timeout=float(timeout or self.timeout), run_id=run_id,
+            checkpoint_every=checkpoint_every,
+            timeout=float(timeout or self.timeout),
+            run_id=run_id,
         )
 
         def replan(survivors: list[str]) -> tuple[Any, list[int]]:
             sub = _cluster.sub_resources(self.resources, survivors)
             return _replan(st, model, sub, profile), self._threads(self.resources, survivors)
 
-        run = Run(self, run_id, model, st, job, workers, self._threads(res, workers), elastic=elastic, replan=replan,
-                  predicted=self._predict(profile, res, st))
+        run = Run(
+            self,
+            run_id,
+            model,
+            st,
+            job,
+            workers,
+            self._threads(res, workers),
+            elastic=elastic,
+            replan=replan,
+            predicted=self._predict(profile, res, st),
+        )
         self._runs.append(run)
         run._start()
         if block:
@@ -192,8 +257,18 @@ class Lab:
         """One row per run: run_id, model, strategy, world, batch, steps, status, measured and predicted throughput."""
         import pandas as pd
 
-        cols = ["run_id", "model", "strategy", "world", "batch", "steps", "status", "restarts",
-                "measured_throughput", "predicted_throughput"]
+        cols = [
+            "run_id",
+            "model",
+            "strategy",
+            "world",
+            "batch",
+            "steps",
+            "status",
+            "restarts",
+            "measured_throughput",
+            "predicted_throughput",
+        ]
         return pd.DataFrame([r.row() for r in self._runs], columns=cols)
 
     # -- calibration ------------------------------------------------------------------------------------
@@ -242,7 +317,9 @@ def _profile(model: Any, batch_size: int | None) -> Any:
 
 def _replan(st: Any, model: Any, res: ResourceSpec, profile: Callable[[], Any]) -> Any:
     """The strategy re-planned for ``res`` (elastic resume on fewer workers)."""
-    if st.world == res.world and [(r.host, r.device) for r in st.ranks] == [(r.host, r.device) for r in res.ranks]:
+    if st.world == res.world and [(r.host, r.device) for r in st.ranks] == [
+        (r.host, r.device) for r in res.ranks
+    ]:
         return st
     try:
         from distlab import strategy as strategies
@@ -259,5 +336,7 @@ def _shrink(st: Any, res: ResourceSpec, exc: Exception) -> Any:
     """A hand-made strategy on fewer ranks: keep it if it names no rank that is gone."""
     used = set(st.servers) | {s.server for p in st.variables for s in p.syncs if s.server is not None}
     if used and max(used) >= res.world:
-        raise LaunchError(f"elastic resume: strategy {st.name} uses server ranks {sorted(used)} and cannot run on {res.world} ranks ({exc})")
+        raise LaunchError(
+            f"elastic resume: strategy {st.name} uses server ranks {sorted(used)} and cannot run on {res.world} ranks ({exc})"
+        )
     return dataclasses.replace(st, ranks=tuple(res.ranks))

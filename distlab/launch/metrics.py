@@ -6,7 +6,18 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-COLUMNS = ["run_id", "step", "rank", "loss", "samples", "step_time", "comm_time", "wall_time", "restart", "world"]
+COLUMNS = [
+    "run_id",
+    "step",
+    "rank",
+    "loss",
+    "samples",
+    "step_time",
+    "comm_time",
+    "wall_time",
+    "restart",
+    "world",
+]
 
 
 def frame(records: Iterable[Mapping[str, Any]]) -> Any:
@@ -46,7 +57,9 @@ def throughput(df: Any) -> float:
     seg = df[df["restart"] == df["restart"].max()].sort_values(["rank", "step"])
     by_rank = seg.groupby("rank")
     seg = seg.assign(duration=by_rank["wall_time"].diff(), gsamples=by_rank["samples"].diff())
-    per_step = seg.groupby("step").agg(samples=("gsamples", "max"), duration=("duration", "max"), ranks=("rank", "nunique"))
+    per_step = seg.groupby("step").agg(
+        samples=("gsamples", "max"), duration=("duration", "max"), ranks=("rank", "nunique")
+    )
     per_step = per_step[per_step["ranks"] == per_step["ranks"].max()]
     per_step = per_step.iloc[max(1, warmup_steps(len(per_step))) :].dropna()
     if len(per_step) == 0:

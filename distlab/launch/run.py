@@ -31,8 +31,20 @@ class Run:
     called with each record, from the client's event thread.
     """
 
-    def __init__(self, lab: Any, run_id: str, model: Any, strategy: Any, job: Any, workers: list[str],
-                 threads: list[int], *, elastic: bool, replan: Callable[[list[str]], Any], predicted: float = math.nan) -> None:
+    def __init__(
+        self,
+        lab: Any,
+        run_id: str,
+        model: Any,
+        strategy: Any,
+        job: Any,
+        workers: list[str],
+        threads: list[int],
+        *,
+        elastic: bool,
+        replan: Callable[[list[str]], Any],
+        predicted: float = math.nan,
+    ) -> None:
         self.id = run_id
         self.lab = lab
         self.strategy = strategy
@@ -46,7 +58,13 @@ class Run:
         self.checkpoint: str | None = None
         self.launched_at = time.perf_counter()
         self.first_record_at: float | None = None
-        self._model0, self._job, self._workers, self._threads, self._replan = model, job, workers, threads, replan
+        self._model0, self._job, self._workers, self._threads, self._replan = (
+            model,
+            job,
+            workers,
+            threads,
+            replan,
+        )
         self._status = "pending"
         self._records: dict[tuple[int, int, int], dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -93,10 +111,15 @@ class Run:
                 if self._cancel:
                     self._status = "cancelled"
                     return
-                self._segment_job = job
+                self._group = None
                 try:
                     self._group = spmd.start_ranks(
-                        client, workers, train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]), run_id=self.id, threads=threads,
+                        client,
+                        workers,
+                        train_rank,
+                        (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]),
+                        run_id=self.id,
+                        threads=threads,
                         timeout=job.timeout,
                     )
                     self._status = "running"
@@ -104,7 +127,8 @@ class Run:
                         self._group.stop()
                     results = self._group.wait(None)
                 except (spmd.RankFailure, spmd.WorkerLost, LaunchError) as exc:
-                    self._group and self._group.close()
+                    if self._group is not None:
+                        self._group.close()
                     if self._cancel:
                         self._status = "cancelled"
                         return
@@ -112,7 +136,8 @@ class Run:
                     if not lost or not self.elastic:
                         self._fail(exc, lost)
                         return
-                    workers = [w for w in workers if w not in lost]
+                    alive = spmd.workers_info(client)  # survivors: neither lost nor restarted
+                    workers = [w for w in workers if w not in lost and w in alive]
                     if not workers:
                         self._fail(exc, lost)
                         return
@@ -163,7 +188,11 @@ class Run:
         strategy, threads = self._replan(workers)
         self.strategy = strategy
         new = dataclasses.replace(
-            job, world=len(workers), strategy=strategy, start_step=start_step, sample_offset=offset,
+            job,
+            world=len(workers),
+            strategy=strategy,
+            start_step=start_step,
+            sample_offset=offset,
             resume_from=str(path) if path is not None else None,
         )
         return new, threads
@@ -207,7 +236,9 @@ class Run:
         try:
             while not self._done.wait(0.1):
                 if timeout is not None and time.monotonic() - start > timeout:
-                    raise LaunchError(f"run {self.id}: still {self.status} after {timeout:g} s; wait longer or run.cancel()")
+                    raise LaunchError(
+                        f"run {self.id}: still {self.status} after {timeout:g} s; wait longer or run.cancel()"
+                    )
                 if progress and bar is None and time.monotonic() - start > 1.0:
                     from tqdm.auto import tqdm
 
@@ -240,7 +271,9 @@ class Run:
             group.stop()
         self._done.wait(timeout)
         if not self._done.is_set():
-            raise LaunchError(f"run {self.id}: ranks did not stop within {timeout:g} s; lab.close() ends the workers")
+            raise LaunchError(
+                f"run {self.id}: ranks did not stop within {timeout:g} s; lab.close() ends the workers"
+            )
         return self
 
     @property
@@ -277,9 +310,15 @@ class Run:
 
     def row(self) -> dict[str, Any]:
         return {
-            "run_id": self.id, "model": type(self._model0).__name__, "strategy": self.strategy.name,
-            "world": self.world, "batch": self.batch_size, "steps": self.steps, "status": self.status,
-            "restarts": self.restarts, "measured_throughput": self.throughput,
+            "run_id": self.id,
+            "model": type(self._model0).__name__,
+            "strategy": self.strategy.name,
+            "world": self.world,
+            "batch": self.batch_size,
+            "steps": self.steps,
+            "status": self.status,
+            "restarts": self.restarts,
+            "measured_throughput": self.throughput,
             "predicted_throughput": self.predicted_throughput,
         }
 
@@ -292,10 +331,14 @@ class Run:
         cells = "".join(
             f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
             for k, v in [
-                ("status", r["status"]), ("strategy", r["strategy"]), ("world", r["world"]),
-                ("steps", f"{self._last_step()}/{self.steps}"), ("restarts", r["restarts"]),
+                ("status", r["status"]),
+                ("strategy", r["strategy"]),
+                ("world", r["world"]),
+                ("steps", f"{self._last_step()}/{self.steps}"),
+                ("restarts", r["restarts"]),
                 ("throughput", f"{tp:.1f} samples/s" if tp == tp else "-"),
                 ("error", str(self.error) if self.error else ""),
-            ] if v != ""
+            ]
+            if v != ""
         )
         return f"<p><b>Run {html.escape(self.id)}</b></p><table>{cells}</table>"

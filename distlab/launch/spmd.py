@@ -230,7 +230,11 @@ class RankGroup:
                 if f.status == "error":
                     exc = f.exception()
                     self.settle(STOP_GRACE)
-                    raise exc if isinstance(exc, RankFailure) else RankFailure(self.futures.index(f), "?", type(exc).__name__, str(exc))
+                    raise (
+                        exc
+                        if isinstance(exc, RankFailure)
+                        else RankFailure(self.futures.index(f), "?", type(exc).__name__, str(exc))
+                    )
                 if f.status == "cancelled":
                     self.settle(STOP_GRACE)
                     raise LaunchError(f"run {self.run_id}: a rank's task was cancelled by the scheduler")
@@ -246,7 +250,9 @@ class RankGroup:
                 self.restart_stuck()
             if deadline is not None and time.monotonic() > deadline:
                 self.settle(STOP_GRACE)
-                raise LaunchError(f"run {self.run_id}: ranks did not finish within {timeout:g} s; raise timeout=")
+                raise LaunchError(
+                    f"run {self.run_id}: ranks did not finish within {timeout:g} s; raise timeout="
+                )
 
 
 class WorkerLost(Exception):
@@ -283,7 +289,13 @@ def start_ranks(
         raise LaunchError("run: no workers to launch on; the cluster has none (check lab.client)")
     host = host_of(workers[0])
     port = client.submit(
-        open_store, run_id, host, timeout, workers=[workers[0]], allow_other_workers=False, pure=False,
+        open_store,
+        run_id,
+        host,
+        timeout,
+        workers=[workers[0]],
+        allow_other_workers=False,
+        pure=False,
         key=f"distlab-store-{run_id}",
     ).result(timeout=timeout)
     group = RankGroup(client, run_id, tuple(workers), host, port)
@@ -291,8 +303,19 @@ def start_ranks(
     for rank, w in enumerate(workers):
         group.futures.append(
             client.submit(
-                rank_entry, fn, rank, world, host, port, run_id, threads[rank], args,
-                workers=[w], allow_other_workers=False, pure=False, retries=0,
+                rank_entry,
+                fn,
+                rank,
+                world,
+                host,
+                port,
+                run_id,
+                threads[rank],
+                args,
+                workers=[w],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
                 key=f"{key_prefix}-{run_id}-{rank}",
             )
         )

@@ -37,8 +37,26 @@ def _reset_group_names() -> None:
         c10d._world.group_count = 0
 
 
-def train_rank(rank: int, world: int, master_addr: str, master_port: int, payload: bytes, topic: str, restart: int,
-               run_rank: Any) -> dict[str, Any]:
+def _device(job: Any, rank: int) -> str:
+    """``cuda:0`` for a GPU rank (dask-cuda gives each worker one visible GPU), else the job's device."""
+    if job.strategy.ranks[rank].device.startswith("gpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda:0"
+    return job.device
+
+
+def train_rank(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    payload: bytes,
+    topic: str,
+    restart: int,
+    run_rank: Any,
+) -> dict[str, Any]:
     """(worker) Run one rank of the job; every step record goes to the client as a Dask event on ``topic``.
 
     The job arrives pickled (``payload``) and is unpickled here, so the model and the process
@@ -52,7 +70,10 @@ def train_rank(rank: int, world: int, master_addr: str, master_port: int, payloa
 
     _reset_group_names()
     worker = get_worker()
-    job = dataclasses.replace(cloudpickle.loads(payload), rank=rank, world=world, master_addr=master_addr, master_port=master_port)
+    job = cloudpickle.loads(payload)
+    job = dataclasses.replace(
+        job, rank=rank, world=world, master_addr=master_addr, master_port=master_port, device=_device(job, rank)
+    )
     tag = {"restart": restart, "world": world}
     batch: list[dict[str, Any]] = []
     sent = [0.0]

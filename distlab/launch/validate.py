@@ -33,7 +33,9 @@ def variables_profile(model: Any) -> Any:
     from distlab.profile.model_profile import ModelProfile
 
     sparse = _sparse_params(model)
-    rows = [(n, tuple(p.shape), str(p.dtype), n in sparse) for n, p in model.named_parameters() if p.requires_grad]
+    rows = [
+        (n, tuple(p.shape), str(p.dtype), n in sparse) for n, p in model.named_parameters() if p.requires_grad
+    ]
     return ModelProfile.from_variables(rows, name=type(model).__name__)
 
 
@@ -47,7 +49,9 @@ def _sparse_params(model: Any) -> set[str]:
     return out
 
 
-def resolve_strategy(strategy: Any, model: Any, resources: ResourceSpec, profile_fn: Any) -> tuple[Strategy, Any]:
+def resolve_strategy(
+    strategy: Any, model: Any, resources: ResourceSpec, profile_fn: Any
+) -> tuple[Strategy, Any]:
     """A Strategy from a Strategy, a builder name or a JSON path; returns it and the profile used, if any."""
     profile = None
     if isinstance(strategy, Strategy):
@@ -61,11 +65,15 @@ def resolve_strategy(strategy: Any, model: Any, resources: ResourceSpec, profile
 
             known = strategies.builders() if hasattr(strategies, "builders") else []
             if text not in known:
-                raise StrategyError(f"strategy: builder {text!r} is not known; use one of: {', '.join(known) or 'none installed'}")
+                raise StrategyError(
+                    f"strategy: builder {text!r} is not known; use one of: {', '.join(known) or 'none installed'}"
+                )
             profile = profile_fn()
             st = strategies.build(text, profile, resources)
     else:
-        raise LaunchError(f"strategy: expected a Strategy, a builder name or a JSON path, got {type(strategy).__name__}")
+        raise LaunchError(
+            f"strategy: expected a Strategy, a builder name or a JSON path, got {type(strategy).__name__}"
+        )
     return st, profile
 
 
@@ -73,7 +81,9 @@ def check_strategy_fits(st: Strategy, model: Any, available: int) -> None:
     """The strategy plans exactly this model's variables (names and shapes) and fits the cluster."""
     import importlib
 
-    sv = importlib.import_module("distlab.strategy.validate")  # the package re-exports a function of that name
+    sv = importlib.import_module(
+        "distlab.strategy.validate"
+    )  # the package re-exports a function of that name
     prof = variables_profile(model)
     try:
         sv.check(st, prof)
@@ -104,7 +114,9 @@ def check_data(data: Any, model: Any, loss: Any) -> None:
     try:
         n = len(data)
     except TypeError:
-        raise LaunchError(f"data: expected a map-style Dataset with len(), got {type(data).__name__}") from None
+        raise LaunchError(
+            f"data: expected a map-style Dataset with len(), got {type(data).__name__}"
+        ) from None
     if n == 0:
         raise LaunchError("data: the dataset is empty")
     try:
@@ -119,7 +131,9 @@ def check_data(data: Any, model: Any, loss: Any) -> None:
         out = probe(torch.as_tensor(x).unsqueeze(0))
         value = (loss or torch.nn.functional.cross_entropy)(out, torch.as_tensor(y).unsqueeze(0))
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise LaunchError(f"loss: must return a scalar tensor, returned {type(value).__name__} of shape {getattr(value, 'shape', '?')}")
+            raise LaunchError(
+                f"loss: must return a scalar tensor, returned {type(value).__name__} of shape {getattr(value, 'shape', '?')}"
+            )
     except DistlabError:
         raise
     except Exception as exc:  # noqa: BLE001

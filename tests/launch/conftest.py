@@ -39,17 +39,31 @@ def lab():
     lab.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        extra = [t for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()
-                 and t.name.startswith("distlab-run")]
+        extra = [
+            t
+            for t in threading.enumerate()
+            if t.ident not in threads_before and t.is_alive() and t.name.startswith("distlab-run")
+        ]
         if not extra:
             break
         time.sleep(0.1)
     assert not extra, f"run driver threads left behind: {[t.name for t in extra]}"
 
 
+def _wait_for_workers(lab, n: int = 2, within: float = 60) -> None:
+    """A killed or restarted worker comes back through its nanny, cold: wait until the cluster is whole."""
+    deadline = time.monotonic() + within
+    while len(spmd_workers(lab.client)) != n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(spmd_workers(lab.client)) == n, (
+        f"the cluster has {len(spmd_workers(lab.client))} workers, not {n}"
+    )
+
+
 @pytest.fixture
 def clean_lab(lab):
-    """The module's Lab, checked before and after the test: no rank left training, no run pending."""
+    """The module's Lab, checked before and after the test: whole, no rank left training, no run pending."""
+    _wait_for_workers(lab)
     assert _leaks(lab) == {}, "a previous test left ranks training"
     yield lab
     deadline = time.monotonic() + 10
@@ -58,10 +72,6 @@ def clean_lab(lab):
     assert _leaks(lab) == {}, "ranks still training 10 s after the test ended"
     for run in lab._runs:
         assert run.done, f"run {run.id} still {run.status} after the test"
-    # a killed worker comes back through its nanny: wait for the cluster to be whole again
-    deadline = time.monotonic() + 30
-    while len(spmd_workers(lab.client)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 class TinyNet(torch.nn.Module):
@@ -93,7 +103,9 @@ class Blobs(torch.utils.data.Dataset):
 def allreduce_strategy(model, resources, world=None, batch=16) -> Strategy:
     from distlab.strategy.types import BatchConfig
 
-    ranks = tuple(RankSpec(i, r.host, r.device) for i, r in enumerate(resources.ranks[: world or resources.world]))
+    ranks = tuple(
+        RankSpec(i, r.host, r.device) for i, r in enumerate(resources.ranks[: world or resources.world])
+    )
     plans = tuple(VariablePlan(n, Sync("allreduce", group=0)) for n, p in model.named_parameters())
     return Strategy(plans, ranks, batch=BatchConfig(per_replica=batch), builder="AllReduce")
 

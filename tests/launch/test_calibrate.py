@@ -27,7 +27,9 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     again = clean_lab.calibrate(progress=False)
     assert time.monotonic() - t0 < 2 and again.params.alpha_beta == cm.params.alpha_beta
 
-    run = clean_lab.launch(tiny, strategy=allreduce_strategy(tiny, clean_lab.resources), steps=5, data=blobs, block=True)
+    run = clean_lab.launch(
+        tiny, strategy=allreduce_strategy(tiny, clean_lab.resources), steps=5, data=blobs, block=True
+    )
     row = clean_lab.runs.set_index("run_id").loc[run.id]
     assert row["predicted_throughput"] > 0
 

@@ -41,12 +41,16 @@ class SlowBlobs(Blobs):
 
 
 def _assert_reusable(lab, tiny, blobs):
-    run = lab.launch(tiny, strategy=allreduce_strategy(tiny, lab.resources), steps=3, data=blobs, elastic=False)
+    run = lab.launch(
+        tiny, strategy=allreduce_strategy(tiny, lab.resources), steps=3, data=blobs, elastic=False
+    )
     assert run.wait(60).status == "finished"
 
 
 def test_a_rank_that_raises_fails_the_run_with_its_error(clean_lab, tiny, blobs):
-    st = allreduce_strategy(tiny, clean_lab.resources)  # 16 per replica: step 3 reads [96, 128), rank 1 [112, 128)
+    st = allreduce_strategy(
+        tiny, clean_lab.resources
+    )  # 16 per replica: step 3 reads [96, 128), rank 1 [112, 128)
     run = clean_lab.launch(tiny, strategy=st, steps=50, data=Poisoned(bad=120), shuffle=False, elastic=False)
     with pytest.raises(LaunchError) as info:
         run.wait(60)
@@ -113,7 +117,9 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean
     st = allreduce_strategy(tiny, clean_lab.resources, batch=batch)
     victim = clean_lab.resources.addresses[1]
     pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
-    run = clean_lab.launch(tiny, strategy=st, steps=steps, data=SlowBlobs(), checkpoint_every=every, elastic=True)
+    run = clean_lab.launch(
+        tiny, strategy=st, steps=steps, data=SlowBlobs(), checkpoint_every=every, elastic=True
+    )
     while run.metrics["step"].max() != run.metrics["step"].max() or run.metrics["step"].max() < every + 5:
         assert run.status in ("pending", "running"), run.error
         time.sleep(0.05)
@@ -189,7 +195,7 @@ def test_a_strategy_for_more_ranks_than_workers_is_refused(clean_lab, tiny):
     from distlab.strategy.types import RankSpec
 
     st = allreduce_strategy(tiny, clean_lab.resources)
-    st = replace(st, ranks=st.ranks + (RankSpec(2, "127.0.0.1"), RankSpec(3, "127.0.0.1")))
+    st = replace(st, ranks=tuple(RankSpec(i, "127.0.0.1") for i in range(4)))
     with pytest.raises(LaunchError, match="4 ranks but the Lab has 2 workers"):
         clean_lab.launch(tiny, strategy=st, steps=5, data=Blobs())
 

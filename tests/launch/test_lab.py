@@ -55,13 +55,17 @@ def test_run_ranks_on_a_sub_world(clean_lab):
 def test_launch_trains_and_reports_records_model_and_throughput(clean_lab, tiny, blobs):
     st = allreduce_strategy(tiny, clean_lab.resources)
     seen = []
-    run = clean_lab.launch(tiny, strategy=st, steps=40, data=blobs, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    run = clean_lab.launch(
+        tiny, strategy=st, steps=40, data=blobs, optimizer=lambda p: torch.optim.SGD(p, lr=0.1)
+    )
     run.on_record.append(seen.append)
     assert run.wait(timeout=60) is run
     assert run.status == "finished" and run.error is None
     df = run.metrics
     assert len(df) == 80 and set(df["rank"]) == {0, 1} and sorted(set(df["step"])) == list(range(40))
-    assert {"run_id", "loss", "samples", "step_time", "comm_time", "wall_time", "restart", "world"} <= set(df.columns)
+    assert {"run_id", "loss", "samples", "step_time", "comm_time", "wall_time", "restart", "world"} <= set(
+        df.columns
+    )
     first, last = df[df.step < 5]["loss"].mean(), df[df.step >= 35]["loss"].mean()
     assert last < 0.7 * first, (first, last)
     assert 0 < run.throughput < 1e7
@@ -70,7 +74,9 @@ def test_launch_trains_and_reports_records_model_and_throughput(clean_lab, tiny,
     assert isinstance(model, TinyNet) and model is not tiny
     assert not torch.equal(model.fc1.weight, tiny.fc1.weight)  # trained, and the launched model is untouched
     row = clean_lab.runs.iloc[-1]
-    assert row["run_id"] == run.id and row["status"] == "finished" and row["world"] == 2 and row["batch"] == 16
+    assert (
+        row["run_id"] == run.id and row["status"] == "finished" and row["world"] == 2 and row["batch"] == 16
+    )
     assert row["measured_throughput"] == pytest.approx(run.throughput)
     assert "finished" in run._repr_html_()
 
@@ -165,7 +171,9 @@ def test_attach_by_address_runs_on_that_cluster_and_leaves_it_running(clean_lab,
     other = Lab(address=clean_lab.client.scheduler.address)
     try:
         assert other.resources.addresses == clean_lab.resources.addresses
-        run = other.launch(tiny, strategy=allreduce_strategy(tiny, other.resources), steps=3, data=blobs, elastic=False)
+        run = other.launch(
+            tiny, strategy=allreduce_strategy(tiny, other.resources), steps=3, data=blobs, elastic=False
+        )
         assert run.wait(60).status == "finished"
     finally:
         other.close()

@@ -13,13 +13,20 @@ def _records(steps, world, batch, step_seconds, restart=0, start=0, offset=0):
     out = []
     for s in range(start, steps):
         for r in range(world):
-            out.append({
-                "run_id": "x", "step": s, "rank": r, "loss": 1.0 / (s + 1),
-                "samples": offset + (s + 1 - start) * batch * world,
-                "step_time": step_seconds(s) * 0.9, "comm_time": 0.0,
-                "wall_time": 1000.0 + sum(step_seconds(i) for i in range(start, s + 1)) + 0.001 * r,
-                "restart": restart, "world": world,
-            })
+            out.append(
+                {
+                    "run_id": "x",
+                    "step": s,
+                    "rank": r,
+                    "loss": 1.0 / (s + 1),
+                    "samples": offset + (s + 1 - start) * batch * world,
+                    "step_time": step_seconds(s) * 0.9,
+                    "comm_time": 0.0,
+                    "wall_time": 1000.0 + sum(step_seconds(i) for i in range(start, s + 1)) + 0.001 * r,
+                    "restart": restart,
+                    "world": world,
+                }
+            )
     return out
 
 
@@ -34,7 +41,9 @@ def test_warmup_steps_do_not_count():
 
 
 def test_after_a_restart_throughput_is_the_last_world_size():
-    recs = _records(10, 2, 16, lambda s: 0.1) + _records(30, 1, 16, lambda s: 0.2, restart=1, start=10, offset=320)
+    recs = _records(10, 2, 16, lambda s: 0.1) + _records(
+        30, 1, 16, lambda s: 0.2, restart=1, start=10, offset=320
+    )
     df = metrics.frame(recs)
     assert metrics.throughput(df) == pytest.approx(16 / 0.2, rel=1e-6)
     assert list(df.columns[:10]) == metrics.COLUMNS

@@ -1,0 +1,88 @@
+"""Every committed notebook executes through papermill with small parameters and shows its results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from distlab import bench
+from distlab.cli import main
+from distlab.notebook.run import execute_notebook, export_html
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_MLP = {"width": 64, "in_features": 32}
+
+# Small but real parameters per notebook (the defaults are the benchmark-sized ones).
+SMALL: dict[str, dict] = {
+    "quickstart": {"model_options": SMALL_MLP, "steps": 6, "top": 1, "calibrate_sizes": [4096, 65536]},
+    "gossip": {"n": 4, "steps": 8},
+    "strategies": {"model_name": "mlp", "model_options": SMALL_MLP, "workers": 2},
+    "bench/profile-speed": {"models": ["mlp"], "repeats": 1, "profile_repeats": 1},
+    "bench/simulator-speed": {"layers": 4, "copies": 5, "predict_sample": 10, "repeats": 1, "sweep_worlds": [1, 2], "sweep_bandwidths": [None]},
+    "bench/sweep": {"models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "steps": 4},
+    "bench/runtime-overhead": {"models": {"mlp": SMALL_MLP}, "batch": {"mlp": 8}, "steps": 4, "warmup": 1, "repeats": 1},
+    "bench/gossip-vs-allreduce": {"worlds": [2], "model_opts": SMALL_MLP, "steps": 4, "warmup": 1, "repeats": 1},
+    "bench/ps-vs-allreduce": {"model_opts": {"rows": 2000, "fields": 2}, "steps": 4, "warmup": 1, "repeats": 1},
+    "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
+    "bench/launch-overhead": {"pairs": 1, "steps": 10},
+    "bench/cost-model-accuracy": {
+        "models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "worlds": [1, 2], "batches": [8],
+        "steps": 4, "repeats": 2,
+    },
+}
+
+NOTEBOOKS = sorted(str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in (ROOT / "notebooks").rglob("*.ipynb"))
+
+pytestmark = [pytest.mark.notebook, pytest.mark.slow]
+
+
+def test_every_notebook_has_small_parameters_and_a_parameters_cell():
+    assert set(NOTEBOOKS) == set(SMALL), "add small parameters for new notebooks to SMALL"
+    for name in NOTEBOOKS:
+        nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1, f"{name}: needs exactly one cell tagged 'parameters'"
+        assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"), f"{name} has outputs"
+
+
+def _errors(nb) -> list[str]:
+    return [o.get("ename", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", [n for n in NOTEBOOKS if not n.startswith("bench/")])
+def test_notebook_executes(name, tmp_path):
+    out = execute_notebook(ROOT / "notebooks" / f"{name}.ipynb", tmp_path / f"{Path(name).name}.ipynb", SMALL[name], progress=False)
+    nb = nbformat.read(out, as_version=4)
+    assert not _errors(nb)
+    plots = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
+    assert plots, f"{name} showed no chart"
+    html = export_html(out, tmp_path / "page.html").read_text()
+    assert html.count('class="plotly-graph-div"') == len(plots)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", [n.removeprefix("bench/") for n in NOTEBOOKS if n.startswith("bench/")])
+def test_benchmark_writes_its_figures(name, tmp_path):
+    result = bench.run_bench(name, SMALL[f"bench/{name}"], out_dir=tmp_path, progress=False)
+    assert result["rows"], f"{name} wrote no rows"
+    assert (tmp_path / f"{name}.ipynb").exists()
+    assert json.loads((tmp_path / f"{name}.json").read_text()) == result
+
+
+def test_cli_bench_lists_and_rejects_unknown(capsys):
+    assert main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert "profile-speed" in listed and "cost-model-accuracy" in listed
+    assert main(["bench", "no-such-bench"]) == 2
+    assert "benchmark 'no-such-bench' does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_cli_bench_prints_the_table(capsys, tmp_path):
+    assert main(["bench", "profile-speed", "-p", "models", "[mlp]", "-p", "repeats", "1", "--out", str(tmp_path), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "mlp" in out and "profile_seconds" in out
