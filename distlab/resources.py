@@ -190,13 +190,14 @@ class ResourceSpec:
     def from_client(cls, client: Any, facts: Mapping[str, Mapping[str, Any]] | None = None) -> ResourceSpec:
         """A live Dask cluster: one rank per worker, ordered by (host, worker address).
 
-        Duck-typed on ``client.scheduler_info()["workers"]``. A worker is a GPU rank when its
+        Reads the scheduler's full worker table (``scheduler.identity``; ``client.scheduler_info()``
+        can briefly return an empty list while the client refreshes its cache). A worker is a GPU rank when its
         resources or metrics mention a GPU; cores per host are the sum of its workers' threads.
         ``facts`` (worker address -> ``{"cores": int, "gpu": id or None}``, measured on the workers)
         overrides both: cores per host = the largest reported, device ``gpu:<id>``.
         """
         try:
-            workers = dict(client.scheduler_info()["workers"])
+            workers = dict(_worker_table(client))
         except Exception as exc:  # any client-side failure is the user's cluster, not a bug here
             raise ResourceError(
                 f"client: cannot read the scheduler's workers ({type(exc).__name__}: {exc})"
@@ -411,3 +412,11 @@ def _parse_node(n: Any, path: str, ssh: Mapping[str, Any]) -> NodeSpec:
         network_bandwidth=float(bw) if bw is not None else None,
         ssh_config=ssh_config,
     )
+
+
+def _worker_table(client: Any) -> Mapping[str, Any]:
+    """Every worker the scheduler knows, asked of the scheduler itself (duck-typed on the client)."""
+    scheduler = getattr(client, "scheduler", None)
+    if scheduler is not None and hasattr(client, "sync"):
+        return client.sync(scheduler.identity, n_workers=-1)["workers"]
+    return client.scheduler_info()["workers"]

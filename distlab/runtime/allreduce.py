@@ -44,8 +44,15 @@ class Bucket:
         self._work: Any = None
         self._wire: torch.Tensor | None = None
         self._dtype = units[0].param.dtype
+
     def launch(self) -> None:
-        flat = torch.cat([dense_grad(u).reshape(-1) for u in self.units])
+        if len(self.units) == 1 and self.units[0].axis is None:
+            g = dense_grad(self.units[0])
+            # one whole variable (a large matrix gets a bucket to itself): reduce its gradient in
+            # place instead of copying it into a bucket; cat would cost a pass over its bytes
+            flat = g.view(-1) if g.is_contiguous() else g.reshape(-1)
+        else:
+            flat = torch.cat([dense_grad(u).reshape(-1) for u in self.units])
         flat.div_(self.world)  # pre-divide (as DDP does) so a low-precision wire cannot overflow
         self._wire = self.compressor.encode(self.key, flat)
         self._work = dist.all_reduce(self._wire, async_op=True)

@@ -55,6 +55,9 @@ class DDPSynchronizer:
         self.local_opt.zero_grad(set_to_none=True)
         self.comm_time = 0.0
 
+    def begin(self, step: int) -> None:
+        pass
+
     def step(self, step: int) -> None:
         self.local_opt.step()
 

@@ -31,8 +31,9 @@ class Gossip:
     (``weights[i, j]`` is the weight of edge i -> j). A dynamic topology (one with ``.at(step)``,
     e.g. one-peer exponential-2) gives each step its own graph: one send and one receive per
     rank per step (Ying et al. 2021, "Exponential graph is provably efficient"; BlueFog).
-    ATC averages after the local step; AWC sends the pre-step values while the step runs
-    and adds the local update to the average: ``x <- W x_old + (x_step - x_old)``.
+    ATC averages after the local step; AWC sends the pre-step values at the start of the step,
+    so the exchange hides behind forward and backward, and adds the local update to the
+    average: ``x <- W x_old + (x_step - x_old)``.
     """
 
     def __init__(

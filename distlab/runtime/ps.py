@@ -67,11 +67,13 @@ class ServerBroadcast:
         self.sparse = [u for u in units if id(u.param) in sparse_ids]
         self.dense = [u for u in units if id(u.param) not in sparse_ids]
         self._before: dict[int, torch.Tensor] = {}
+        self._optimizer: Any = None
 
-    def before_step(self) -> None:
-        """Servers remember sparse variables' values, to send only the rows the step changed."""
+    def before_step(self, optimizer: Any) -> None:
+        """Servers note which rows of their sparse variables the step can change."""
+        self._optimizer = optimizer
         self._before = {
-            i: u.target.detach().clone() for i, u in enumerate(self.sparse) if u.sync.server == self.rank
+            i: _grad_rows(u.target) for i, u in enumerate(self.sparse) if u.sync.server == self.rank
         }
 
     def after_step(self) -> None:
@@ -93,27 +95,59 @@ class ServerBroadcast:
             for u, buf in bufs:
                 if buf.data_ptr() != u.param.data_ptr():
                     u.view(u.param).copy_(buf.view(u.view(u.param).shape))
-        for i, u in enumerate(self.sparse):
-            self._broadcast_rows(i, u)
+        self._broadcast_rows()
         self._before = {}
 
-    def _broadcast_rows(self, i: int, u: SyncUnit) -> None:
-        server, mine = u.sync.server, u.sync.server == self.rank
-        t = u.target.detach()
-        count = torch.zeros(1, dtype=torch.long, device=t.device)
-        if mine:
-            changed = (t != self._before[i]).reshape(t.shape[0], -1).any(1).nonzero().reshape(-1)
-            count[0] = changed.numel()
-        self.wait(dist.broadcast(count, src=server, async_op=True))
-        k = int(count.item())
-        rows = changed if mine else torch.empty(k, dtype=torch.long, device=t.device)
-        vals = t.index_select(0, rows) if mine else t.new_empty((k, *t.shape[1:]))
-        w1 = dist.broadcast(rows, src=server, async_op=True)
-        w2 = dist.broadcast(vals, src=server, async_op=True)
-        self.wait(w1)
-        self.wait(w2)
+    def _changed_rows(self, i: int, u: SyncUnit) -> torch.Tensor:
+        """Rows the server's step may have changed: this step's gradient rows plus every row with
+        optimizer state (momentum, accumulators). Optimizers that accept sparse gradients (SGD,
+        Adagrad, SparseAdam) update row by row, so only those rows can differ."""
+        rows = [self._before[i]]
+        state = self._optimizer.state.get(u.target, {}) if self._optimizer is not None else {}
+        for v in state.values():
+            if torch.is_tensor(v) and v.is_sparse:
+                rows.append(v.coalesce().indices()[0])
+            elif torch.is_tensor(v) and v.shape == u.target.shape:
+                rows.append(v.reshape(v.shape[0], -1).ne(0).any(1).nonzero().reshape(-1))
+        return torch.cat(rows).unique()
+
+    def _broadcast_rows(self) -> None:
+        """Two rounds for all sparse variables at once: the row counts, then rows and values."""
+        counts, works = [], []
+        changed: dict[int, torch.Tensor] = {}
+        for i, u in enumerate(self.sparse):
+            c = torch.zeros(1, dtype=torch.long, device=u.target.device)
+            if u.sync.server == self.rank:
+                changed[i] = self._changed_rows(i, u)
+                c[0] = changed[i].numel()
+            counts.append(c)
+            works.append(dist.broadcast(c, src=u.sync.server, async_op=True))
+        for w in works:
+            self.wait(w)
+        works, moved = [], []
+        for i, u in enumerate(self.sparse):
+            mine, t, k = u.sync.server == self.rank, u.target.detach(), int(counts[i].item())
+            rows = changed[i] if mine else torch.empty(k, dtype=torch.long, device=t.device)
+            vals = t.index_select(0, rows) if mine else t.new_empty((k, *t.shape[1:]))
+            works += [
+                dist.broadcast(rows, src=u.sync.server, async_op=True),
+                dist.broadcast(vals, src=u.sync.server, async_op=True),
+            ]
+            moved.append((u, mine, rows, vals))
+        for w in works:
+            self.wait(w)
         with torch.no_grad():
-            if not mine:
-                u.target.index_copy_(0, rows, vals)
-            if u.shadow is not None:
-                u.view(u.param).copy_(u.shadow)
+            for u, mine, rows, vals in moved:
+                if not mine:
+                    u.target.index_copy_(0, rows, vals)
+                if u.shadow is not None:
+                    u.view(u.param).copy_(u.shadow)
+
+
+def _grad_rows(t: torch.Tensor) -> torch.Tensor:
+    g = t.grad
+    if g is None:
+        return torch.zeros(0, dtype=torch.long, device=t.device)
+    if g.is_sparse:
+        return g.coalesce().indices()[0]
+    return g.reshape(g.shape[0], -1).ne(0).any(1).nonzero().reshape(-1)

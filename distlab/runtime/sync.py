@@ -106,6 +106,11 @@ class Synchronizer:
             t.launch()
             self._next += 1
 
+    def begin(self, step: int) -> None:
+        """Before forward: AWC gossip sends the current parameters now, hidden behind forward and backward."""
+        if self.gossip is not None:
+            self.gossip.before_step(step)
+
     # -- after backward ----------------------------------------------------------------
     def step(self, step: int) -> None:
         """Finish gradient sync, apply the optimizers, and synchronise parameters."""
@@ -119,9 +124,7 @@ class Synchronizer:
             else:
                 gather_sparse_to_server(u, self.world, self.rank, self.wait)
         comm = time.perf_counter() - t0
-        if self.gossip is not None:
-            self.gossip.before_step(step)
-        self.broadcast.before_step()
+        self.broadcast.before_step(self.server_opt)
         if self.local_opt is not None:
             self.local_opt.step()
         if self.server_opt is not None:

@@ -148,7 +148,8 @@ def _train(
         sync.refresh_shadows()
         restore_state(sync.local_opt, units, state["optimizer"])
         restore_state(sync.server_opt, units, state["optimizer"])
-    stop = StopSignal(store, should_stop, margin=job.world + 1)
+    # collectives keep ranks within one step of each other; gossip ranks within the graph's diameter
+    stop = StopSignal(store, should_stop, margin=job.world + 1 if sync.gossip is not None else 2)
     records: list[dict[str, Any]] = []
     last_ckpt = None
     step = job.start_step
@@ -164,6 +165,7 @@ def _train(
             x, y = data.get(pos)
             x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
             sync.zero_grad()
+            sync.begin(step)
             loss = loss_fn(forward(x), y)
             loss.backward()
             t_bwd = time.perf_counter()

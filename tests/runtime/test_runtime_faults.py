@@ -67,3 +67,13 @@ def _sleeper(rank, world, addr, port):
 
     time.sleep(60 if rank == 1 else 0)
     return rank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_spawn_local_runs_a_returned_rank_job():
+    from runtime_bodies import make_job
+
+    res = spawn_local(2, make_job, "builder:PS:servers=all", "dense", "sgd", 2, timeout=100)
+    assert [r["rank"] for r in res] == [0, 1] and [r["steps"] for r in res] == [2, 2]
+    assert res[0]["state_dict"] is not None and res[1]["state_dict"] is None
