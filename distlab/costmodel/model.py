@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from distlab.adaptive.goodput import statistical_efficiency
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
     CompiledStrategy,
@@ -19,7 +20,6 @@ from distlab.costmodel.compile import (
 )
 from distlab.costmodel.contention import slowdown
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
-from distlab.adaptive.goodput import statistical_efficiency
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
 from distlab.errors import CalibrationError, StrategyError

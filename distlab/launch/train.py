@@ -26,17 +26,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _reset_group_names() -> None:
-    """Worker hygiene: a default process group whose rendezvous failed leaves torch's group counter
-    raised, so this worker would name its next group differently from its peers and never meet
-    them. With no group alive, the counter must be 0 (as destroy_process_group leaves it)."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    if dist.is_available() and not dist.is_initialized() and getattr(c10d._world, "group_count", 0):
-        c10d._world.group_count = 0
-
-
 def _device(job: Any, rank: int) -> str:
     """``cuda:0`` for a GPU rank (dask-cuda gives each worker one visible GPU), else the job's device."""
     if job.strategy.ranks[rank].device.startswith("gpu"):
@@ -68,7 +57,6 @@ def train_rank(
     import cloudpickle
     from distributed import get_worker
 
-    _reset_group_names()
     worker = get_worker()
     job = cloudpickle.loads(payload)
     job = dataclasses.replace(

@@ -99,6 +99,7 @@ def process_group(
         _pending_teardown.pop().join(timeout)
     if dist.is_initialized():  # a previous run in this long-lived worker left one behind
         dist.destroy_process_group()
+    _reset_group_names()
     if backend == "nccl":
         torch.cuda.set_device(torch.device(device))
     try:
@@ -125,6 +126,16 @@ def process_group(
             _pending_teardown.append(t)
         else:
             _destroy()
+
+
+def _reset_group_names() -> None:
+    """A default group whose rendezvous failed leaves torch's group counter raised, so this
+    long-lived worker would name its next group differently from its peers and never meet them.
+    With no group alive the counter must be 0, as destroy_process_group leaves it."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized() and getattr(c10d._world, "group_count", 0):
+        c10d._world.group_count = 0
 
 
 def _destroy() -> None:
@@ -169,20 +180,24 @@ class StopSignal:
 
     The first rank that wants to stop before step t writes ``t + margin``; ranks run in near
     lockstep (every step has a collective, gossip ranks drift at most the graph diameter), so
-    every rank reads the key before it reaches that step and all stop at the same one.
+    every rank reads the key before it reaches that step and all stop at the same one. The store
+    is read every ``period`` steps only (a round trip per step is measurable on small models),
+    so the margin grows by the period.
     """
 
-    def __init__(self, store: Any, should_stop: Any, margin: int) -> None:
-        self.store, self.should_stop, self.margin = store, should_stop, margin
+    def __init__(self, store: Any, should_stop: Any, margin: int, period: int = 4) -> None:
+        self.store, self.should_stop, self.period = store, should_stop, max(1, period)
+        self.margin = margin + self.period
         self.target: int | None = None
 
     def stop_before(self, step: int) -> bool:
         if self.should_stop is None:
             return False
         if self.target is None:
-            if self.should_stop():
+            wants = self.should_stop()
+            if wants:
                 self.store.compare_set(STOP_KEY, "", str(step + self.margin))
-            if self.store.check([STOP_KEY]):
+            if (wants or step % self.period == 0) and self.store.check([STOP_KEY]):
                 self.target = int(self.store.get(STOP_KEY).decode())
         return self.target is not None and step >= self.target
 

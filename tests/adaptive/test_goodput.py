@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from distlab.adaptive import GradientStats, adascale_gain, best_batch, estimate_gradient_stats, goodput, statistical_efficiency
+from distlab.adaptive import (
+    GradientStats,
+    adascale_gain,
+    best_batch,
+    estimate_gradient_stats,
+    goodput,
+    statistical_efficiency,
+)
 from distlab.errors import DistlabError
 
 

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SMALL = {"model_name": "mlp", "workers": 2, "steps": 12, "top": 1, "calibrate_sizes": [4096, 262144]}
+SMALL = {"model_name": "mlp", "model_options": {"width": 64, "in_features": 32}, "workers": 2, "steps": 8, "top": 1, "calibrate_sizes": [4096, 65536]}
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -33,17 +33,21 @@ def jupyterlab(tmp_path):
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api")
     import nbformat
+    from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
-    nb = parameterize_notebook(nb, SMALL)
+    nb = parameterize_notebook(load_notebook_node(str(ROOT / "notebooks" / "quickstart.ipynb")), SMALL)
     nbformat.write(nb, tmp_path / "quickstart.ipynb")
+    # render every cell (JupyterLab 4 virtualises long notebooks, hiding off-screen outputs)
+    settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         "--LabApp.news_url=None", f"--LabApp.user_settings_dir={tmp_path / 'settings'}", "--ServerApp.allow_root=True", "--LabApp.extension_manager=readonly", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
     )
     url = f"http://127.0.0.1:{port}"
@@ -84,10 +88,16 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
         # wait for the kernel to be idle, then run every cell
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # done when every code cell has an execution count and the kernel is idle (or a cell failed)
         page.wait_for_function(
-            "document.querySelectorAll('.jp-InputPrompt').length > 0 && "
-            "![...document.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'))"
-            " && document.querySelectorAll('.jp-OutputArea-output').length > 3",
+            """() => {
+              const nb = window.jupyterapp.shell.currentWidget;
+              if (!nb || !nb.content || !nb.sessionContext.session) return false;
+              const cells = [...nb.content.widgets].filter(c => c.model.type === 'code');
+              const failed = document.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']");
+              const idle = nb.sessionContext.session.kernel.status === 'idle';
+              return idle && (cells.every(c => c.model.executionCount !== null) || failed !== null);
+            }""",
             timeout=600_000, polling=2000,
         )
         tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback").count()

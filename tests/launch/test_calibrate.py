@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import allreduce_strategy
+from launch_helpers import allreduce_strategy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -10,7 +10,7 @@ import time
 import cloudpickle
 import pytest
 import torch
-from conftest import Blobs, allreduce_strategy
+from launch_helpers import Blobs, allreduce_strategy
 
 from distlab.errors import DistlabError, LaunchError, StrategyError
 from distlab.launch import spmd

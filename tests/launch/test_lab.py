@@ -8,7 +8,7 @@ import time
 import cloudpickle
 import pytest
 import torch
-from conftest import Blobs, TinyNet, allreduce_strategy
+from launch_helpers import Blobs, TinyNet, allreduce_strategy
 
 from distlab.errors import DistlabError, LaunchError
 

@@ -1,0 +1,45 @@
+"""The code base keeps the shape STYLE.md asks for: lint-clean, no file past the limit, pure planning."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["distlab"]["style"]
+PURE = ["distlab/profile/model_profile.py", "distlab/strategy", "distlab/topology.py", "distlab/costmodel", "distlab/resources.py", "distlab/adaptive"]
+SOURCES = sorted((ROOT / "distlab").rglob("*.py"))
+
+
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e .[dev])")
+    done = subprocess.run([ruff, "check", "distlab", "tests"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_no_file_past_the_limit():
+    long = {str(p.relative_to(ROOT)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > LIMITS["max_file_lines"]}
+    assert not long, f"split these files: {long}"
+
+
+def test_every_module_opens_with_a_docstring():
+    missing = [str(p.relative_to(ROOT)) for p in SOURCES if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text())) is None]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("path", PURE)
+def test_planning_never_imports_dask_or_torch_distributed(path):
+    files = [ROOT / path] if path.endswith(".py") else sorted((ROOT / path).rglob("*.py"))
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not name.startswith(("dask", "distributed", "torch.distributed")), f"{f.name} imports {name}"
