@@ -4,52 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from distlab.errors import CalibrationError, LaunchError
+from distlab.runtime.microbench import microbench_worlds
 
 CALIBRATION_BUDGET = 40.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
-
-
-def calibrate_rank(
-    rank: int,
-    world: int,
-    master_addr: str,
-    master_port: int,
-    sizes: Any,
-    worlds: list[int],
-    budget: float,
-    timeout: float,
-) -> list[dict[str, Any]]:
-    """(worker) Form the full group, then measure at every world size in ``worlds`` (sub-groups of ranks 0..k-1)."""
-    import torch.distributed as dist
-
-    from distlab.launch.train import _reset_group_names
-    from distlab.runtime.microbench import microbench_rank
-
-    _reset_group_names()
-    td = timedelta(seconds=timeout)
-    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=td)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group(
-        "gloo", store=dist.PrefixStore("distlab-calibrate/", store), rank=rank, world_size=world, timeout=td
-    )
-    try:
-        rows: list[dict[str, Any]] = []
-        for k in worlds:
-            group = None if k == world else dist.new_group(list(range(k)))  # every rank joins new_group
-            if rank < k:
-                rows.extend(
-                    microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds))
-                )
-            dist.barrier()
-        return rows if rank == 0 else []
-    finally:
-        dist.destroy_process_group()
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -98,7 +60,7 @@ def calibrate_lab(lab: Any, sizes: Any = None, cache: bool = True, progress: boo
     try:
         try:
             out = lab.run_ranks(
-                calibrate_rank,
+                microbench_worlds,
                 list(sizes) if sizes else None,
                 worlds,
                 CALIBRATION_BUDGET,

@@ -182,3 +182,33 @@ def _compute_rows(
         },
         {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt},
     ]
+
+
+def microbench_worlds(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    sizes: Any,
+    worlds: list[int],
+    budget: float,
+    timeout: float,
+) -> list[dict[str, Any]]:
+    """Form the full group, then measure at every world size in ``worlds`` (sub-groups of ranks 0..k-1).
+
+    Rank 0 returns every row; the others return nothing (rows are already the slowest rank's).
+    """
+    from datetime import timedelta
+
+    from distlab.runtime.process_group import process_group
+
+    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
+    prefixed = dist.PrefixStore("distlab-calibrate/", store)
+    rows: list[dict[str, Any]] = []
+    with process_group(prefixed, rank, world, "gloo", timeout, "cpu"):
+        for k in worlds:
+            group = None if k == world else dist.new_group(list(range(k)))  # every rank joins new_group
+            if rank < k:
+                rows.extend(microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds)))
+            dist.barrier()
+    return rows if rank == 0 else []
