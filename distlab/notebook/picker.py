@@ -69,11 +69,12 @@ class StrategyPicker(w.VBox):
         self.status = w.HTML()
 
         self.figure = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("predicted samples/s", "scaling (predicted)")))
-        self.figure.update_layout(height=340, barmode="stack", margin={"l": 10, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h"})
+        self.figure.update_layout(height=380, barmode="stack", margin={"l": 10, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h"})
         for part, colour in (("compute", "#4c78a8"), ("comm", "#f58518"), ("optimizer", "#54a24b")):
-            self.figure.add_bar(x=[], y=[], name=part, marker_color=colour, row=1, col=1)
+            self.figure.add_bar(x=[], y=[], name=part, marker_color=colour, orientation="h", row=1, col=1)
         self.figure.add_scatter(x=[], y=[], mode="lines+markers", name="selected", row=1, col=2)
-        self.figure.update_yaxes(title_text="step time (s)", row=1, col=1)
+        self.figure.update_xaxes(title_text="step time (s)", row=1, col=1)
+        self.figure.update_yaxes(autorange="reversed", automargin=True, row=1, col=1)
         self.figure.update_xaxes(title_text="workers", type="log", row=1, col=2)
         self.figure.update_yaxes(title_text="samples/s", row=1, col=2)
         self.measured = go.FigureWidget()
@@ -164,8 +165,8 @@ class StrategyPicker(w.VBox):
                 curve.append(None)
         with self.figure.batch_update():
             for trace, part in zip(self.figure.data[:3], ("compute", "comm", "optimizer")):
-                trace.x = labels
-                trace.y = [b[part] for _, b in rows]
+                trace.y = labels
+                trace.x = [b[part] for _, b in rows]
             self.figure.data[3].x = worlds
             self.figure.data[3].y = curve
 

@@ -42,6 +42,9 @@ def jupyterlab(tmp_path):
     settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
     proc = subprocess.Popen(
@@ -80,14 +83,24 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
     errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(f"{url}/lab/tree/quickstart.ipynb?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
-        # wait for the kernel to be idle, then run every cell
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # wait for the notebook's kernel to be ready, then run every cell
+        page.wait_for_function(
+            """() => { const nb = window.jupyterapp.shell.currentWidget;
+                       const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
+                       return k && k.status === 'idle'; }""",
+            timeout=120_000, polling=500,
+        )
+        page.wait_for_timeout(2000)
+        started = page.evaluate(
+            "async () => { try { await window.jupyterapp.commands.execute('notebook:run-all-cells'); return 'ok'; }"
+            " catch (e) { return String(e); } }"
+        )
+        assert started == "ok", started
         # done when every code cell has an execution count and the kernel is idle (or a cell failed)
         page.wait_for_function(
             """() => {

@@ -25,7 +25,7 @@ def picker(prof):
 
 
 def bars(p):
-    return [list(t.y) for t in p.figure.data[:3]]
+    return [list(t.x) for t in p.figure.data[:3]]
 
 
 def test_initial_state_has_a_value_a_prediction_and_a_ranked_table(picker):
@@ -35,7 +35,7 @@ def test_initial_state_has_a_value_a_prediction_and_a_ranked_table(picker):
     # the first bar is the selected strategy, the rest the top candidates, in ranked order
     throughputs = [float(label.split("/s")[0].replace(",", "")) for label, _ in picker.table.options]
     assert throughputs == sorted(throughputs, reverse=True)
-    assert picker.figure.data[0].x[0].startswith("selected: AllReduce")
+    assert picker.figure.data[0].y[0].startswith("selected: AllReduce")
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_each_option_control_changes_the_strategy(picker, builder, control, valu
     assert picker.value.builder == builder
     getattr(picker, control).value = value
     assert picker.value.options.get(option) == value
-    assert picker.figure.data[0].x[0] == "selected: " + picker.value.name
+    assert picker.figure.data[0].y[0] == "selected: " + picker.value.name
 
 
 def test_controls_a_builder_does_not_take_are_disabled(picker):
@@ -100,3 +100,24 @@ def test_without_a_lab_launch_is_disabled(picker):
 def test_a_non_resource_argument_is_a_clear_error(prof):
     with pytest.raises(DistlabError, match="Lab or a ResourceSpec"):
         StrategyPicker(prof, "cluster")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_launch_button_runs_the_strategy_and_plots_the_measured_point():
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    prof = dl.profile(model, batch_size=8)
+    with dl.Lab(workers=2) as lab:
+        picker = StrategyPicker(prof, lab, model=model)
+        assert not picker.launch_button.disabled
+        picker.builder.value = "PS"
+        picker.steps.value = 6
+        picker.launch_button.click()
+        assert len(lab.runs) == 1 and lab.runs.iloc[0]["status"] == "finished"
+    point = picker.measured.data[0]
+    assert list(point.text) == ["PS"]
+    assert point.y[0] == pytest.approx(picker.runs[0]["measured_throughput"]) and point.y[0] > 0
+    assert point.x[0] == pytest.approx(picker.runs[0]["predicted_throughput"]) and point.x[0] > 0
+    assert "measured" in picker.status.value
