@@ -111,6 +111,8 @@ def check_data(data: Any, model: Any, loss: Any) -> None:
     """The dataset is map-style, non-empty, yields (input, target) pairs that go through a copy of the model."""
     import torch
 
+    from distlab.runtime.trainer import default_loss
+
     try:
         n = len(data)
     except TypeError:
@@ -129,7 +131,7 @@ def check_data(data: Any, model: Any, loss: Any) -> None:
     probe = copy.deepcopy(model)
     try:
         out = probe(torch.as_tensor(x).unsqueeze(0))
-        value = (loss or torch.nn.functional.cross_entropy)(out, torch.as_tensor(y).unsqueeze(0))
+        value = (loss or default_loss)(out, torch.as_tensor(y).unsqueeze(0))
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise LaunchError(
                 f"loss: must return a scalar tensor, returned {type(value).__name__} of shape {getattr(value, 'shape', '?')}"

@@ -56,3 +56,12 @@ def test_no_records_means_no_throughput():
 @pytest.mark.parametrize("n,expected", [(1, 0), (2, 1), (10, 2), (100, 10)])
 def test_warmup_share(n, expected):
     assert metrics.warmup_steps(n) == expected
+
+
+def test_sequence_targets_pass_the_pre_launch_data_check():
+    # the language model's targets are one class per position; the check uses the runtime's loss
+    import distlab as dl
+    from distlab.launch.validate import check_data
+
+    model = dl.zoo.get("transformer_lm", layers=1, d_model=32, heads=4, vocab_size=64, seq_len=8)
+    check_data(dl.data.synthetic(model, n=16), model, None)

@@ -147,6 +147,13 @@ def _batch():
 
 
 # -- bodies ----------------------------------------------------------------------------------------
+def job_for(rank: int, world: int, addr: str, port: int, model: Any, strategy: Any, **kw: Any) -> RankJob:
+    """A RankJob for one rank of a test group: dense toy data and the test batch unless given."""
+    kw.setdefault("data", dataset("dense"))
+    kw.setdefault("batch_size", BATCH)
+    return RankJob(rank=rank, world=world, master_addr=addr, master_port=port, strategy=strategy, model=model, **kw)
+
+
 def make_job(
     rank: int, world: int, addr: str, port: int, case: str, model_kind: str, opt: str, steps: int, **kw: Any
 ) -> RankJob:
@@ -215,13 +222,8 @@ def averaging_body(rank: int, world: int, addr: str, port: int, topo_name: str, 
 
     model = dense_model(seed=100 + rank)
     strategy = strategy_for(f"gossip:{topo_name}:atc", model, world)
-    job = RankJob(
-        rank=rank,
-        world=world,
-        master_addr=addr,
-        master_port=port,
-        strategy=strategy,
-        model=model,
+    job = job_for(
+        rank, world, addr, port, model, strategy,
         steps=steps,
         data=dataset("dense"),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
@@ -258,13 +260,8 @@ def digits_body(rank: int, world: int, addr: str, port: int, cases: list[str], s
             )
         else:
             strategy = strategy_for(case, model, world)
-        job = RankJob(
-            rank=rank,
-            world=world,
-            master_addr=addr,
-            master_port=port,
-            strategy=strategy,
-            model=model,
+        job = job_for(
+            rank, world, addr, port, model, strategy,
             steps=steps,
             data=data,
             optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
@@ -302,13 +299,8 @@ def failing_rank_body(rank: int, world: int, addr: str, port: int, fail_rank: in
     torch.manual_seed(0)
     model = Boom(rank, fail_rank, fail_step=2)
     strategy = strategy_for(case, model, world)
-    job = RankJob(
-        rank=rank,
-        world=world,
-        master_addr=addr,
-        master_port=port,
-        strategy=strategy,
-        model=model,
+    job = job_for(
+        rank, world, addr, port, model, strategy,
         steps=5,
         data=dataset("dense"),
         batch_size=BATCH,
@@ -338,13 +330,8 @@ def mismatch_body(rank: int, world: int, addr: str, port: int, kind: str) -> dic
         )
         strategy = Strategy((*strategy.variables[:-1], bad), strategy.ranks, batch=strategy.batch)
     steps_seen = []
-    job = RankJob(
-        rank=rank,
-        world=world,
-        master_addr=addr,
-        master_port=port,
-        strategy=strategy,
-        model=model,
+    job = job_for(
+        rank, world, addr, port, model, strategy,
         steps=3,
         data=dataset("dense"),
         batch_size=BATCH,
