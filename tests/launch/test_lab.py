@@ -81,16 +81,20 @@ def test_launch_trains_and_reports_records_model_and_throughput(clean_lab, tiny,
     assert "finished" in run._repr_html_()
 
 
-def test_warm_relaunch_reaches_its_first_step_quickly(clean_lab, tiny, blobs):
+def test_relaunch_reuses_the_warm_worker_processes(clean_lab, tiny, blobs):
+    # how fast a warm relaunch is belongs to the launch-latency benchmark; here: that it is warm,
+    # i.e. the same worker processes (torch already imported) serve every relaunch
+    import os
+
     st = allreduce_strategy(tiny, clean_lab.resources)
-    clean_lab.launch(tiny, strategy=st, steps=3, data=blobs, elastic=False).wait(60)  # warm
-    latencies = []
+    clean_lab.launch(tiny, strategy=st, steps=3, data=blobs, elastic=False).wait(60)
+    pids = clean_lab.client.run(os.getpid)
     for _ in range(3):
         run = clean_lab.launch(tiny, strategy=st, steps=3, data=blobs, elastic=False)
         run.wait(60)
-        latencies.append(run.first_record_at - run.launched_at)
-    # the target is 0.25 s on an idle machine; a shared CI box gets 4x headroom
-    assert sorted(latencies)[1] < 1.0, latencies
+        assert run.status == "finished"
+        assert run.launched_at < run.first_record_at
+    assert clean_lab.client.run(os.getpid) == pids
 
 
 def test_one_run_at_a_time(clean_lab, tiny, blobs):
