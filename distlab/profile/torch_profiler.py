@@ -135,10 +135,8 @@ class _TorchProfiler:
         tensors = params if params is not None else dict(self.params)
         return ModuleAttribution(self.modules, {id(t): self.owner[n] for n, t in tensors.items()})
 
-    def _step(
-        self, args: Batch, call: Callable[[Batch], Any] | None = None, grads: list[torch.Tensor] | None = None
-    ) -> None:
-        out = call(args) if call else self.model(*args)
+    def _backward(self, out: Any) -> None:
+        """Backward from every trainable floating-point output (a ones gradient each)."""
         outs = [t for t in _flat_tensors(out) if t.requires_grad and t.is_floating_point()]
         if not outs:
             raise ProfileError(
@@ -146,6 +144,11 @@ class _TorchProfiler:
                 "profile the module whose output is trained"
             )
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+    def _step(
+        self, args: Batch, call: Callable[[Batch], Any] | None = None, grads: list[torch.Tensor] | None = None
+    ) -> None:
+        self._backward(call(args) if call else self.model(*args))
         for p in grads if grads is not None else [p for _, p in self.params]:
             p.grad = None
 
@@ -164,13 +167,7 @@ class _TorchProfiler:
             args = self.batch(m)
             out = self.model(*args)
             stage = "backward"
-            outs = [t for t in _flat_tensors(out) if t.requires_grad and t.is_floating_point()]
-            if not outs:
-                raise ProfileError(
-                    f"forward: the output of {type(self.model).__name__} does not depend on its trainable "
-                    "parameters; profile the module whose output is trained"
-                )
-            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+            self._backward(out)
             for _, p in self.params:
                 p.grad = None
             elapsed = time.perf_counter() - t0

@@ -1,12 +1,9 @@
 """Profiler tests run single-threaded: timings under a shared 2-core machine are otherwise dominated by contention."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_threaded(one_thread):
+    """Every test in this folder uses tests/conftest.py's ``one_thread``."""
     yield
-    torch.set_num_threads(before)

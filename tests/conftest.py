@@ -1,0 +1,13 @@
+"""Fixtures shared across test folders."""
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test with torch on one thread: timings on a shared 2-core machine are otherwise contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
