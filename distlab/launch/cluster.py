@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from distlab.errors import LaunchError
@@ -25,10 +26,13 @@ def start_local_cluster(
 ) -> Any:
     """The embedded cluster: loopback only, non-daemonic worker processes, one rank per worker.
 
-    ``WORKER_CONFIG`` is set only while the workers are spawned, so no global setting outlives
-    the call.
+    ``WORKER_CONFIG`` is set while the workers are spawned (each nanny keeps a copy for the worker
+    processes it starts). ``distributed.worker.daemon`` is set for good: a nanny reads it from
+    this process's config each time it starts a worker again after a crash or a restart.
     """
     import dask
+
+    dask.config.set({"distributed.worker.daemon": False})
 
     dashboard_address = (
         None if not dashboard else (dashboard if isinstance(dashboard, str) else "127.0.0.1:8787")
@@ -54,6 +58,42 @@ def start_local_cluster(
             silence_logs=50,
             **kwargs,
         )
+
+
+def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
+    """Make the embedded cluster whole again before a run; returns how many workers it has.
+
+    A worker that was killed or restarted comes back through its nanny (cold, in seconds). A
+    nanny that gave up (its new worker process failed to start, e.g. on an overloaded machine)
+    is closed for good, and one whose worker is still missing after ``within / 2`` seconds is
+    closed: both are replaced by fresh nannies. Waits at most ``within`` seconds.
+    """
+    import dask
+    from distributed.core import Status
+
+    expected = len(cluster.worker_spec)
+    start = time.monotonic()
+    while (n := len(info := workers_info(client))) < expected and time.monotonic() - start < within:
+        present = {str(w.get("id")) for w in info.values()}
+        stale = time.monotonic() - start > within / 2
+        gone = [
+            name
+            for name, nanny in cluster.workers.items()
+            if nanny.status in (Status.closed, Status.failed) or (stale and str(name) not in present)
+        ]
+        if not gone:
+            time.sleep(0.2)
+            continue
+        for name in gone:
+            nanny = cluster.workers.pop(name, None)
+            cluster.worker_spec.pop(name, None)
+            if nanny is not None and nanny.status not in (Status.closed, Status.failed):
+                cluster.sync(nanny.close, timeout=10)
+        while len(cluster.worker_spec) < expected:
+            cluster.worker_spec.update(cluster.new_worker_spec())
+        with dask.config.set(WORKER_CONFIG):  # the new nannies copy the config as they are made
+            cluster.sync(cluster._correct_state)
+    return n
 
 
 def _start_cuda_cluster(

@@ -148,11 +148,14 @@ class Lab:
         return [spmd.rank_threads(sub.cores.get(r.host, 1), len(sub.ranks_on(r.host))) for r in sub.ranks]
 
     def _check_idle(self) -> None:
+        """No run in flight, and the embedded cluster whole again (a worker lost to a crash comes back)."""
         for run in self._runs:
             if not run.done:
                 raise LaunchError(
                     f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching another"
                 )
+        if self._cluster is not None:
+            _cluster.heal_local_cluster(self._cluster, self.client, within=self.timeout)
 
     # -- launching ------------------------------------------------------------------------------------
     def launch(

@@ -50,10 +50,11 @@ def lab():
 
 
 def _wait_for_workers(lab, n: int = 2, within: float = 60) -> None:
-    """A killed or restarted worker comes back through its nanny, cold: wait until the cluster is whole."""
-    deadline = time.monotonic() + within
-    while len(spmd_workers(lab.client)) != n and time.monotonic() < deadline:
-        time.sleep(0.2)
+    """A killed or restarted worker comes back through its nanny, cold (a nanny that gave up is
+    replaced): the Lab makes the cluster whole, as it does before every launch."""
+    from distlab.launch.cluster import heal_local_cluster
+
+    heal_local_cluster(lab._cluster, lab.client, within=within)
     assert len(spmd_workers(lab.client)) == n, (
         f"the cluster has {len(spmd_workers(lab.client))} workers, not {n}"
     )

@@ -152,6 +152,23 @@ def test_a_killed_worker_without_elastic_fails_the_run(clean_lab, tiny):
         run.wait(60)
 
 
+def test_a_worker_whose_nanny_gave_up_is_replaced_before_the_next_launch(clean_lab, tiny, blobs):
+    # a nanny closes for good when its worker process fails to start again (seen on a loaded CI box)
+    name = list(clean_lab._cluster.workers)[-1]
+    nanny = clean_lab._cluster.workers[name]
+    clean_lab._cluster.sync(nanny.close)
+    deadline = time.monotonic() + 30
+    while len(spmd.workers_info(clean_lab.client)) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(spmd.workers_info(clean_lab.client)) == 1
+    run = clean_lab.launch(tiny, strategy="AllReduce", steps=3, data=blobs, elastic=False)
+    assert run.wait(60).status == "finished" and run.world == 2
+    assert len(clean_lab.workers) == 2 and nanny not in clean_lab._cluster.workers.values()
+    # the replacement is configured like the others: non-daemonic (ranks may start DataLoader workers)
+    daemonic = clean_lab.client.run(lambda: __import__("multiprocessing").current_process().daemon)
+    assert set(daemonic.values()) == {False}
+
+
 class Wide(torch.nn.Module):
     def __init__(self):
         super().__init__()
