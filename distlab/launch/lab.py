@@ -176,8 +176,9 @@ class Lab:
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
 
-        ``checkpoint_every`` defaults to every ``max(1, steps // 10)`` steps when ``elastic``
-        (so a lost worker costs at most a tenth of the run), never otherwise.
+        ``checkpoint_every`` defaults to every ``max(10, steps // 10)`` steps when ``elastic``
+        (a lost worker costs at most a tenth of a long run; writing the whole model every step of
+        a short one would cost more than re-running it), never otherwise.
         """
         from distlab.runtime.job import RankJob
 
@@ -203,7 +204,7 @@ class Lab:
         workers = list(res.addresses)[: st.world]
         run_id = f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
         if elastic and checkpoint_every is None:
-            checkpoint_every = max(1, steps // 10)
+            checkpoint_every = max(10, steps // 10)
         job = RankJob(
             rank=0,
             world=st.world,
