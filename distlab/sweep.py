@@ -53,7 +53,7 @@ def plan_grid(
                     {
                         "model": mname, "strategy": s.name, "builder": bname, "world": world, "batch": batch,
                         "predicted_throughput": pred.throughput, "predicted_step_time": pred.step_time,
-                        "grad_bytes": prof.param_bytes, "_model": model, "_strategy": s,
+                        "grad_bytes": prof.param_bytes, "_model": model, "_strategy": s, "_profile": prof,
                     }
                 )
     return configs

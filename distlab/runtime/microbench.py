@@ -200,8 +200,10 @@ def microbench_worlds(
     """
     from datetime import timedelta
 
+    from distlab.runtime.allocator import tune_allocator
     from distlab.runtime.process_group import process_group
 
+    tune_allocator()  # compute rows under the allocator settings ranks train with
     store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
     prefixed = dist.PrefixStore("distlab-calibrate/", store)
     rows: list[dict[str, Any]] = []

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
+from distlab.runtime.allocator import tune_allocator
 from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
 from distlab.runtime.data import RankBatches
 from distlab.runtime.ddp import DDPSynchronizer, ddp_applies
@@ -54,6 +55,7 @@ def run_rank(
     A failing rank records its cause in the store and tears its group down; the others then
     raise ``LaunchError`` naming it instead of waiting for the collective timeout.
     """
+    tune_allocator()
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed + job.rank)
