@@ -136,3 +136,29 @@ def fit_microbenchmarks(
         if float(last.get("alone") or 0) > 0:
             info["flops_per_s_alone"] = float(last["flops"]) / float(last["alone"])
     return params, info
+
+
+def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
+    """What the training loop costs beyond the model's prediction, from reference runs.
+
+    Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
+    seconds (the prediction without overhead). Fits ``step_overhead + rank_overhead (world - 1)
+    + tensor_overhead tensors = measured - predicted`` by non-negative least squares on
+    relative residuals, so small steps weigh as much as large ones.
+    """
+    from scipy.optimize import nnls
+
+    rows = list(rows)
+    if not rows:
+        return params
+    for i, r in enumerate(rows):
+        missing = [k for k in ("world", "tensors", "measured", "predicted") if k not in r]
+        if missing:
+            raise CalibrationError(f"overhead runs[{i}]: missing {missing}; rows come from Lab.calibrate()")
+    X = np.array([[1.0, float(r["world"]) - 1.0, float(r["tensors"])] for r in rows])
+    y = np.array([max(float(r["measured"]) - float(r["predicted"]), 0.0) for r in rows])
+    w = 1.0 / np.maximum(np.array([float(r["measured"]) for r in rows]), 1e-9)
+    coef, _ = nnls(X * w[:, None], y * w)
+    return params.with_(
+        step_overhead=float(coef[0]), rank_overhead=float(coef[1]), tensor_overhead=float(coef[2])
+    )

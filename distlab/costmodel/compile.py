@@ -28,7 +28,8 @@ from distlab.profile.model_profile import ModelProfile, VariableProfile
 from distlab.strategy.types import Strategy, Sync
 
 INDEX_BYTES = 8  # int64 row index sent with every sparse row
-BUCKET_BYTES = 25 * 2**20  # runtime and torch DDP default bucket cap
+BUCKET_BYTES = 4 * 2**20  # the runtime's all-reduce bucket cap (runtime/allreduce.py imports it)
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket cap
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
@@ -86,6 +87,7 @@ class CompiledStrategy:
     gossip_awc: bool
     gossip_degree: float  # in-neighbours per step on the strategy's own ranks
     opt_bytes: float  # parameter bytes the busiest rank updates itself
+    n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
 
 
 def profile_timing(profile: ModelProfile) -> ProfileTiming:
@@ -287,4 +289,5 @@ def compile_strategy(
         gossip_awc=bool(g and g.mode == "awc"),
         gossip_degree=strategy_in_degree(strategy) if gossip_msgs else 0.0,
         opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
+        n_tensors=len(profile.variables),
     )

@@ -44,6 +44,7 @@ _SCALARS = (
     "gossip_msgs",
     "gossip_awc",
     "opt_bytes",
+    "n_tensors",
 )
 _TASKS = ("task_ready", "suf_ar_calls", "suf_ar_bytes", "suf_red_calls", "suf_red_bytes")
 _SERVERS = ("ps_bytes", "ps_msgs")
@@ -97,6 +98,8 @@ class Env:
     optimizer_per_byte: float = 3e-10
     compute_scale: float = 1.0
     step_overhead: float = 0.0
+    rank_overhead: float = 0.0
+    tensor_overhead: float = 0.0
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
@@ -112,7 +115,8 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     slow = np.asarray(env.slowdown, dtype=float)
     fwd = col(b.fwd) * slow * env.compute_scale
     bwd = col(b.bwd) * slow * env.compute_scale
-    compute = col(b.accum) * (fwd + bwd) + env.step_overhead
+    overhead = env.step_overhead + env.rank_overhead * (p - 1) + env.tensor_overhead * col(b.n_tensors)
+    compute = col(b.accum) * (fwd + bwd) + overhead
 
     # backward tasks: end_last = max_k (ready_k * bwd + T_k + ... + T_last), suffix sums precompiled (S, E, T)
     if b.task_ready.shape[1]:

@@ -121,9 +121,7 @@ class CostModel:
             beta,
             slow[:, None],
             deg[:, None],
-            optimizer_per_byte=self.params.optimizer_per_byte,
-            compute_scale=self.params.compute_scale,
-            step_overhead=self.params.step_overhead,
+            **self.params.env_kwargs(),
         )
 
     # -- predictions -------------------------------------------------------------------
@@ -263,6 +261,13 @@ class CostModel:
         return cls(
             params, fingerprint_of(resources, {"calibrated": True, "source": "microbenchmarks", **info})
         )
+
+    def with_overhead(self, runs: Sequence[dict[str, Any]]) -> CostModel:
+        """This model plus the training loop's own cost, fitted to reference runs (calibrate.fit_overhead)."""
+        from distlab.costmodel.calibrate import fit_overhead
+
+        params = fit_overhead(self.params, runs)
+        return type(self)(params, {**self.fingerprint, "overhead_runs": list(runs)}, self.throughput_fit)
 
     @classmethod
     def fit(cls, measurements: Any) -> CostModel:

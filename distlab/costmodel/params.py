@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
+from distlab.costmodel.compile import BUCKET_BYTES
 from distlab.errors import CalibrationError
 from distlab.resources import ResourceSpec
 
@@ -25,7 +26,11 @@ class CostParams:
     threads a rank gets (contention.py).
     ``optimizer_per_byte``: seconds per parameter byte of one optimizer update.
     ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
-    count); ``step_overhead`` is fixed seconds per step (framework, data loading); ``bucket_bytes`` the
+    count). What a training step costs beyond compute, communication and the optimizer's
+    arithmetic (autograd hooks, bucket copies, per-tensor dispatch, data, Python; measured by
+    ``Lab.calibrate`` on the real training loop): ``step_overhead`` seconds per step,
+    ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
+    one), ``tensor_overhead`` seconds per step per trainable tensor. ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
     the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
     whose buckets ignore the strategy's group ids.
@@ -37,8 +42,10 @@ class CostParams:
     optimizer_per_byte: float = 3e-10
     compute_scale: float = 1.0
     step_overhead: float = 0.0
-    bucket_bytes: int = 25 * 2**20  # all-reduce bucket cap, as the runtime's default
-    ddp: bool = True  # the runtime runs pure all-reduce strategies with torch DDP's buckets
+    rank_overhead: float = 0.0
+    tensor_overhead: float = 0.0
+    bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
+    ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
 
     def __post_init__(self) -> None:
         for key, ab in self.alpha_beta.items():
@@ -53,10 +60,10 @@ class CostParams:
             self.contention < 0
             or self.optimizer_per_byte < 0
             or self.compute_scale <= 0
-            or self.step_overhead < 0
+            or min(self.step_overhead, self.rank_overhead, self.tensor_overhead) < 0
         ):
             raise CalibrationError(
-                "CostParams: contention, optimizer_per_byte and step_overhead must be >= 0 and compute_scale > 0"
+                "CostParams: contention, optimizer_per_byte and the overheads must be >= 0 and compute_scale > 0"
             )
 
     def alpha_beta_for(
@@ -75,6 +82,16 @@ class CostParams:
             return lat, 1.0 / bw
         return float(lk.latency), 1.0 / float(lk.bandwidth)
 
+    def env_kwargs(self) -> dict[str, float]:
+        """The per-step figures the simulator's ``Env`` takes from the params."""
+        return {
+            "optimizer_per_byte": self.optimizer_per_byte,
+            "compute_scale": self.compute_scale,
+            "step_overhead": self.step_overhead,
+            "rank_overhead": self.rank_overhead,
+            "tensor_overhead": self.tensor_overhead,
+        }
+
     def with_(self, **changes: Any) -> CostParams:
         return replace(self, **changes)
 
@@ -88,6 +105,8 @@ class CostParams:
             "optimizer_per_byte": self.optimizer_per_byte,
             "compute_scale": self.compute_scale,
             "step_overhead": self.step_overhead,
+            "rank_overhead": self.rank_overhead,
+            "tensor_overhead": self.tensor_overhead,
             "bucket_bytes": self.bucket_bytes,
             "ddp": self.ddp,
         }
@@ -104,8 +123,10 @@ class CostParams:
                 optimizer_per_byte=float(d.get("optimizer_per_byte", 3e-10)),
                 compute_scale=float(d.get("compute_scale", 1.0)),
                 step_overhead=float(d.get("step_overhead", 0.0)),
-                bucket_bytes=int(d.get("bucket_bytes", 25 * 2**20)),
-                ddp=bool(d.get("ddp", True)),
+                rank_overhead=float(d.get("rank_overhead", 0.0)),
+                tensor_overhead=float(d.get("tensor_overhead", 0.0)),
+                bucket_bytes=int(d.get("bucket_bytes", BUCKET_BYTES)),
+                ddp=bool(d.get("ddp", False)),
             )
         except (TypeError, ValueError, IndexError) as exc:
             raise CalibrationError(

@@ -79,9 +79,7 @@ def sweep_frame(
         slow,
         deg,
         ps_worker_bytes=push,
-        optimizer_per_byte=cm.params.optimizer_per_byte,
-        compute_scale=cm.params.compute_scale,
-        step_overhead=cm.params.step_overhead,
+        **cm.params.env_kwargs(),
     )
     out = evaluate(batch, env)
     return pd.DataFrame(

@@ -8,10 +8,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distlab.costmodel.compile import BUCKET_BYTES
 from distlab.runtime.compress import Compressor
 from distlab.runtime.plan import SyncUnit
 
-DEFAULT_BUCKET_BYTES = 4 * 2**20  # small enough to overlap with backward, large enough to amortise alpha
+# small enough to overlap with backward, large enough to amortise alpha; the cost model uses the same
+DEFAULT_BUCKET_BYTES = BUCKET_BYTES
 
 
 def dense_grad(u: SyncUnit) -> torch.Tensor:

@@ -214,3 +214,41 @@ def microbench_worlds(
                 rows.extend(microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds)))
             dist.barrier()
     return rows if rank == 0 else []
+
+
+def overhead_rank(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    cases: list[tuple[Any, Any, Any, int]],
+    steps: int,
+    timeout: float,
+) -> list[float]:
+    """(worker) The real training loop (``run_rank``) on each ``(model, strategy, data, batch)`` case.
+
+    Returns this rank's median in-step seconds per case, warm-up excluded: what the cost model
+    sees of hooks, bucket copies, per-tensor dispatch, data and Python beyond the arithmetic.
+    """
+    from distlab.runtime.job import RankJob
+    from distlab.runtime.trainer import run_rank
+
+    out = []
+    for i, (model, strategy, data, batch) in enumerate(cases):
+        job = RankJob(
+            rank=rank,
+            world=world,
+            master_addr=master_addr,
+            master_port=master_port,
+            strategy=strategy,
+            model=model,
+            steps=steps,
+            data=data,
+            batch_size=batch,
+            shuffle=False,
+            run_id=f"distlab-overhead-{i}",
+            timeout=timeout,
+        )
+        records = run_rank(job)["records"]
+        out.append(statistics.median(r["step_time"] for r in records[len(records) // 3 :]))
+    return out

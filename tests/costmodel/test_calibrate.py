@@ -127,3 +127,21 @@ def test_unusable_rows_give_one_clear_error():
     with pytest.raises(CalibrationError, match="world size >= 2"):
         CostModel.from_microbenchmarks(one_rank)
     assert set(TRUE) == set(COLLECTIVES)
+
+
+def test_training_loop_overhead_is_recovered_from_reference_runs():
+    from distlab.costmodel import CostParams
+    from distlab.costmodel.calibrate import fit_overhead
+
+    true = (0.3e-3, 0.7e-3, 50e-6)  # per step, per extra rank, per tensor
+    rows = []
+    for world in (1, 2, 3, 4):
+        for tensors, predicted in ((4, 0.2e-3 * world), (50, 1.5e-3 * world)):
+            over = true[0] + true[1] * (world - 1) + true[2] * tensors
+            rows.append({"world": world, "tensors": tensors, "predicted": predicted, "measured": predicted + over})
+    p = fit_overhead(CostParams(), rows)
+    assert (p.step_overhead, p.rank_overhead, p.tensor_overhead) == pytest.approx(true, rel=1e-6)
+    model = CostModel(CostParams()).with_overhead(rows)
+    assert model.params.tensor_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
+    with pytest.raises(CalibrationError, match=r"overhead runs\[0\]: missing \['tensors'\]"):
+        fit_overhead(CostParams(), [{"world": 1, "measured": 1.0, "predicted": 0.5}])

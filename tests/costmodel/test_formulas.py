@@ -230,3 +230,15 @@ def test_ddp_buckets_ignore_group_ids_like_the_runtime():
     assert list(ddp.task_ar_bytes) == [1.2e6, 1.2e6]
     capped = exact_model(bucket_bytes=2 * 2**20).compile(prof, plan(prof, allreduce(0, 0, 0), res))
     assert list(capped.task_ar_bytes) == [2.0e6, 0.4e6]  # one group split at the 2 MiB cap
+
+
+def test_training_loop_overhead_adds_per_step_per_rank_and_per_tensor():
+    prof = toy_profile()  # 3 tensors, fwd 3 x 5 ms + bwd 3 x 10 ms
+    res = toy_resources(2)
+    s = plan(prof, allreduce(0, 1, 2), res)
+    base = exact_model().predict(prof, res, s)
+    loaded = exact_model(step_overhead=1e-3, rank_overhead=2e-3, tensor_overhead=1e-4).predict(prof, res, s)
+    # 1 ms + 2 ms x (2 - 1) ranks + 0.1 ms x 3 tensors, all on the compute side of the breakdown
+    assert loaded.breakdown["compute"] - base.breakdown["compute"] == pytest.approx(3.3e-3)
+    assert loaded.breakdown["comm"] == pytest.approx(base.breakdown["comm"])
+    assert loaded.step_time - base.step_time == pytest.approx(3.3e-3)
