@@ -28,8 +28,13 @@ def plan_grid(
     models: Sequence[Spec],
     strategies: Sequence[Spec],
     batches: Sequence[int],
+    profiles: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Build and predict every configuration on ``resources`` (pure: before anything runs)."""
+    """Build and predict every configuration on ``resources`` (pure: before anything runs).
+
+    ``profiles``: a dict shared between calls (one per world size) so each model is profiled
+    once and every world's predictions start from the same measurement.
+    """
     import distlab as dl
     from distlab import zoo
 
@@ -40,7 +45,10 @@ def plan_grid(
     for model_spec in models:
         mname, mopts = _spec(model_spec)
         model = zoo.get(mname, **mopts)
-        prof = dl.profile(model, batch_size=max(batches))
+        key = f"{mname}{sorted(mopts.items())}@{max(batches)}"
+        prof = (profiles or {}).get(key) or dl.profile(model, batch_size=max(batches))
+        if profiles is not None:
+            profiles[key] = prof
         for strat_spec in strategies:
             bname, bopts = _spec(strat_spec)
             for batch in batches:

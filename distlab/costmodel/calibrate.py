@@ -142,23 +142,55 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     """What the training loop costs beyond the model's prediction, from reference runs.
 
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
-    seconds (the prediction without overhead). Fits ``step_overhead + rank_overhead (world - 1)
-    + tensor_overhead tensors = measured - predicted`` by non-negative least squares on
-    relative residuals, so small steps weigh as much as large ones.
+    seconds (predicted by ``params``, without overhead) and, optionally, ``compute`` (the
+    predicted compute part), ``ranks_on_host`` and ``cores``. Fits, by non-negative least
+    squares on relative residuals (small steps weigh as much as large ones)::
+
+        measured - predicted = step_overhead + rank_overhead (world - 1) + tensor_overhead tensors
+                               + (compute_scale - 1) compute
+                               + d_contention (m - 1) compute / (1 + contention (m - 1))
+                               + oversubscription (n t / c - 1) compute
+
+    with ``m = min(n, c)``: the compute terms say how much slower a real model's step runs in a
+    rank than the profile measured it in this process, and how much more it slows down with
+    ranks sharing cores than the GEMM of the compute microbenchmark did.
     """
     from scipy.optimize import nnls
+
+    from distlab.costmodel.contention import rank_threads
 
     rows = list(rows)
     if not rows:
         return params
+    X, y, w = [], [], []
     for i, r in enumerate(rows):
         missing = [k for k in ("world", "tensors", "measured", "predicted") if k not in r]
         if missing:
             raise CalibrationError(f"overhead runs[{i}]: missing {missing}; rows come from Lab.calibrate()")
-    X = np.array([[1.0, float(r["world"]) - 1.0, float(r["tensors"])] for r in rows])
-    y = np.array([max(float(r["measured"]) - float(r["predicted"]), 0.0) for r in rows])
-    w = 1.0 / np.maximum(np.array([float(r["measured"]) for r in rows]), 1e-9)
-    coef, _ = nnls(X * w[:, None], y * w)
+        n = int(r.get("ranks_on_host") or r["world"])
+        c = int(r.get("cores") or n)
+        m = min(n, c)
+        sliced = max(1.0, n * rank_threads(n, c) / c)
+        compute = float(r.get("compute") or 0.0)
+        X.append(
+            [
+                1.0,
+                float(r["world"]) - 1.0,
+                float(r["tensors"]),
+                compute,
+                (m - 1) * compute / (1.0 + params.contention * (m - 1)),
+                (sliced - 1.0) * compute,
+            ]
+        )
+        y.append(max(float(r["measured"]) - float(r["predicted"]), 0.0))
+        w.append(1.0 / max(float(r["measured"]), 1e-9))
+    Xa, ya, wa = np.array(X), np.array(y), np.array(w)
+    coef, _ = nnls(Xa * wa[:, None], ya * wa)
     return params.with_(
-        step_overhead=float(coef[0]), rank_overhead=float(coef[1]), tensor_overhead=float(coef[2])
+        step_overhead=float(coef[0]),
+        rank_overhead=float(coef[1]),
+        tensor_overhead=float(coef[2]),
+        compute_scale=params.compute_scale * (1.0 + float(coef[3])),
+        contention=params.contention + float(coef[4]),
+        oversubscription=float(coef[5]),
     )

@@ -206,15 +206,16 @@ def compile_strategy(
             local_opt += raw
         elif sync.kind == "ps":
             s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0])
-            s[2] += raw
             if sparse:  # gather rows to the server after backward; broadcast changed rows after its step
                 rows = estimate_touched_rows(v, profile, per_replica) * frac
                 sps_gather += rows * (v.row_bytes + INDEX_BYTES)
                 sps_gather_calls += 3  # sizes, indices, values
                 union = min(rows * p, (v.shape[0] if v.shape else 1) * frac)
+                s[2] += union * v.row_bytes  # a sparse gradient updates only the rows it holds
                 sps_bcast += union * (v.row_bytes + INDEX_BYTES)
                 sps_bcast_calls += 3  # count, rows, values
             else:
+                s[2] += raw
                 tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0])
                 s[0] += raw
                 s[1] += 1
@@ -222,7 +223,7 @@ def compile_strategy(
             rows = estimate_touched_rows(v, profile, per_replica) * frac
             ag_bytes += rows * (v.row_bytes + INDEX_BYTES)
             ag_calls += 3  # sizes, indices, values
-            local_opt += raw
+            local_opt += min(rows * p, (v.shape[0] if v.shape else 1) * frac) * v.row_bytes  # rows it holds
         elif sync.kind == "gossip":
             gossip_bytes += raw
             gossip_msgs = 1  # the runtime flattens every gossip variable into one message per neighbour

@@ -8,7 +8,11 @@ On a CPU host with ``c`` cores and ``n`` ranks, each rank runs ``t = max(1, c //
   when two ranks split two cores;
 - time-slicing: ``max(1, n * t / c)`` when ranks outnumber cores;
 - interference: ``1 + contention * (min(n, c) - 1)`` for memory bandwidth and caches shared by
-  the busy cores (measured by calibration: a GEMM alone vs with every rank busy).
+  the busy cores (measured by calibration: a GEMM alone vs with every rank busy, plus what the
+  training-loop stage adds for a real model);
+- oversubscription: ``1 + oversubscription * (n * t / c - 1)`` when ranks outnumber cores, for
+  what time-slicing costs beyond sharing (context switches, caches, a rank descheduled while its
+  peers wait for it in a collective); fitted by the training-loop stage of calibration.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ def slowdown(
     contention: float,
     profile_threads: int | None = None,
     thread_efficiency: float = 0.8,
+    oversubscription: float = 0.0,
 ) -> float:
     """How much slower one rank computes than the profile says (see module docstring)."""
     n = max(int(ranks_on_host), 1)
     c = int(cores) if cores else n
     t = rank_threads(n, c)
     threads = (profile_threads / t) ** thread_efficiency if profile_threads else 1.0
-    return threads * max(1.0, n * t / c) * (1.0 + contention * (min(n, c) - 1))
+    sliced = max(1.0, n * t / c)
+    return threads * sliced * (1.0 + contention * (min(n, c) - 1)) * (1.0 + oversubscription * (sliced - 1.0))

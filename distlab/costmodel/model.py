@@ -101,7 +101,9 @@ class CostModel:
         cores = resources.cores if resources is not None else {}
         prm = self.params
         return max(
-            slowdown(n, cores.get(h), prm.contention, c.profile_threads, prm.thread_efficiency)
+            slowdown(
+                n, cores.get(h), prm.contention, c.profile_threads, prm.thread_efficiency, prm.oversubscription
+            )
             for h, n in c.hosts
         )
 

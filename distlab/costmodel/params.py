@@ -30,7 +30,8 @@ class CostParams:
     arithmetic (autograd hooks, bucket copies, per-tensor dispatch, data, Python; measured by
     ``Lab.calibrate`` on the real training loop): ``step_overhead`` seconds per step,
     ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
-    one), ``tensor_overhead`` seconds per step per trainable tensor. ``bucket_bytes`` the
+    one), ``tensor_overhead`` seconds per step per trainable tensor. ``oversubscription``: extra
+    compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
     the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
     whose buckets ignore the strategy's group ids.
@@ -44,6 +45,7 @@ class CostParams:
     step_overhead: float = 0.0
     rank_overhead: float = 0.0
     tensor_overhead: float = 0.0
+    oversubscription: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
     ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
 
@@ -60,7 +62,7 @@ class CostParams:
             self.contention < 0
             or self.optimizer_per_byte < 0
             or self.compute_scale <= 0
-            or min(self.step_overhead, self.rank_overhead, self.tensor_overhead) < 0
+            or min(self.step_overhead, self.rank_overhead, self.tensor_overhead, self.oversubscription) < 0
         ):
             raise CalibrationError(
                 "CostParams: contention, optimizer_per_byte and the overheads must be >= 0 and compute_scale > 0"
@@ -107,6 +109,7 @@ class CostParams:
             "step_overhead": self.step_overhead,
             "rank_overhead": self.rank_overhead,
             "tensor_overhead": self.tensor_overhead,
+            "oversubscription": self.oversubscription,
             "bucket_bytes": self.bucket_bytes,
             "ddp": self.ddp,
         }
@@ -125,6 +128,7 @@ class CostParams:
                 step_overhead=float(d.get("step_overhead", 0.0)),
                 rank_overhead=float(d.get("rank_overhead", 0.0)),
                 tensor_overhead=float(d.get("tensor_overhead", 0.0)),
+                oversubscription=float(d.get("oversubscription", 0.0)),
                 bucket_bytes=int(d.get("bucket_bytes", BUCKET_BYTES)),
                 ddp=bool(d.get("ddp", False)),
             )

@@ -56,7 +56,14 @@ def sweep_frame(
         for c in COLLECTIVES:
             alpha[c][0, e], beta[c][0, e] = table[link][c][0], table[link][c][1] * scale
         cpu = [
-            slowdown(min(w, rph), cores, cm.params.contention, c.profile_threads, cm.params.thread_efficiency)
+            slowdown(
+                min(w, rph),
+                cores,
+                cm.params.contention,
+                c.profile_threads,
+                cm.params.thread_efficiency,
+                cm.params.oversubscription,
+            )
             for c in items
         ]
         slow[:, e] = np.where(gpu, share, cpu)

@@ -12,8 +12,11 @@ from distlab.errors import CalibrationError, LaunchError
 from distlab.runtime.microbench import microbench_worlds
 
 CALIBRATION_BUDGET = 35.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
-OVERHEAD_LAYERS = (1, 24)  # reference MLPs for the training-loop stage: 4 and 50 trainable tensors
+# the training-loop stage: two tiny MLPs (4 and 50 trainable tensors: what a step costs besides
+# arithmetic) and a small convnet (how a real model's compute slows with ranks sharing cores)
+OVERHEAD_LAYERS = (1, 24)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 30
+HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -97,37 +100,53 @@ def _reference(layers: int) -> Any:
     return torch.nn.Sequential(*blocks, torch.nn.Linear(OVERHEAD_WIDTH, 10))
 
 
-def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
-    """The real training loop on tiny reference models at every world size: measured in-step
-    seconds against what ``cm`` (microbenchmarks only) predicts for the same runs."""
+def _reference_cases() -> list[tuple[Any, Any, int]]:
+    """(model, data, per-replica batch) of the training-loop stage."""
     import torch
 
+    import distlab as dl
+
+    g = torch.Generator().manual_seed(0)
+    mlp_data = torch.utils.data.TensorDataset(
+        torch.randn(512, OVERHEAD_WIDTH, generator=g), torch.randint(0, 10, (512,), generator=g)
+    )
+    cases = [(_reference(n), mlp_data, OVERHEAD_BATCH) for n in OVERHEAD_LAYERS]
+    name, opts, batch = HEAVY
+    heavy = dl.zoo.get(name, **opts)
+    cases.append((heavy, dl.data.synthetic(heavy, n=16 * batch, seed=0), batch))
+    return cases
+
+
+def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
+    """The real training loop on the reference models at every world size: measured in-step
+    seconds against what ``cm`` (microbenchmarks only) predicts for the same runs."""
     import distlab as dl
     from distlab.launch.cluster import sub_resources
     from distlab.runtime.microbench import overhead_rank
 
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(
-        torch.randn(512, OVERHEAD_WIDTH, generator=g), torch.randint(0, 10, (512,), generator=g)
-    )
-    models = [_reference(n) for n in OVERHEAD_LAYERS]
-    profiles = [dl.profile(m, torch.zeros(1, OVERHEAD_WIDTH), batch_size=OVERHEAD_BATCH) for m in models]
+    cases = _reference_cases()
+    profiles = [dl.profile(m, batch_size=b) for m, _, b in cases]
     rows = []
     for k in range(1, res.world + 1):
         sub = sub_resources(res, list(res.addresses)[:k])
-        strategies = [dl.strategy.build("AllReduce", p, sub, batch_size=OVERHEAD_BATCH) for p in profiles]
-        cases = [(m, s, data, OVERHEAD_BATCH) for m, s in zip(models, strategies)]
+        strategies = [dl.strategy.build("AllReduce", p, sub, batch_size=b) for p, (_, _, b) in zip(profiles, cases)]
+        jobs = [(m, s, data, b) for (m, data, b), s in zip(cases, strategies)]
         try:
-            per_rank = lab.run_ranks(overhead_rank, cases, OVERHEAD_STEPS, lab.timeout, world=k)
+            per_rank = lab.run_ranks(overhead_rank, jobs, OVERHEAD_STEPS, lab.timeout, world=k)
         except LaunchError as exc:
             raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
         for i, (p, s) in enumerate(zip(profiles, strategies)):
+            pred = cm.predict(p, sub, s)
+            host = sub.ranks[0].host
             rows.append(
                 {
                     "world": k,
                     "tensors": len(p.variables),
                     "measured": max(r[i] for r in per_rank),
-                    "predicted": cm.predict(p, sub, s).step_time,
+                    "predicted": pred.step_time,
+                    "compute": pred.breakdown["compute"],
+                    "ranks_on_host": len(sub.ranks_on(host)),
+                    "cores": sub.cores.get(host),
                 }
             )
     return rows

@@ -242,3 +242,18 @@ def test_training_loop_overhead_adds_per_step_per_rank_and_per_tensor():
     assert loaded.breakdown["compute"] - base.breakdown["compute"] == pytest.approx(3.3e-3)
     assert loaded.breakdown["comm"] == pytest.approx(base.breakdown["comm"])
     assert loaded.step_time - base.step_time == pytest.approx(3.3e-3)
+
+
+def test_a_sparse_gradient_updates_only_the_rows_it_holds():
+    from distlab.profile.model_profile import ModelProfile, VariableProfile
+
+    emb = VariableProfile(
+        "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
+    )
+    prof = ModelProfile((emb,), batch_size=32, step_time=0.01)
+    cm = exact_model(optimizer_per_byte=1e-9)
+    for p, rows in ((2, 200), (4, 400), (16, 1000)):  # union of the ranks' rows, at most the table
+        res = toy_resources(p)
+        ag = cm.predict(prof, res, plan(prof, [Sync("allgather")], res)).breakdown["optimizer"]
+        ps = cm.predict(prof, res, plan(prof, [Sync("ps", server=0)], res)).breakdown["optimizer"]
+        assert ag == pytest.approx(rows * 64 * 1e-9) and ps == pytest.approx(rows * 64 * 1e-9)
