@@ -78,7 +78,10 @@ def measure_grid(
         order = configs if rep % 2 == 0 else list(reversed(configs))
         for c in order:
             data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=rep)
-            run = lab.launch(c["_model"], strategy=c["_strategy"], steps=steps, data=data, batch_size=c["batch"], seed=rep)
+            run = lab.launch(
+                c["_model"], strategy=c["_strategy"], steps=steps, data=data, batch_size=c["batch"], seed=rep,
+                elastic=False,  # training throughput: no checkpoints written during the measured steps
+            )
             run.wait(progress=False)
             m = run.metrics
             step_time = float(np.median(m.groupby("step")["step_time"].max().iloc[len(m["step"].unique()) // 4 :]))

@@ -142,11 +142,13 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     """What the training loop costs beyond the model's prediction, from reference runs.
 
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
-    seconds (predicted by ``params``, without overhead) and, optionally, ``compute`` (the
+    seconds (predicted by ``params``, without overhead) and, optionally, ``calls`` (collective
+    calls per step), ``compute`` (the
     predicted compute part), ``ranks_on_host`` and ``cores``. Fits, by non-negative least
     squares on relative residuals (small steps weigh as much as large ones)::
 
         measured - predicted = step_overhead + rank_overhead (world - 1) + tensor_overhead tensors
+                               + call_overhead calls
                                + (compute_scale - 1) compute
                                + d_contention (m - 1) compute / (1 + contention (m - 1))
                                + oversubscription (n t / c - 1) compute
@@ -177,6 +179,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                 1.0,
                 float(r["world"]) - 1.0,
                 float(r["tensors"]),
+                float(r.get("calls") or 0.0),
                 compute,
                 (m - 1) * compute / (1.0 + params.contention * (m - 1)),
                 (sliced - 1.0) * compute,
@@ -190,7 +193,8 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         step_overhead=float(coef[0]),
         rank_overhead=float(coef[1]),
         tensor_overhead=float(coef[2]),
-        compute_scale=params.compute_scale * (1.0 + float(coef[3])),
-        contention=params.contention + float(coef[4]),
-        oversubscription=float(coef[5]),
+        call_overhead=float(coef[3]),
+        compute_scale=params.compute_scale * (1.0 + float(coef[4])),
+        contention=params.contention + float(coef[5]),
+        oversubscription=float(coef[6]),
     )

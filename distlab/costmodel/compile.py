@@ -88,6 +88,7 @@ class CompiledStrategy:
     gossip_degree: float  # in-neighbours per step on the strategy's own ranks
     opt_bytes: float  # parameter bytes the busiest rank updates itself
     n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
+    n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time, even on one rank)
 
 
 def profile_timing(profile: ModelProfile) -> ProfileTiming:
@@ -291,4 +292,12 @@ def compile_strategy(
         gossip_degree=strategy_in_degree(strategy) if gossip_msgs else 0.0,
         opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
         n_tensors=len(profile.variables),
+        n_calls=float(
+            len(tasks)
+            + ag_calls
+            + sps_gather_calls
+            + sps_bcast_calls
+            + sum(ps_load[s][1] for s in servers)
+            + (gossip_msgs * math.ceil(strategy_in_degree(strategy)) if gossip_msgs else 0)
+        ),
     )

@@ -45,6 +45,7 @@ _SCALARS = (
     "gossip_awc",
     "opt_bytes",
     "n_tensors",
+    "n_calls",
 )
 _TASKS = ("task_ready", "suf_ar_calls", "suf_ar_bytes", "suf_red_calls", "suf_red_bytes")
 _SERVERS = ("ps_bytes", "ps_msgs")
@@ -100,6 +101,7 @@ class Env:
     step_overhead: float = 0.0
     rank_overhead: float = 0.0
     tensor_overhead: float = 0.0
+    call_overhead: float = 0.0
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
@@ -160,7 +162,8 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     gossip = deg * (al["sendrecv"] * col(b.gossip_msgs) + be["sendrecv"] * col(b.gossip_bytes))
     gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
 
-    comm = backward + sparse + broadcast + gossip
+    calls = env.call_overhead * col(b.n_calls)  # the runtime's own work around each collective call
+    comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p
     return {
@@ -174,6 +177,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         "sparse": sparse,
         "broadcast": broadcast,
         "gossip": gossip,
+        "calls": calls + np.zeros_like(step),
         "world": p + np.zeros_like(step),
     }
 

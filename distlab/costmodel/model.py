@@ -185,7 +185,7 @@ class CostModel:
             throughput=float(out["throughput"][0]),
             breakdown={k: float(out[k][0]) for k in ("compute", "comm", "optimizer")},
             detail={
-                k: float(out[k][0]) for k in ("backward", "sparse", "broadcast", "gossip", "backward_total")
+                k: float(out[k][0]) for k in ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total")
             },
             goodput=good,
             efficiency=eff,

@@ -30,7 +30,9 @@ class CostParams:
     arithmetic (autograd hooks, bucket copies, per-tensor dispatch, data, Python; measured by
     ``Lab.calibrate`` on the real training loop): ``step_overhead`` seconds per step,
     ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
-    one), ``tensor_overhead`` seconds per step per trainable tensor. ``oversubscription``: extra
+    one), ``tensor_overhead`` seconds per step per trainable tensor, ``call_overhead`` seconds of
+    the runtime's own work around each collective call (packing, sparse coalescing; counted in
+    ``comm``, even on one rank, where the wire costs nothing). ``oversubscription``: extra
     compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
     the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
@@ -46,6 +48,7 @@ class CostParams:
     rank_overhead: float = 0.0
     tensor_overhead: float = 0.0
     oversubscription: float = 0.0
+    call_overhead: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
     ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
 
@@ -62,7 +65,10 @@ class CostParams:
             self.contention < 0
             or self.optimizer_per_byte < 0
             or self.compute_scale <= 0
-            or min(self.step_overhead, self.rank_overhead, self.tensor_overhead, self.oversubscription) < 0
+            or min(
+                self.step_overhead, self.rank_overhead, self.tensor_overhead, self.oversubscription, self.call_overhead
+            )
+            < 0
         ):
             raise CalibrationError(
                 "CostParams: contention, optimizer_per_byte and the overheads must be >= 0 and compute_scale > 0"
@@ -92,6 +98,7 @@ class CostParams:
             "step_overhead": self.step_overhead,
             "rank_overhead": self.rank_overhead,
             "tensor_overhead": self.tensor_overhead,
+            "call_overhead": self.call_overhead,
         }
 
     def with_(self, **changes: Any) -> CostParams:
@@ -110,6 +117,7 @@ class CostParams:
             "rank_overhead": self.rank_overhead,
             "tensor_overhead": self.tensor_overhead,
             "oversubscription": self.oversubscription,
+            "call_overhead": self.call_overhead,
             "bucket_bytes": self.bucket_bytes,
             "ddp": self.ddp,
         }
@@ -129,6 +137,7 @@ class CostParams:
                 rank_overhead=float(d.get("rank_overhead", 0.0)),
                 tensor_overhead=float(d.get("tensor_overhead", 0.0)),
                 oversubscription=float(d.get("oversubscription", 0.0)),
+                call_overhead=float(d.get("call_overhead", 0.0)),
                 bucket_bytes=int(d.get("bucket_bytes", BUCKET_BYTES)),
                 ddp=bool(d.get("ddp", False)),
             )

@@ -16,8 +16,9 @@ class Prediction:
     statistical efficiency, present when a gradient noise scale was given (Pollux/AdaptDL).
     ``detail`` splits comm by where the runtime spends it: ``backward`` (all-reduce buckets and
     PS reduces that backward does not hide; ``backward_total`` before overlap), ``sparse``
-    (sparse gathers after backward), ``broadcast`` (servers' new values after the step) and
-    ``gossip`` (neighbour averaging, exposed part).
+    (sparse gathers after backward), ``broadcast`` (servers' new values after the step),
+    ``gossip`` (neighbour averaging, exposed part) and ``calls`` (the runtime's own work around
+    each collective call).
     """
 
     strategy: str

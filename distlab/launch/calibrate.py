@@ -17,6 +17,7 @@ CALIBRATION_BUDGET = 35.0  # seconds of microbenchmarks in all (the issue asks <
 OVERHEAD_LAYERS = (1, 24)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 30
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
+SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -111,9 +112,9 @@ def _reference_cases() -> list[tuple[Any, Any, int]]:
         torch.randn(512, OVERHEAD_WIDTH, generator=g), torch.randint(0, 10, (512,), generator=g)
     )
     cases = [(_reference(n), mlp_data, OVERHEAD_BATCH) for n in OVERHEAD_LAYERS]
-    name, opts, batch = HEAVY
-    heavy = dl.zoo.get(name, **opts)
-    cases.append((heavy, dl.data.synthetic(heavy, n=16 * batch, seed=0), batch))
+    for name, opts, batch in (HEAVY, SPARSE):
+        model = dl.zoo.get(name, **opts)
+        cases.append((model, dl.data.synthetic(model, n=16 * batch, seed=0), batch))
     return cases
 
 
@@ -142,6 +143,7 @@ def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
                 {
                     "world": k,
                     "tensors": len(p.variables),
+                    "calls": cm.compile(p, s).n_calls,
                     "measured": max(r[i] for r in per_rank),
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],

@@ -257,3 +257,15 @@ def test_a_sparse_gradient_updates_only_the_rows_it_holds():
         ag = cm.predict(prof, res, plan(prof, [Sync("allgather")], res)).breakdown["optimizer"]
         ps = cm.predict(prof, res, plan(prof, [Sync("ps", server=0)], res)).breakdown["optimizer"]
         assert ag == pytest.approx(rows * 64 * 1e-9) and ps == pytest.approx(rows * 64 * 1e-9)
+
+
+def test_every_collective_call_costs_the_runtime_even_on_one_rank():
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    for world in (1, 2):
+        res = toy_resources(world)
+        ps = plan(prof, [Sync("ps", server=0), Sync("ps", server=0), Sync("ps", server=1)], res)
+        base = exact_model().predict(prof, res, ps)
+        calls = exact_model(call_overhead=1e-4).predict(prof, res, ps)
+        # 3 reduces in backward + 3 broadcasts after the step (one per dense variable)
+        assert calls.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(6e-4)
+        assert calls.detail["calls"] == pytest.approx(6e-4)
