@@ -148,7 +148,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     squares on relative residuals (small steps weigh as much as large ones)::
 
         measured - predicted = step_overhead + rank_overhead (world - 1) + tensor_overhead tensors
-                               + call_overhead calls
+                               + call_overhead calls + peer_call_overhead calls (world - 1) n t / c
                                + (compute_scale - 1) compute
                                + d_contention (m - 1) compute / (1 + contention (m - 1))
                                + oversubscription (n t / c - 1) compute
@@ -159,7 +159,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     """
     from scipy.optimize import nnls
 
-    from distlab.costmodel.contention import rank_threads
+    from distlab.costmodel.contention import time_slicing
 
     rows = list(rows)
     if not rows:
@@ -172,7 +172,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         n = int(r.get("ranks_on_host") or r["world"])
         c = int(r.get("cores") or n)
         m = min(n, c)
-        sliced = max(1.0, n * rank_threads(n, c) / c)
+        sliced = time_slicing(n, c)
         compute = float(r.get("compute") or 0.0)
         X.append(
             [
@@ -180,6 +180,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                 float(r["world"]) - 1.0,
                 float(r["tensors"]),
                 float(r.get("calls") or 0.0),
+                float(r.get("calls") or 0.0) * (float(r["world"]) - 1.0) * sliced,
                 compute,
                 (m - 1) * compute / (1.0 + params.contention * (m - 1)),
                 (sliced - 1.0) * compute,
@@ -194,7 +195,8 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         rank_overhead=float(coef[1]),
         tensor_overhead=float(coef[2]),
         call_overhead=float(coef[3]),
-        compute_scale=params.compute_scale * (1.0 + float(coef[4])),
-        contention=params.contention + float(coef[5]),
-        oversubscription=float(coef[6]),
+        peer_call_overhead=float(coef[4]),
+        compute_scale=params.compute_scale * (1.0 + float(coef[5])),
+        contention=params.contention + float(coef[6]),
+        oversubscription=float(coef[7]),
     )

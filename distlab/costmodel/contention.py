@@ -24,6 +24,13 @@ def rank_threads(ranks_on_host: int, cores: int | None) -> int:
     return max(1, int(cores) // n) if cores else 1
 
 
+def time_slicing(ranks_on_host: int, cores: int | None) -> float:
+    """How many ranks take turns on each core: ``max(1, n t / c)`` (1 when ranks fit the cores)."""
+    n = max(int(ranks_on_host), 1)
+    c = int(cores) if cores else n
+    return max(1.0, n * rank_threads(n, c) / c)
+
+
 def slowdown(
     ranks_on_host: int,
     cores: int | None,
@@ -37,5 +44,5 @@ def slowdown(
     c = int(cores) if cores else n
     t = rank_threads(n, c)
     threads = (profile_threads / t) ** thread_efficiency if profile_threads else 1.0
-    sliced = max(1.0, n * t / c)
+    sliced = time_slicing(n, c)
     return threads * sliced * (1.0 + contention * (min(n, c) - 1)) * (1.0 + oversubscription * (sliced - 1.0))

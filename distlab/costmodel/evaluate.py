@@ -102,6 +102,8 @@ class Env:
     rank_overhead: float = 0.0
     tensor_overhead: float = 0.0
     call_overhead: float = 0.0
+    peer_call_overhead: float = 0.0
+    sliced: np.ndarray | float = 1.0  # ranks taking turns per core (contention.time_slicing)
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
@@ -162,7 +164,8 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     gossip = deg * (al["sendrecv"] * col(b.gossip_msgs) + be["sendrecv"] * col(b.gossip_bytes))
     gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
 
-    calls = env.call_overhead * col(b.n_calls)  # the runtime's own work around each collective call
+    # the runtime's own work around each collective call, and waiting for every peer to reach it
+    calls = col(b.n_calls) * (env.call_overhead + env.peer_call_overhead * (p - 1) * np.asarray(env.sliced))
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

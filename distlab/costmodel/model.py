@@ -18,7 +18,7 @@ from distlab.costmodel.compile import (
     compile_strategy,
     profile_timing,
 )
-from distlab.costmodel.contention import slowdown
+from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
@@ -109,13 +109,17 @@ class CostModel:
 
     def _env(self, batch: Batch, resources: ResourceSpec | None) -> Env:
         alpha, beta = link_arrays(batch.multi_host, self.link_table(resources))
-        memo: dict[Any, float] = {}
-        slow = np.empty(len(batch.items))
+        memo: dict[Any, tuple[float, float]] = {}
+        slow, sliced = np.empty(len(batch.items)), np.empty(len(batch.items))
+        cores = resources.cores if resources is not None else {}
         for i, c in enumerate(batch.items):
             k = (c.hosts, c.gpu, c.device_share, c.profile_threads)
             if k not in memo:
-                memo[k] = self._strategy_slowdown(c, resources)
-            slow[i] = memo[k]
+                memo[k] = (
+                    self._strategy_slowdown(c, resources),
+                    max((time_slicing(n, cores.get(h)) for h, n in c.hosts), default=1.0),
+                )
+            slow[i], sliced[i] = memo[k]
         deg = np.fromiter((c.gossip_degree for c in batch.items), dtype=float, count=len(batch.items))
         return Env(
             batch.world[:, None],
@@ -123,6 +127,7 @@ class CostModel:
             beta,
             slow[:, None],
             deg[:, None],
+            sliced=sliced[:, None],
             **self.params.env_kwargs(),
         )
 

@@ -32,7 +32,9 @@ class CostParams:
     ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
     one), ``tensor_overhead`` seconds per step per trainable tensor, ``call_overhead`` seconds of
     the runtime's own work around each collective call (packing, sparse coalescing; counted in
-    ``comm``, even on one rank, where the wire costs nothing). ``oversubscription``: extra
+    ``comm``, even on one rank, where the wire costs nothing), and ``peer_call_overhead`` seconds
+    per call per peer, times the host's time-slicing (a collective waits for every peer to be
+    scheduled and to reach it, which microbenchmarks run in lockstep do not see). ``oversubscription``: extra
     compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
     the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
@@ -49,6 +51,7 @@ class CostParams:
     tensor_overhead: float = 0.0
     oversubscription: float = 0.0
     call_overhead: float = 0.0
+    peer_call_overhead: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
     ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
 
@@ -66,7 +69,12 @@ class CostParams:
             or self.optimizer_per_byte < 0
             or self.compute_scale <= 0
             or min(
-                self.step_overhead, self.rank_overhead, self.tensor_overhead, self.oversubscription, self.call_overhead
+                self.step_overhead,
+                self.rank_overhead,
+                self.tensor_overhead,
+                self.oversubscription,
+                self.call_overhead,
+                self.peer_call_overhead,
             )
             < 0
         ):
@@ -99,6 +107,7 @@ class CostParams:
             "rank_overhead": self.rank_overhead,
             "tensor_overhead": self.tensor_overhead,
             "call_overhead": self.call_overhead,
+            "peer_call_overhead": self.peer_call_overhead,
         }
 
     def with_(self, **changes: Any) -> CostParams:
@@ -118,6 +127,7 @@ class CostParams:
             "tensor_overhead": self.tensor_overhead,
             "oversubscription": self.oversubscription,
             "call_overhead": self.call_overhead,
+            "peer_call_overhead": self.peer_call_overhead,
             "bucket_bytes": self.bucket_bytes,
             "ddp": self.ddp,
         }
@@ -138,6 +148,7 @@ class CostParams:
                 tensor_overhead=float(d.get("tensor_overhead", 0.0)),
                 oversubscription=float(d.get("oversubscription", 0.0)),
                 call_overhead=float(d.get("call_overhead", 0.0)),
+                peer_call_overhead=float(d.get("peer_call_overhead", 0.0)),
                 bucket_bytes=int(d.get("bucket_bytes", BUCKET_BYTES)),
                 ddp=bool(d.get("ddp", False)),
             )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES
-from distlab.costmodel.contention import slowdown
+from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.degree import gossip_in_degree
 from distlab.costmodel.evaluate import Batch, Env, evaluate
 from distlab.profile.model_profile import ModelProfile
@@ -48,6 +48,7 @@ def sweep_frame(
     alpha = {c: np.empty((1, n_e)) for c in COLLECTIVES}
     beta = {c: np.empty((1, n_e)) for c in COLLECTIVES}
     slow = np.empty((n_s, n_e))
+    sliced = np.empty((1, n_e))
     gpu = np.array([c.gpu for c in items], dtype=bool)
     share = np.array([c.device_share for c in items], dtype=float)
     for e, (w, bw) in enumerate(zip(worlds_e, bws)):
@@ -67,6 +68,7 @@ def sweep_frame(
             for c in items
         ]
         slow[:, e] = np.where(gpu, share, cpu)
+        sliced[0, e] = time_slicing(min(w, rph), cores)
     deg = np.zeros((n_s, n_e))
     for i, c in enumerate(items):
         if c.gossip_msgs:
@@ -86,6 +88,7 @@ def sweep_frame(
         slow,
         deg,
         ps_worker_bytes=push,
+        sliced=sliced,
         **cm.params.env_kwargs(),
     )
     out = evaluate(batch, env)

@@ -133,19 +133,32 @@ def test_training_loop_overhead_is_recovered_from_reference_runs():
     from distlab.costmodel import CostParams
     from distlab.costmodel.calibrate import fit_overhead
 
-    true = (0.3e-3, 0.7e-3, 50e-6, 80e-6)  # per step, per extra rank, per tensor, per collective call
+    # per step, per extra rank, per tensor, per collective call, per call and peer (x time-slicing)
+    true = (0.3e-3, 0.7e-3, 50e-6, 80e-6, 0.3e-3)
     rows = []
     for world in (1, 2, 3, 4):
+        sliced = max(1.0, world / 2)  # 2 cores: one thread per rank from 2 ranks on
         for tensors, calls, predicted in ((4, 1, 0.2e-3 * world), (50, 2, 1.5e-3 * world), (20, 30, 1e-3)):
             over = true[0] + true[1] * (world - 1) + true[2] * tensors + true[3] * calls
+            over += true[4] * calls * (world - 1) * sliced
             rows.append(
-                {"world": world, "tensors": tensors, "calls": calls, "predicted": predicted, "measured": predicted + over}
+                {
+                    "world": world,
+                    "tensors": tensors,
+                    "calls": calls,
+                    "predicted": predicted,
+                    "measured": predicted + over,
+                    "ranks_on_host": world,
+                    "cores": 2,
+                }
             )
     p = fit_overhead(CostParams(), rows)
-    got = (p.step_overhead, p.rank_overhead, p.tensor_overhead, p.call_overhead)
+    got = (p.step_overhead, p.rank_overhead, p.tensor_overhead, p.call_overhead, p.peer_call_overhead)
     assert got == pytest.approx(true, rel=1e-6)
     assert p.compute_scale == 1.0 and p.oversubscription == 0.0  # no compute in these rows: nothing to fit
     model = CostModel(CostParams()).with_overhead(rows)
-    assert model.params.tensor_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
+    assert (
+        model.params.tensor_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
+    )
     with pytest.raises(CalibrationError, match=r"overhead runs\[0\]: missing \['tensors'\]"):
         fit_overhead(CostParams(), [{"world": 1, "measured": 1.0, "predicted": 0.5}])

@@ -269,3 +269,14 @@ def test_every_collective_call_costs_the_runtime_even_on_one_rank():
         # 3 reduces in backward + 3 broadcasts after the step (one per dense variable)
         assert calls.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(6e-4)
         assert calls.detail["calls"] == pytest.approx(6e-4)
+
+
+def test_calls_wait_longer_for_peers_when_ranks_take_turns_on_the_cores():
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    base = exact_model()
+    waits = exact_model(peer_call_overhead=1e-4)
+    for world, cores, sliced in ((2, 2, 1.0), (4, 2, 2.0), (4, 4, 1.0)):
+        res = toy_resources(world, cores=cores)
+        s = plan(prof, allreduce(0, 0, 0), res)  # one bucket: one call
+        extra = waits.predict(prof, res, s).breakdown["comm"] - base.predict(prof, res, s).breakdown["comm"]
+        assert extra == pytest.approx(1e-4 * (world - 1) * sliced)
