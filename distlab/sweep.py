@@ -132,8 +132,14 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     return g, summary
 
 
-def leave_one_world_out(df: pd.DataFrame, builder: str = "AllReduce") -> dict[str, float]:
-    """Error of ``CostModel.fit`` predicting each world size from the others (per model)."""
+def leave_one_world_out(
+    df: pd.DataFrame, builder: str = "AllReduce", cores_per_node: int | None = None
+) -> dict[str, float]:
+    """Error of ``CostModel.fit`` predicting each world size from the others (per model).
+
+    ``cores_per_node``: the cores the ranks shared (the fit then models threads and
+    time-slicing, as on the embedded cluster); None leaves it to Pollux's plain model.
+    """
     from distlab.costmodel import CostModel
 
     errors: dict[str, float] = {}
@@ -145,6 +151,8 @@ def leave_one_world_out(df: pd.DataFrame, builder: str = "AllReduce") -> dict[st
                 "step_time": part["measured_step_time"], "grad_bytes": part["grad_bytes"],
             }
         )
+        if cores_per_node:
+            table["cores_per_node"] = cores_per_node
         for w in sorted(part["world"].unique()):
             train, test = table[table["num_replicas"] != w], table[table["num_replicas"] == w]
             if train["num_replicas"].nunique() < 2:

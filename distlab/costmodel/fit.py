@@ -1,10 +1,15 @@
 """Fit a structural step-time model to a table of measured runs (Pollux, Qiao et al. OSDI 2021, section 4.2).
 
 Columns: ``num_nodes``, ``num_replicas``, ``local_bsz``, ``step_time`` and optionally
-``grad_bytes`` and ``accum_steps``. The model, not a curve, is what extrapolates to unseen
-world sizes:
+``grad_bytes``, ``accum_steps`` and ``cores_per_node`` (CPU ranks sharing a node's cores). The
+model, not a curve, is what extrapolates to unseen world sizes:
 
-- gradient computation is linear in the local batch: ``T_grad = c0 + c1 * local_bsz``;
+- gradient computation is linear in the local batch: ``T_grad = c0 + c1 * local_bsz``; with
+  ``cores_per_node`` c, the ``r = ceil(p / nodes)`` ranks of a node run ``t = max(1, c // r)``
+  threads each and take turns when they outnumber the cores, so ``T_grad`` is multiplied by
+  ``(c / t) ** eff * max(1, r t / c)`` (contention.py). ``eff`` (how compute scales with
+  threads) is fitted when the rows include both a rank alone on its node and ranks sharing
+  one; otherwise it stays at CostParams' default, 0.8;
 - synchronisation is a ring all-reduce (Thakur et al. 2005) with alpha, beta per link class
   (intra-host when ``num_nodes == 1``, else inter-host):
   ``T_sync = 2(p-1) alpha + 2(p-1)/p * grad_bytes * beta`` and 0 on one replica;
@@ -22,7 +27,8 @@ from scipy.optimize import least_squares
 from distlab.costmodel.params import CostParams
 from distlab.errors import CalibrationError
 
-NAMES = ("c0", "c1", "alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
+NAMES = ("c0", "c1", "alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma", "eff")
+DEFAULT_EFF = 0.8
 REQUIRED = ("num_nodes", "num_replicas", "local_bsz", "step_time")
 
 
@@ -42,13 +48,20 @@ def _columns(df: Any, need_time: bool) -> dict[str, np.ndarray]:
     cols["accum_steps"] = (
         df["accum_steps"].to_numpy(dtype=float) if "accum_steps" in df.columns else np.ones(n)
     )
+    cores = df["cores_per_node"].to_numpy(dtype=float) if "cores_per_node" in df.columns else np.full(n, np.nan)
+    ranks = np.ceil(cols["num_replicas"] / np.maximum(cols["num_nodes"], 1))
+    threads = np.maximum(1.0, np.floor(cores / np.maximum(ranks, 1)))
+    known = np.isfinite(cores) & (cores > 0)
+    cols["thread_ratio"] = np.where(known, cores / threads, 1.0)  # profile-alone threads / rank threads
+    cols["sliced"] = np.where(known, np.maximum(1.0, ranks * threads / np.where(known, cores, 1.0)), 1.0)
     return cols
 
 
 def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarray:
     """The structural model above for every row."""
     p, inter = cols["num_replicas"], cols["num_nodes"] > 1
-    t_grad = theta["c0"] + theta["c1"] * cols["local_bsz"]
+    share = np.asarray(cols.get("thread_ratio", 1.0)) ** theta.get("eff", DEFAULT_EFF) * np.asarray(cols.get("sliced", 1.0))
+    t_grad = (theta["c0"] + theta["c1"] * cols["local_bsz"]) * share
     alpha = np.where(inter, theta["alpha_inter"], theta["alpha_intra"])
     beta = np.where(inter, theta["beta_inter"], theta["beta_intra"])
     t_sync = np.where(
@@ -73,28 +86,32 @@ def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, A
         free += ["alpha_intra", "beta_intra"] if np.any(multi & (cols["num_nodes"] <= 1)) else []
         free += ["alpha_inter", "beta_inter"] if has_inter else []
         free += ["gamma"]
+    if np.any(cols["thread_ratio"] == 1.0) and np.any(cols["thread_ratio"] > 1.0):
+        free += ["eff"]  # a rank alone and ranks sharing cores: how compute scales with threads
     start = {
         "c0": scale * 0.2,
         "c1": scale * 0.8 / max(np.median(cols["local_bsz"]), 1),
         "alpha_intra": scale * 0.01,
         "beta_intra": scale * 0.1 / max(np.median(cols["grad_bytes"]), 1),
         "gamma": 1.5,
+        "eff": DEFAULT_EFF,
     }
     start["alpha_inter"], start["beta_inter"] = start["alpha_intra"], start["beta_intra"]
 
     def theta_of(x: np.ndarray) -> dict[str, float]:
-        th = {"c1": 0.0, "alpha_intra": 0.0, "beta_intra": 0.0, "gamma": 1.0}
+        th = {"c1": 0.0, "alpha_intra": 0.0, "beta_intra": 0.0, "gamma": 1.0, "eff": DEFAULT_EFF}
         for name, v in zip(free, x):
-            th[name] = float(v if name == "gamma" else np.exp(v))
+            th[name] = float(v if name in ("gamma", "eff") else np.exp(v))
         if "alpha_intra" not in free and has_inter:  # only multi-node data: intra figures tie to inter
             th["alpha_intra"], th["beta_intra"] = th["alpha_inter"], th["beta_inter"]
         th.setdefault("alpha_inter", th["alpha_intra"])
         th.setdefault("beta_inter", th["beta_intra"])
         return th
 
-    x0 = np.array([start[n] if n == "gamma" else np.log(start[n]) for n in free])
-    lo = np.array([1.0 if n == "gamma" else -60.0 for n in free])
-    hi = np.array([10.0 if n == "gamma" else 20.0 for n in free])
+    linear = ("gamma", "eff")
+    x0 = np.array([start[n] if n in linear else np.log(start[n]) for n in free])
+    lo = np.array([{"gamma": 1.0, "eff": 0.0}.get(n, -60.0) for n in free])
+    hi = np.array([{"gamma": 10.0, "eff": 1.0}.get(n, 20.0) for n in free])
     res = least_squares(
         lambda x: np.log(step_time(theta_of(x), cols)) - np.log(y),
         x0,
@@ -119,4 +136,4 @@ def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, A
 
 def predict_measurements(theta: dict[str, float], df: Any) -> np.ndarray:
     """Predicted step time (s) per row; ``step_time`` need not be present."""
-    return step_time({k: float(theta[k]) for k in NAMES}, _columns(df, need_time=False))
+    return step_time({k: float(theta[k]) for k in NAMES if k in theta}, _columns(df, need_time=False))

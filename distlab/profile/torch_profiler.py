@@ -19,6 +19,7 @@ from distlab.profile.torch_meter import ROOT, LayerMeter, ModuleAttribution, _fl
 
 TARGET_STEP_SECONDS = 0.25  # timed passes run at the largest micro-batch that keeps one step near this
 CLEAN_STEP_BELOW = 0.2  # steps shorter than this are also timed without the per-op meter
+CLEAN_PASSES_MAX, CLEAN_PASSES_SECONDS = 15, 0.6  # more clean passes when they fit in this time
 
 
 def profile(
@@ -267,7 +268,12 @@ class _TorchProfiler:
             meters.append(self._timed_layers(m, count_flops=(i == 0)))
             walls.append(time.perf_counter() - t0)
         if statistics.median(walls) < CLEAN_STEP_BELOW:
-            steps, step_method = [self._timed_step(m) for _ in range(self.repeats)], "clean passes"
+            # clean passes are cheap: take enough for a steady median (a shared machine is noisy)
+            n = max(
+                self.repeats,
+                min(CLEAN_PASSES_MAX, int(CLEAN_PASSES_SECONDS / max(statistics.median(walls), 1e-6))),
+            )
+            steps, step_method = [self._timed_step(m) for _ in range(n)], f"median of {n} clean passes"
         else:  # per-op timing overhead is negligible against a step this long: reuse the timed passes
             steps, step_method = walls, "timed passes"
         scale = bs / m

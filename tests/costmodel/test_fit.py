@@ -84,3 +84,26 @@ def test_fitted_model_survives_save_and_load(tmp_path):
     df = table([5])
     assert back.predict_table(df) == pytest.approx(cm.predict_table(df))
     assert back.fingerprint == cm.fingerprint
+
+
+def test_ranks_sharing_cores_carry_to_a_world_size_left_out():
+    from distlab.costmodel.fit import _columns
+
+    theta = {**THETA, "eff": 0.6}
+    rows = [
+        {"num_nodes": 1, "num_replicas": p, "local_bsz": m, "grad_bytes": GRAD, "cores_per_node": 2}
+        for p in (1, 2, 3, 4)
+        for m in (8, 32)
+    ]
+    df = pd.DataFrame(rows)
+    df["step_time"] = step_time(theta, _columns(df, need_time=False))
+    # one rank has both cores; two take one each (2 ** 0.6 slower); four take turns (x 2 more)
+    cols = _columns(df, need_time=False)
+    assert list(cols["thread_ratio"][::2]) == [1.0, 2.0, 2.0, 2.0]
+    assert list(cols["sliced"][::2]) == [1.0, 1.0, 1.5, 2.0]
+    fitted = CostModel.fit(df)
+    assert fitted.throughput_fit["eff"] == pytest.approx(0.6, abs=0.02)
+    # world 4 from worlds 1-3: the structure carries it
+    train, test = df[df.num_replicas < 4], df[df.num_replicas == 4]
+    pred = CostModel.fit(train).predict_table(test)
+    assert np.max(np.abs(pred / test["step_time"].to_numpy() - 1)) < 0.02

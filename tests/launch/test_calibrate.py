@@ -16,9 +16,14 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert isinstance(cm, CostModel) and clean_lab.cost_model is cm
     alpha, beta = cm.params.alpha_beta["allreduce/intra"]
     assert alpha > 0 and beta > 0  # measured here, not the defaults
-    # the training-loop stage ran the real loop at world 1 and 2, on both reference models
+    # the training-loop stage ran the real loop at world 1 and 2: every reference model under
+    # the runtime's main paths (1 + 3 + 2 + 3 runs per world)
+    from distlab.launch.calibrate import BUILDERS
+
     runs = cm.fingerprint["overhead_runs"]
-    assert sorted((r["world"], r["tensors"]) for r in runs) == [(1, 4), (1, 50), (2, 4), (2, 50)]
+    assert len(runs) == 18 and {r["world"] for r in runs} == {1, 2}
+    assert {r["builder"] for r in runs} == set(BUILDERS)
+    assert {r["tensors"] for r in runs if r["builder"] == "PartitionedPS"} == {26, 14}  # MLP-12, wide_deep
     assert all(r["measured"] > 0 and r["predicted"] > 0 for r in runs)
     p = cm.params
     assert min(p.step_overhead, p.rank_overhead, p.tensor_overhead) >= 0
