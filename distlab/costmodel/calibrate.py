@@ -143,12 +143,15 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
 
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
     seconds (predicted by ``params``, without overhead) and, optionally, ``calls`` (collective
-    calls per step), ``compute`` (the
+    calls per step), ``gather_calls`` (those of the sparse path), ``gossip_bytes`` (bytes
+    gossiped per step, times the in-degree), ``compute`` (the
     predicted compute part), ``ranks_on_host`` and ``cores``. Fits, by non-negative least
     squares on relative residuals (small steps weigh as much as large ones)::
 
         measured - predicted = step_overhead + rank_overhead (world - 1) + tensor_overhead tensors
                                + call_overhead calls + peer_call_overhead calls (world - 1) n t / c
+                               + gather_peer_overhead gather_calls (world - 1) n t / c
+                               + gossip_per_byte gossip_bytes
                                + (compute_scale - 1) compute
                                + d_contention (m - 1) compute / (1 + contention (m - 1))
                                + oversubscription (n t / c - 1) compute
@@ -181,6 +184,8 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                 float(r["tensors"]),
                 float(r.get("calls") or 0.0),
                 float(r.get("calls") or 0.0) * (float(r["world"]) - 1.0) * sliced,
+                float(r.get("gather_calls") or 0.0) * (float(r["world"]) - 1.0) * sliced,
+                float(r.get("gossip_bytes") or 0.0),
                 compute,
                 (m - 1) * compute / (1.0 + params.contention * (m - 1)),
                 (sliced - 1.0) * compute,
@@ -196,7 +201,9 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         tensor_overhead=float(coef[2]),
         call_overhead=float(coef[3]),
         peer_call_overhead=float(coef[4]),
-        compute_scale=params.compute_scale * (1.0 + float(coef[5])),
-        contention=params.contention + float(coef[6]),
-        oversubscription=float(coef[7]),
+        gather_peer_overhead=float(coef[5]),
+        gossip_per_byte=float(coef[6]),
+        compute_scale=params.compute_scale * (1.0 + float(coef[7])),
+        contention=params.contention + float(coef[8]),
+        oversubscription=float(coef[9]),
     )

@@ -103,6 +103,8 @@ class Env:
     tensor_overhead: float = 0.0
     call_overhead: float = 0.0
     peer_call_overhead: float = 0.0
+    gather_peer_overhead: float = 0.0
+    gossip_per_byte: float = 0.0
     sliced: np.ndarray | float = 1.0  # ranks taking turns per core (contention.time_slicing)
 
 
@@ -161,11 +163,16 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         broadcast = broadcast + np.maximum(server.max(axis=-1), be["broadcast"] * push * many)
 
     deg = np.asarray(env.gossip_degree, dtype=float)
-    gossip = deg * (al["sendrecv"] * col(b.gossip_msgs) + be["sendrecv"] * col(b.gossip_bytes))
+    gossip = deg * (
+        al["sendrecv"] * col(b.gossip_msgs) + (be["sendrecv"] + env.gossip_per_byte) * col(b.gossip_bytes)
+    )
     gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
 
     # the runtime's own work around each collective call, and waiting for every peer to reach it
-    calls = col(b.n_calls) * (env.call_overhead + env.peer_call_overhead * (p - 1) * np.asarray(env.sliced))
+    waits = (p - 1) * np.asarray(env.sliced)
+    gathers = col(b.ag_calls + b.sps_gather_calls + b.sps_bcast_calls)
+    calls = col(b.n_calls) * (env.call_overhead + env.peer_call_overhead * waits)
+    calls = calls + gathers * env.gather_peer_overhead * waits
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

@@ -34,7 +34,10 @@ class CostParams:
     the runtime's own work around each collective call (packing, sparse coalescing; counted in
     ``comm``, even on one rank, where the wire costs nothing), and ``peer_call_overhead`` seconds
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
-    scheduled and to reach it, which microbenchmarks run in lockstep do not see). ``oversubscription``: extra
+    scheduled and to reach it, which microbenchmarks run in lockstep do not see);
+    ``gather_peer_overhead`` the same for the sparse path's calls (row packing and coalescing
+    between them); ``gossip_per_byte`` seconds per gossiped byte per in-neighbour of local work
+    (flatten, mix, unflatten). ``oversubscription``: extra
     compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
     the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
@@ -52,6 +55,8 @@ class CostParams:
     oversubscription: float = 0.0
     call_overhead: float = 0.0
     peer_call_overhead: float = 0.0
+    gather_peer_overhead: float = 0.0
+    gossip_per_byte: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
     ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
 
@@ -75,6 +80,8 @@ class CostParams:
                 self.oversubscription,
                 self.call_overhead,
                 self.peer_call_overhead,
+                self.gather_peer_overhead,
+                self.gossip_per_byte,
             )
             < 0
         ):
@@ -108,6 +115,8 @@ class CostParams:
             "tensor_overhead": self.tensor_overhead,
             "call_overhead": self.call_overhead,
             "peer_call_overhead": self.peer_call_overhead,
+            "gather_peer_overhead": self.gather_peer_overhead,
+            "gossip_per_byte": self.gossip_per_byte,
         }
 
     def with_(self, **changes: Any) -> CostParams:
@@ -128,6 +137,8 @@ class CostParams:
             "oversubscription": self.oversubscription,
             "call_overhead": self.call_overhead,
             "peer_call_overhead": self.peer_call_overhead,
+            "gather_peer_overhead": self.gather_peer_overhead,
+            "gossip_per_byte": self.gossip_per_byte,
             "bucket_bytes": self.bucket_bytes,
             "ddp": self.ddp,
         }
@@ -149,6 +160,8 @@ class CostParams:
                 oversubscription=float(d.get("oversubscription", 0.0)),
                 call_overhead=float(d.get("call_overhead", 0.0)),
                 peer_call_overhead=float(d.get("peer_call_overhead", 0.0)),
+                gather_peer_overhead=float(d.get("gather_peer_overhead", 0.0)),
+                gossip_per_byte=float(d.get("gossip_per_byte", 0.0)),
                 bucket_bytes=int(d.get("bucket_bytes", BUCKET_BYTES)),
                 ddp=bool(d.get("ddp", False)),
             )

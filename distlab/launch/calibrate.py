@@ -18,7 +18,8 @@ CALIBRATION_BUDGET = 25.0  # seconds of microbenchmarks in all (the issue asks <
 # 2 and the whole cluster
 OVERHEAD_LAYERS = (1, 12)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 12
-BUILDERS = ("AllReduce", "PS", "PartitionedPS")  # the runtime's paths: buckets, server reduces, shards
+# the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
+BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 
@@ -138,6 +139,7 @@ def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
             (p, dl.strategy.build(builder, p, sub, batch_size=b), (m, data, b))
             for p, (m, data, b, builders) in zip(profiles, cases)
             for builder in builders
+            if builder != "Gossip" or k > 1  # gossip needs a neighbour
         ]
         jobs = [(m, s, data, b) for _, s, (m, data, b) in plans]
         try:
@@ -146,13 +148,15 @@ def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
             raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
         host = sub.ranks[0].host
         for i, (p, s, _) in enumerate(plans):
-            pred = cm.predict(p, sub, s)
+            pred, c = cm.predict(p, sub, s), cm.compile(p, s)
             rows.append(
                 {
                     "world": k,
                     "builder": s.builder,
                     "tensors": len(p.variables),
-                    "calls": cm.compile(p, s).n_calls,
+                    "calls": c.n_calls,
+                    "gather_calls": c.ag_calls + c.sps_gather_calls + c.sps_bcast_calls,
+                    "gossip_bytes": c.gossip_bytes * c.gossip_degree,
                     "measured": max(r[i] for r in per_rank),
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],

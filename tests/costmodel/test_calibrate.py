@@ -133,27 +133,40 @@ def test_training_loop_overhead_is_recovered_from_reference_runs():
     from distlab.costmodel import CostParams
     from distlab.costmodel.calibrate import fit_overhead
 
-    # per step, per extra rank, per tensor, per collective call, per call and peer (x time-slicing)
-    true = (0.3e-3, 0.7e-3, 50e-6, 80e-6, 0.3e-3)
+    # per step, per extra rank, per tensor, per collective call, per call and peer (x time-slicing),
+    # per sparse-gather call and peer, per gossiped byte
+    true = (0.3e-3, 0.7e-3, 50e-6, 80e-6, 0.3e-3, 0.5e-3, 2e-9)
     rows = []
+    cases = ((4, 1, 0, 0, 0.2e-3), (50, 2, 0, 0, 1.5e-3), (20, 30, 24, 0, 1e-3), (50, 1, 0, 4e6, 2e-3))
     for world in (1, 2, 3, 4):
         sliced = max(1.0, world / 2)  # 2 cores: one thread per rank from 2 ranks on
-        for tensors, calls, predicted in ((4, 1, 0.2e-3 * world), (50, 2, 1.5e-3 * world), (20, 30, 1e-3)):
+        for tensors, calls, gathers, gossip, predicted in cases:
+            waits = (world - 1) * sliced
             over = true[0] + true[1] * (world - 1) + true[2] * tensors + true[3] * calls
-            over += true[4] * calls * (world - 1) * sliced
+            over += true[4] * calls * waits + true[5] * gathers * waits + true[6] * gossip * (world > 1)
             rows.append(
                 {
                     "world": world,
                     "tensors": tensors,
                     "calls": calls,
-                    "predicted": predicted,
-                    "measured": predicted + over,
+                    "gather_calls": gathers,
+                    "gossip_bytes": gossip * (world > 1),
+                    "predicted": predicted * world,
+                    "measured": predicted * world + over,
                     "ranks_on_host": world,
                     "cores": 2,
                 }
             )
     p = fit_overhead(CostParams(), rows)
-    got = (p.step_overhead, p.rank_overhead, p.tensor_overhead, p.call_overhead, p.peer_call_overhead)
+    got = (
+        p.step_overhead,
+        p.rank_overhead,
+        p.tensor_overhead,
+        p.call_overhead,
+        p.peer_call_overhead,
+        p.gather_peer_overhead,
+        p.gossip_per_byte,
+    )
     assert got == pytest.approx(true, rel=1e-6)
     assert p.compute_scale == 1.0 and p.oversubscription == 0.0  # no compute in these rows: nothing to fit
     model = CostModel(CostParams()).with_overhead(rows)

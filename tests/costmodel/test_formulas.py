@@ -280,3 +280,26 @@ def test_calls_wait_longer_for_peers_when_ranks_take_turns_on_the_cores():
         s = plan(prof, allreduce(0, 0, 0), res)  # one bucket: one call
         extra = waits.predict(prof, res, s).breakdown["comm"] - base.predict(prof, res, s).breakdown["comm"]
         assert extra == pytest.approx(1e-4 * (world - 1) * sliced)
+
+
+def test_gossip_pays_local_work_per_byte_and_neighbour():
+    prof = toy_profile()
+    res = toy_resources(5)  # exp2 on 5 ranks: 3 in-neighbours (1, 2, 4 hops)
+    s = plan(prof, [Sync("gossip")] * 3, res, gossip=GossipConfig("exp2", dynamic=False, mode="atc"))
+    pred = exact_model(gossip_per_byte=1e-9).predict(prof, res, s)
+    assert pred.breakdown["comm"] == pytest.approx(3 * (ALPHA + 16000 * (BETA + 1e-9)))
+
+
+def test_sparse_gathers_wait_for_peers_on_their_own_figure():
+    from distlab.profile.model_profile import ModelProfile, VariableProfile
+
+    emb = VariableProfile(
+        "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
+    )
+    prof = ModelProfile((emb,), batch_size=32, step_time=0.01)
+    res = toy_resources(4, cores=2)  # 4 ranks take turns on 2 cores
+    s = plan(prof, [Sync("allgather")], res)
+    base = exact_model().predict(prof, res, s)
+    waits = exact_model(gather_peer_overhead=1e-4).predict(prof, res, s)
+    # 3 calls (sizes, indices, values) x 3 peers x 2 ranks per core
+    assert waits.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(3 * 3 * 2 * 1e-4)

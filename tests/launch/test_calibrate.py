@@ -17,11 +17,13 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     alpha, beta = cm.params.alpha_beta["allreduce/intra"]
     assert alpha > 0 and beta > 0  # measured here, not the defaults
     # the training-loop stage ran the real loop at world 1 and 2: every reference model under
-    # the runtime's main paths (1 + 3 + 2 + 3 runs per world)
+    # the runtime's main paths (1 + 4 + 2 + 4 runs per world, less gossip on one rank)
     from distlab.launch.calibrate import BUILDERS
 
     runs = cm.fingerprint["overhead_runs"]
-    assert len(runs) == 18 and {r["world"] for r in runs} == {1, 2}
+    assert len(runs) == 9 + 11 and {r["world"] for r in runs} == {1, 2}
+    assert {r["world"] for r in runs if r["builder"] == "Gossip"} == {2}
+    assert all(r["gossip_bytes"] > 0 for r in runs if r["builder"] == "Gossip")
     assert {r["builder"] for r in runs} == set(BUILDERS)
     assert {r["tensors"] for r in runs if r["builder"] == "PartitionedPS"} == {26, 14}  # MLP-12, wide_deep
     assert all(r["measured"] > 0 and r["predicted"] > 0 for r in runs)
