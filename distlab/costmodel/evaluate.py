@@ -19,12 +19,13 @@ Collective costs are alpha-beta with Thakur et al. (2005) factors (collectives.p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES, factors
 from distlab.costmodel.compile import CompiledStrategy
+from distlab.costmodel.params import CostParams
 
 _SCALARS = (
     "world",
@@ -87,7 +88,8 @@ class Batch:
 class Env:
     """Per-evaluation conditions, each broadcastable to (S, E).
 
-    ``alpha``/``beta`` map a collective to arrays already chosen for each strategy's link class.
+    ``alpha``/``beta`` map a collective to arrays already chosen for each strategy's link class;
+    the scalar figures (optimizer cost, loop and call overheads, compute scale) come from ``params``.
     """
 
     world: np.ndarray
@@ -96,20 +98,13 @@ class Env:
     slowdown: np.ndarray
     gossip_degree: np.ndarray
     ps_worker_bytes: np.ndarray | None = None  # override when the world differs from the strategy's
-    optimizer_per_byte: float = 3e-10
-    compute_scale: float = 1.0
-    step_overhead: float = 0.0
-    rank_overhead: float = 0.0
-    tensor_overhead: float = 0.0
-    call_overhead: float = 0.0
-    peer_call_overhead: float = 0.0
-    gather_peer_overhead: float = 0.0
-    gossip_per_byte: float = 0.0
     sliced: np.ndarray | float = 1.0  # ranks taking turns per core (contention.time_slicing)
+    params: CostParams = field(default_factory=CostParams)  # optimizer, overhead and scale figures
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     """Step time and its parts for every (strategy, environment): arrays of shape (S, E)."""
+    prm = env.params
 
     def col(x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=float)[:, None]  # (S,) -> (S, 1)
@@ -119,9 +114,9 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     )
     al, be = env.alpha, env.beta
     slow = np.asarray(env.slowdown, dtype=float)
-    fwd = col(b.fwd) * slow * env.compute_scale
-    bwd = col(b.bwd) * slow * env.compute_scale
-    overhead = env.step_overhead + env.rank_overhead * (p - 1) + env.tensor_overhead * col(b.n_tensors)
+    fwd = col(b.fwd) * slow * prm.compute_scale
+    bwd = col(b.bwd) * slow * prm.compute_scale
+    overhead = prm.step_overhead + prm.rank_overhead * (p - 1) + prm.tensor_overhead * col(b.n_tensors)
     compute = col(b.accum) * (fwd + bwd) + overhead
 
     # backward tasks: end_last = max_k (ready_k * bwd + T_k + ... + T_last), suffix sums precompiled (S, E, T)
@@ -149,7 +144,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         b.ag_bytes + b.sps_gather_bytes
     )
 
-    optimizer = col(b.opt_bytes) * env.optimizer_per_byte * slow
+    optimizer = col(b.opt_bytes) * prm.optimizer_per_byte * slow
 
     # after the step: servers broadcast new values; the busiest server or busiest receiver bounds
     ba, bb = factors("broadcast", p)
@@ -164,15 +159,15 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
 
     deg = np.asarray(env.gossip_degree, dtype=float)
     gossip = deg * (
-        al["sendrecv"] * col(b.gossip_msgs) + (be["sendrecv"] + env.gossip_per_byte) * col(b.gossip_bytes)
+        al["sendrecv"] * col(b.gossip_msgs) + (be["sendrecv"] + prm.gossip_per_byte) * col(b.gossip_bytes)
     )
     gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
 
     # the runtime's own work around each collective call, and waiting for every peer to reach it
     waits = (p - 1) * np.asarray(env.sliced)
     gathers = col(b.ag_calls + b.sps_gather_calls + b.sps_bcast_calls)
-    calls = col(b.n_calls) * (env.call_overhead + env.peer_call_overhead * waits)
-    calls = calls + gathers * env.gather_peer_overhead * waits
+    calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
+    calls = calls + gathers * prm.gather_peer_overhead * waits
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

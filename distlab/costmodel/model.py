@@ -128,7 +128,7 @@ class CostModel:
             slow[:, None],
             deg[:, None],
             sliced=sliced[:, None],
-            **self.params.env_kwargs(),
+            params=self.params,
         )
 
     # -- predictions -------------------------------------------------------------------

@@ -105,20 +105,6 @@ class CostParams:
             return lat, 1.0 / bw
         return float(lk.latency), 1.0 / float(lk.bandwidth)
 
-    def env_kwargs(self) -> dict[str, float]:
-        """The per-step figures the simulator's ``Env`` takes from the params."""
-        return {
-            "optimizer_per_byte": self.optimizer_per_byte,
-            "compute_scale": self.compute_scale,
-            "step_overhead": self.step_overhead,
-            "rank_overhead": self.rank_overhead,
-            "tensor_overhead": self.tensor_overhead,
-            "call_overhead": self.call_overhead,
-            "peer_call_overhead": self.peer_call_overhead,
-            "gather_peer_overhead": self.gather_peer_overhead,
-            "gossip_per_byte": self.gossip_per_byte,
-        }
-
     def with_(self, **changes: Any) -> CostParams:
         return replace(self, **changes)
 

@@ -89,7 +89,7 @@ def sweep_frame(
         deg,
         ps_worker_bytes=push,
         sliced=sliced,
-        **cm.params.env_kwargs(),
+        params=cm.params,
     )
     out = evaluate(batch, env)
     return pd.DataFrame(
