@@ -124,7 +124,7 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
 
 
 def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
-    """The real training loop on the reference models and builders at every world size: measured
+    """The real training loop on the reference models and builders at world sizes 1, 2 and N: measured
     in-step seconds against what ``cm`` (microbenchmarks only) predicts for the same runs."""
     import distlab as dl
     from distlab.launch.cluster import sub_resources
