@@ -72,9 +72,10 @@ def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
     """Make the embedded cluster whole again before a run; returns how many workers it has.
 
     A worker that was killed or restarted comes back through its nanny (cold, in seconds). A
-    nanny that gave up (its new worker process failed to start, e.g. on an overloaded machine)
-    is closed for good, and one whose worker is still missing after ``within / 2`` seconds is
-    closed: both are replaced by fresh nannies. Waits at most ``within`` seconds.
+    nanny that gave up (its new worker process failed to start, e.g. on an overloaded machine),
+    one whose worker is still missing after ``within / 2`` seconds, and one the cluster itself
+    dropped after ``distributed.deploy.lost-worker-timeout`` are replaced by fresh nannies.
+    Waits at most ``within`` seconds.
     """
     import dask
     from distributed.core import Status
@@ -89,18 +90,27 @@ def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
             for name, nanny in cluster.workers.items()
             if nanny.status in (Status.closed, Status.failed) or (stale and str(name) not in present)
         ]
-        if not gone:
+        # SpecCluster itself closes and forgets a nanny whose worker stayed away longer than
+        # distributed.deploy.lost-worker-timeout, but keeps its spec: nothing would start it again
+        orphaned = set(cluster.worker_spec) - set(cluster.workers)
+        if not gone and not orphaned:
             time.sleep(0.2)
             continue
         for name in gone:
             nanny = cluster.workers.pop(name, None)
             cluster.worker_spec.pop(name, None)
             if nanny is not None and nanny.status not in (Status.closed, Status.failed):
-                cluster.sync(nanny.close, timeout=10)
+                try:
+                    cluster.sync(nanny.close, timeout=10)
+                except Exception:  # noqa: BLE001 - a nanny that cannot close is dropped all the same
+                    pass
         while len(cluster.worker_spec) < expected:
             cluster.worker_spec.update(cluster.new_worker_spec())
-        with dask.config.set(WORKER_CONFIG):  # the new nannies copy the config as they are made
-            cluster.sync(cluster._correct_state)
+        try:
+            with dask.config.set(WORKER_CONFIG):  # the new nannies copy the config as they are made
+                cluster.sync(cluster._correct_state)
+        except Exception:  # noqa: BLE001 - a replacement that failed to start is replaced next round
+            time.sleep(0.5)
     return n
 
 

@@ -55,8 +55,9 @@ def _wait_for_workers(lab, n: int = 2, within: float = 60) -> None:
     from distlab.launch.cluster import heal_local_cluster
 
     heal_local_cluster(lab._cluster, lab.client, within=within)
+    nannies = {name: str(w.status) for name, w in lab._cluster.workers.items()}
     assert len(spmd_workers(lab.client)) == n, (
-        f"the cluster has {len(spmd_workers(lab.client))} workers, not {n}"
+        f"the cluster has {len(spmd_workers(lab.client))} workers, not {n}; nannies: {nannies}"
     )
 
 
