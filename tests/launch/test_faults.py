@@ -224,3 +224,17 @@ def test_a_strategy_for_more_ranks_than_workers_is_refused(clean_lab, tiny):
 def test_a_model_that_is_not_a_module_is_refused(clean_lab):
     with pytest.raises(LaunchError, match="torch.nn.Module"):
         clean_lab.launch(object(), steps=5)
+
+
+def test_workers_train_with_glibcs_own_malloc_thresholds(clean_lab):
+    # Dask's MALLOC_TRIM_THRESHOLD_=65536 turns off glibc's dynamic mmap threshold: every tensor
+    # over 128 KiB is mapped and unmapped each step (a convnet step measured 215 ms against 89 ms)
+    from distlab.runtime.allocator import ENVIRON, tune_allocator
+
+    env = clean_lab.client.run(
+        lambda: {k: __import__("os").environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")}
+    )
+    expected = {k: str(v) for k, v in ENVIRON.items()}
+    assert all(v == expected for v in env.values()), env
+    if sys.platform.startswith("linux"):
+        assert tune_allocator() is True  # and every rank sets them itself, on any cluster
