@@ -29,7 +29,6 @@ from distlab.strategy.types import Strategy, Sync
 
 INDEX_BYTES = 8  # int64 row index sent with every sparse row
 BUCKET_BYTES = 4 * 2**20  # the runtime's all-reduce bucket cap (runtime/allreduce.py imports it)
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket cap
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
@@ -254,6 +253,7 @@ def compile_strategy(
     ready = col(0)
     keep = ready > np.concatenate([[-np.inf], np.maximum.accumulate(ready)[:-1]]) if len(ready) else ready > 0
     scale = per_replica / profile.batch_size
+    degree = strategy_in_degree(strategy) if gossip_msgs else 0.0
     return CompiledStrategy(
         name=strategy.name,
         builder=strategy.builder,
@@ -289,7 +289,7 @@ def compile_strategy(
         gossip_topology=g.topology if g else "exp2",
         gossip_dynamic=bool(g and g.dynamic),
         gossip_awc=bool(g and g.mode == "awc"),
-        gossip_degree=strategy_in_degree(strategy) if gossip_msgs else 0.0,
+        gossip_degree=degree,
         opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
         n_tensors=len(profile.variables),
         n_calls=float(
@@ -298,6 +298,6 @@ def compile_strategy(
             + sps_gather_calls
             + sps_bcast_calls
             + sum(ps_load[s][1] for s in servers)
-            + (gossip_msgs * math.ceil(strategy_in_degree(strategy)) if gossip_msgs else 0)
+            + gossip_msgs * math.ceil(degree)
         ),
     )

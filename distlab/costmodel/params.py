@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
@@ -69,24 +69,11 @@ class CostParams:
                 )
             if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
                 raise CalibrationError(f"alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
-        if (
-            self.contention < 0
-            or self.optimizer_per_byte < 0
-            or self.compute_scale <= 0
-            or min(
-                self.step_overhead,
-                self.rank_overhead,
-                self.tensor_overhead,
-                self.oversubscription,
-                self.call_overhead,
-                self.peer_call_overhead,
-                self.gather_peer_overhead,
-                self.gossip_per_byte,
-            )
-            < 0
-        ):
+        negative = [f.name for f in fields(self) if f.type == "float" and getattr(self, f.name) < 0]
+        if negative or self.compute_scale <= 0:
             raise CalibrationError(
-                "CostParams: contention, optimizer_per_byte and the overheads must be >= 0 and compute_scale > 0"
+                f"CostParams: {', '.join(negative) or 'compute_scale'} must be >= 0 (compute_scale > 0); "
+                "write params with CostModel.save() or Lab.calibrate()"
             )
 
     def alpha_beta_for(
@@ -110,48 +97,26 @@ class CostParams:
 
     # -- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": PARAMS_VERSION,
-            "alpha_beta": {k: [float(a), float(b)] for k, (a, b) in sorted(self.alpha_beta.items())},
-            "contention": self.contention,
-            "thread_efficiency": self.thread_efficiency,
-            "optimizer_per_byte": self.optimizer_per_byte,
-            "compute_scale": self.compute_scale,
-            "step_overhead": self.step_overhead,
-            "rank_overhead": self.rank_overhead,
-            "tensor_overhead": self.tensor_overhead,
-            "oversubscription": self.oversubscription,
-            "call_overhead": self.call_overhead,
-            "peer_call_overhead": self.peer_call_overhead,
-            "gather_peer_overhead": self.gather_peer_overhead,
-            "gossip_per_byte": self.gossip_per_byte,
-            "bucket_bytes": self.bucket_bytes,
-            "ddp": self.ddp,
-        }
+        out: dict[str, Any] = {"version": PARAMS_VERSION}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "alpha_beta":
+                value = {k: [float(a), float(b)] for k, (a, b) in sorted(value.items())}
+            out[f.name] = value
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostParams:
+        """Fields missing from ``d`` (a file from an older distlab) keep their defaults."""
         try:
-            return cls(
-                alpha_beta={
-                    k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()
-                },
-                contention=float(d.get("contention", 0.05)),
-                thread_efficiency=float(d.get("thread_efficiency", 0.8)),
-                optimizer_per_byte=float(d.get("optimizer_per_byte", 3e-10)),
-                compute_scale=float(d.get("compute_scale", 1.0)),
-                step_overhead=float(d.get("step_overhead", 0.0)),
-                rank_overhead=float(d.get("rank_overhead", 0.0)),
-                tensor_overhead=float(d.get("tensor_overhead", 0.0)),
-                oversubscription=float(d.get("oversubscription", 0.0)),
-                call_overhead=float(d.get("call_overhead", 0.0)),
-                peer_call_overhead=float(d.get("peer_call_overhead", 0.0)),
-                gather_peer_overhead=float(d.get("gather_peer_overhead", 0.0)),
-                gossip_per_byte=float(d.get("gossip_per_byte", 0.0)),
-                bucket_bytes=int(d.get("bucket_bytes", BUCKET_BYTES)),
-                ddp=bool(d.get("ddp", False)),
-            )
-        except (TypeError, ValueError, IndexError) as exc:
+            kwargs: dict[str, Any] = {
+                "alpha_beta": {k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()}
+            }
+            for f in fields(cls):
+                if f.name != "alpha_beta" and f.name in d:
+                    kwargs[f.name] = {"float": float, "int": int, "bool": bool}[f.type](d[f.name])
+            return cls(**kwargs)
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise CalibrationError(
                 f"cost model JSON: malformed params ({exc}); write it with CostModel.save()"
             ) from None

@@ -175,3 +175,16 @@ def test_training_loop_overhead_is_recovered_from_reference_runs():
     )
     with pytest.raises(CalibrationError, match=r"overhead runs\[0\]: missing \['tensors'\]"):
         fit_overhead(CostParams(), [{"world": 1, "measured": 1.0, "predicted": 0.5}])
+
+
+def test_params_round_trip_name_a_bad_field_and_read_older_files():
+    from distlab.costmodel import CostParams
+
+    p = CostParams(alpha_beta={"allreduce/intra": (1e-4, 1e-9)}, call_overhead=2e-5, ddp=True)
+    assert CostParams.from_dict(p.to_dict()) == p
+    old = {k: v for k, v in p.to_dict().items() if k not in ("call_overhead", "gossip_per_byte")}
+    assert CostParams.from_dict(old).call_overhead == 0.0  # a file from before the field existed
+    with pytest.raises(CalibrationError, match="tensor_overhead must be >= 0"):
+        CostParams(tensor_overhead=-1e-6)
+    with pytest.raises(CalibrationError, match="malformed params"):
+        CostParams.from_dict({"step_overhead": "soon"})
