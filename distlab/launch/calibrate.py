@@ -1,4 +1,7 @@
-"""Lab.calibrate(): microbenchmarks on every rank of the live cluster -> a fitted, cached CostModel."""
+"""Lab.calibrate(): microbenchmarks and the training loop on the live cluster -> a fitted, cached CostModel.
+
+The stages and what each fits are described in docs/cost-model.md.
+"""
 
 from __future__ import annotations
 

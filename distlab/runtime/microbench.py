@@ -4,6 +4,7 @@
 sub-group) on every member rank; every rank returns the same rows, because each measurement is
 reduced with MAX across ranks (a collective is as slow as its slowest rank). The rows feed
 ``CostModel.from_microbenchmarks``; their schema is documented in ``distlab/costmodel/calibrate.py``.
+``overhead_rank`` runs the real training loop on reference models for the training-loop stage.
 """
 
 from __future__ import annotations
