@@ -138,30 +138,86 @@ def fit_microbenchmarks(
     return params, info
 
 
+def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[float]) -> np.ndarray:
+    """Weighted linear least squares with lower bounds (``lsq_linear``; NNLS when every bound is 0)."""
+    from scipy.optimize import lsq_linear
+
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0  # unknowns of very different sizes (seconds per step, per byte): normalise
+    lb = np.asarray(lower, dtype=float) * scale
+    res = lsq_linear((X / scale) * w[:, None], y * w, bounds=(lb, np.inf))
+    return res.x / scale
+
+
+def fit_compute(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
+    """How a model's step in a rank compares with its profile, from local steps of reference models.
+
+    Rows: ``measured`` (a local step, runtime.microbench.local_step_rank), ``profiled`` (the
+    profile's forward + backward seconds at that batch), ``tensors``, ``ranks_on_host`` (n),
+    ``cores`` (c) and ``profile_threads``. With ``base = profiled x slowdown(n, c)`` under
+    ``params`` (contention and thread efficiency from the compute microbenchmark), fits::
+
+        measured - base = step_overhead + tensor_overhead tensors + (compute_scale - 1) base
+                          + d_contention (m - 1) base / (1 + contention (m - 1))
+                          + oversubscription (n t / c - 1) base
+
+    (``m = min(n, c)``) by bounded least squares on relative residuals: the profile may be
+    faster or slower than a rank (compute_scale free above 0), the loop and the extra
+    interference only cost. Models without measured local steps compute by these figures.
+    """
+    from distlab.costmodel.contention import slowdown, time_slicing
+
+    rows = list(rows)
+    if not rows:
+        return params
+    X, y, w = [], [], []
+    for i, r in enumerate(rows):
+        missing = [k for k in ("measured", "profiled", "tensors") if k not in r]
+        if missing:
+            raise CalibrationError(f"local steps[{i}]: missing {missing}; rows come from Lab.calibrate()")
+        n = int(r.get("ranks_on_host") or 1)
+        c = int(r.get("cores") or n)
+        m, sliced = min(n, c), time_slicing(n, c)
+        threads = int(r["profile_threads"]) if r.get("profile_threads") else None
+        base = float(r["profiled"]) * slowdown(
+            n, c, params.contention, threads, params.thread_efficiency, 0.0
+        )
+        X.append(
+            [
+                1.0,
+                float(r["tensors"]),
+                base,
+                (m - 1) * base / (1.0 + params.contention * (m - 1)),
+                (sliced - 1.0) * base,
+            ]
+        )
+        y.append(float(r["measured"]) - base)
+        w.append(1.0 / max(float(r["measured"]), 1e-9))
+    coef = _bounded_fit(np.array(X), np.array(y), np.array(w), [0.0, 0.0, -0.95, 0.0, 0.0])
+    return params.with_(
+        step_overhead=float(coef[0]),
+        tensor_overhead=float(coef[1]),
+        compute_scale=params.compute_scale * (1.0 + float(coef[2])),
+        contention=params.contention + float(coef[3]),
+        oversubscription=float(coef[4]),
+    )
+
+
 def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
-    """What the training loop costs beyond the model's prediction, from reference runs.
+    """What the strategy's machinery costs in the training loop, from reference runs.
 
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
-    seconds (predicted by ``params``, without overhead) and, optionally, ``calls`` (collective
-    calls per step), ``gather_calls`` (those of the sparse path), ``gossip_bytes`` (bytes
-    gossiped per step, times the in-degree), ``compute`` (the
-    predicted compute part), ``ranks_on_host`` and ``cores``. Fits, by non-negative least
-    squares on relative residuals (small steps weigh as much as large ones)::
+    seconds (predicted by ``params`` without these terms, the reference model's compute taken
+    from its measured local step) and, optionally, ``calls`` (collective calls per step),
+    ``gather_calls`` (those of the sparse path), ``gossip_bytes`` (bytes gossiped per step,
+    times the in-degree), ``ranks_on_host`` and ``cores``. Fits, by non-negative least squares
+    on relative residuals (small steps weigh as much as large ones)::
 
-        measured - predicted = step_overhead + rank_overhead (world - 1) + tensor_overhead tensors
+        measured - predicted = runtime_overhead + rank_overhead (world - 1) + hook_overhead tensors
                                + call_overhead calls + peer_call_overhead calls (world - 1) n t / c
                                + gather_peer_overhead gather_calls (world - 1) n t / c
                                + gossip_per_byte gossip_bytes
-                               + (compute_scale - 1) compute
-                               + d_contention (m - 1) compute / (1 + contention (m - 1))
-                               + oversubscription (n t / c - 1) compute
-
-    with ``m = min(n, c)``: the compute terms say how much slower a real model's step runs in a
-    rank than the profile measured it in this process, and how much more it slows down with
-    ranks sharing cores than the GEMM of the compute microbenchmark did.
     """
-    from scipy.optimize import nnls
-
     from distlab.costmodel.contention import time_slicing
 
     rows = list(rows)
@@ -174,36 +230,28 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
             raise CalibrationError(f"overhead runs[{i}]: missing {missing}; rows come from Lab.calibrate()")
         n = int(r.get("ranks_on_host") or r["world"])
         c = int(r.get("cores") or n)
-        m = min(n, c)
         sliced = time_slicing(n, c)
-        compute = float(r.get("compute") or 0.0)
+        peers = float(r["world"]) - 1.0
         X.append(
             [
                 1.0,
-                float(r["world"]) - 1.0,
+                peers,
                 float(r["tensors"]),
                 float(r.get("calls") or 0.0),
-                float(r.get("calls") or 0.0) * (float(r["world"]) - 1.0) * sliced,
-                float(r.get("gather_calls") or 0.0) * (float(r["world"]) - 1.0) * sliced,
+                float(r.get("calls") or 0.0) * peers * sliced,
+                float(r.get("gather_calls") or 0.0) * peers * sliced,
                 float(r.get("gossip_bytes") or 0.0),
-                compute,
-                (m - 1) * compute / (1.0 + params.contention * (m - 1)),
-                (sliced - 1.0) * compute,
             ]
         )
-        y.append(max(float(r["measured"]) - float(r["predicted"]), 0.0))
+        y.append(float(r["measured"]) - float(r["predicted"]))
         w.append(1.0 / max(float(r["measured"]), 1e-9))
-    Xa, ya, wa = np.array(X), np.array(y), np.array(w)
-    coef, _ = nnls(Xa * wa[:, None], ya * wa)
+    coef = _bounded_fit(np.array(X), np.array(y), np.array(w), [0.0] * 7)
     return params.with_(
-        step_overhead=float(coef[0]),
+        runtime_overhead=float(coef[0]),
         rank_overhead=float(coef[1]),
-        tensor_overhead=float(coef[2]),
+        hook_overhead=float(coef[2]),
         call_overhead=float(coef[3]),
         peer_call_overhead=float(coef[4]),
         gather_peer_overhead=float(coef[5]),
         gossip_per_byte=float(coef[6]),
-        compute_scale=params.compute_scale * (1.0 + float(coef[7])),
-        contention=params.contention + float(coef[8]),
-        oversubscription=float(coef[9]),
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distlab.costmodel.compute import model_key
 from distlab.costmodel.degree import strategy_in_degree
 from distlab.profile.model_profile import ModelProfile, VariableProfile
 from distlab.strategy.types import Strategy, Sync
@@ -39,6 +40,7 @@ class ProfileTiming:
     fwd: float
     bwd: float
     ready: dict[str, float]  # variable -> fraction of backward done when its gradient is ready
+    model_key: str = ""  # compute.model_key of the profile
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class CompiledStrategy:
     opt_bytes: float  # parameter bytes the busiest rank updates itself
     n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
     n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time, even on one rank)
+    model_key: str = ""  # the profile's compute.model_key: its measured local steps, if calibrated
 
 
 def profile_timing(profile: ModelProfile) -> ProfileTiming:
@@ -118,7 +121,9 @@ def profile_timing(profile: ModelProfile) -> ProfileTiming:
             cum += v.numel
         ready[name] = cum
     scale = 1.0 / cum if cum > 0 else 0.0
-    return ProfileTiming(fwd, bwd, {k: (t * scale if cum > 0 else 1.0) for k, t in ready.items()})
+    return ProfileTiming(
+        fwd, bwd, {k: (t * scale if cum > 0 else 1.0) for k, t in ready.items()}, model_key(profile)
+    )
 
 
 def estimate_touched_rows(v: VariableProfile, profile: ModelProfile, per_replica: int) -> int:
@@ -292,6 +297,7 @@ def compile_strategy(
         gossip_degree=degree,
         opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
         n_tensors=len(profile.variables),
+        model_key=timing.model_key,
         n_calls=float(
             len(tasks)
             + ag_calls

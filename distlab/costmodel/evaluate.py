@@ -99,6 +99,9 @@ class Env:
     gossip_degree: np.ndarray
     ps_worker_bytes: np.ndarray | None = None  # override when the world differs from the strategy's
     sliced: np.ndarray | float = 1.0  # ranks taking turns per core (contention.time_slicing)
+    optimizer_slowdown: np.ndarray | None = (
+        None  # the optimizer's, when the model's is measured (else slowdown)
+    )
     params: CostParams = field(default_factory=CostParams)  # optimizer, overhead and scale figures
 
 
@@ -116,7 +119,12 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     slow = np.asarray(env.slowdown, dtype=float)
     fwd = col(b.fwd) * slow * prm.compute_scale
     bwd = col(b.bwd) * slow * prm.compute_scale
-    overhead = prm.step_overhead + prm.rank_overhead * (p - 1) + prm.tensor_overhead * col(b.n_tensors)
+    overhead = (
+        prm.step_overhead
+        + prm.runtime_overhead
+        + prm.rank_overhead * (p - 1)
+        + (prm.tensor_overhead + prm.hook_overhead) * col(b.n_tensors)
+    )
     compute = col(b.accum) * (fwd + bwd) + overhead
 
     # backward tasks: end_last = max_k (ready_k * bwd + T_k + ... + T_last), suffix sums precompiled (S, E, T)
@@ -144,7 +152,8 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         b.ag_bytes + b.sps_gather_bytes
     )
 
-    optimizer = col(b.opt_bytes) * prm.optimizer_per_byte * slow
+    opt_slow = slow if env.optimizer_slowdown is None else np.asarray(env.optimizer_slowdown, dtype=float)
+    optimizer = col(b.opt_bytes) * prm.optimizer_per_byte * opt_slow
 
     # after the step: servers broadcast new values; the busiest server or busiest receiver bounds
     ba, bb = factors("broadcast", p)

@@ -18,6 +18,7 @@ from distlab.costmodel.compile import (
     compile_strategy,
     profile_timing,
 )
+from distlab.costmodel.compute import ComputeTable
 from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
 from distlab.costmodel.params import CostParams, fingerprint_of
@@ -36,7 +37,9 @@ class CostModel:
     """Data-parallel step-time model (DESIGN.md, Cost model); pure, deterministic, fast.
 
     ``params`` holds the calibrated numbers; ``fingerprint`` says what they were calibrated on;
-    ``throughput_fit`` holds the structural model ``CostModel.fit`` learned from job logs.
+    ``throughput_fit`` holds the structural model ``CostModel.fit`` learned from job logs;
+    ``compute_runs`` the local steps ``Lab.calibrate(models=...)`` measured (compute.py): a
+    model found there computes as measured on the cluster, the others as profiled and scaled.
     """
 
     def __init__(
@@ -44,10 +47,12 @@ class CostModel:
         params: CostParams | None = None,
         fingerprint: dict[str, Any] | None = None,
         throughput_fit: dict[str, float] | None = None,
+        compute_runs: Sequence[dict[str, Any]] = (),
     ) -> None:
         self.params = params or CostParams()
         self.fingerprint: dict[str, Any] = dict(fingerprint or {"calibrated": False})
         self.throughput_fit = dict(throughput_fit) if throughput_fit else None
+        self.compute = ComputeTable(compute_runs)
         self._compiled: dict[tuple[Any, ...], tuple[Any, Any, CompiledStrategy]] = {}
         self._timings: dict[int, tuple[Any, ProfileTiming]] = {}
         self._batches: dict[
@@ -95,31 +100,56 @@ class CostModel:
             for lk in LINK_CLASSES
         }
 
-    def _strategy_slowdown(self, c: CompiledStrategy, resources: ResourceSpec | None) -> float:
+    def slowdowns(self, c: CompiledStrategy, hosts: Sequence[tuple[int, int | None]]) -> tuple[float, float]:
+        """How much slower than profiled the busiest host's ranks compute, with ``hosts`` = (ranks, cores)
+        per host: (for this model: measured where calibrated; for the optimizer's arithmetic: the
+        contention model)."""
         if c.gpu:
-            return float(c.device_share)
-        cores = resources.cores if resources is not None else {}
+            return float(c.device_share), float(c.device_share)
         prm = self.params
-        return max(
-            slowdown(
-                n, cores.get(h), prm.contention, c.profile_threads, prm.thread_efficiency, prm.oversubscription
+
+        def model(n: int, cores: int | None) -> float:
+            return slowdown(
+                n, cores, prm.contention, c.profile_threads, prm.thread_efficiency, prm.oversubscription
             )
-            for h, n in c.hosts
-        )
+
+        if not hosts:
+            return 1.0, 1.0
+        n, cores = max(hosts, key=lambda h: (model(*h), h[0]))
+        structural = model(n, cores)
+        if c.model_key not in self.compute:
+            return structural, structural
+        # the model's own local step measured on the cluster: the slowdown that reproduces it
+        measured = self.compute.lookup(c.model_key, n, cores, c.per_replica, model)
+        profiled = c.accum * (c.fwd + c.bwd) * prm.compute_scale
+        if measured is None or profiled <= 0:
+            return structural, structural
+        loop = prm.step_overhead + prm.tensor_overhead * c.n_tensors
+        return max(c.accum * measured - loop, 0.1 * c.accum * measured) / profiled, structural
 
     def _env(self, batch: Batch, resources: ResourceSpec | None) -> Env:
         alpha, beta = link_arrays(batch.multi_host, self.link_table(resources))
-        memo: dict[Any, tuple[float, float]] = {}
-        slow, sliced = np.empty(len(batch.items)), np.empty(len(batch.items))
+        memo: dict[Any, tuple[float, float, float]] = {}
+        slow, opt_slow, sliced = (np.empty(len(batch.items)) for _ in range(3))
         cores = resources.cores if resources is not None else {}
         for i, c in enumerate(batch.items):
-            k = (c.hosts, c.gpu, c.device_share, c.profile_threads)
+            k = (
+                c.hosts,
+                c.gpu,
+                c.device_share,
+                c.profile_threads,
+                c.model_key,
+                c.per_replica,
+                c.accum,
+                c.fwd + c.bwd,
+                c.n_tensors,
+            )
             if k not in memo:
                 memo[k] = (
-                    self._strategy_slowdown(c, resources),
+                    *self.slowdowns(c, [(n, cores.get(h)) for h, n in c.hosts]),
                     max((time_slicing(n, cores.get(h)) for h, n in c.hosts), default=1.0),
                 )
-            slow[i], sliced[i] = memo[k]
+            slow[i], opt_slow[i], sliced[i] = memo[k]
         deg = np.fromiter((c.gossip_degree for c in batch.items), dtype=float, count=len(batch.items))
         return Env(
             batch.world[:, None],
@@ -128,6 +158,7 @@ class CostModel:
             slow[:, None],
             deg[:, None],
             sliced=sliced[:, None],
+            optimizer_slowdown=opt_slow[:, None],
             params=self.params,
         )
 
@@ -190,7 +221,8 @@ class CostModel:
             throughput=float(out["throughput"][0]),
             breakdown={k: float(out[k][0]) for k in ("compute", "comm", "optimizer")},
             detail={
-                k: float(out[k][0]) for k in ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total")
+                k: float(out[k][0])
+                for k in ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total")
             },
             goodput=good,
             efficiency=eff,
@@ -274,7 +306,35 @@ class CostModel:
         from distlab.costmodel.calibrate import fit_overhead
 
         params = fit_overhead(self.params, runs)
-        return type(self)(params, {**self.fingerprint, "overhead_runs": list(runs)}, self.throughput_fit)
+        return type(self)(
+            params,
+            {**self.fingerprint, "overhead_runs": list(runs)},
+            self.throughput_fit,
+            self.compute.to_rows(),
+        )
+
+    def with_compute(self, runs: Sequence[dict[str, Any]]) -> CostModel:
+        """This model plus measured local steps (compute.py); a new row replaces one for the same model, ranks, cores and batch."""
+        new = ComputeTable(runs).to_rows()
+        fresh = {(r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) for r in new}
+        kept = [
+            r
+            for r in self.compute.to_rows()
+            if (r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) not in fresh
+        ]
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, kept + new)
+
+    def without_compute(self, keys: Any) -> CostModel:
+        """This model less the measured local steps of the models ``keys`` (compute.model_key)."""
+        drop = set(keys)
+        rows = [r for r in self.compute.to_rows() if r["key"] not in drop]
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, rows)
+
+    def with_params(self, params: CostParams, **fingerprint: Any) -> CostModel:
+        """This model with other params (the fingerprint gains ``fingerprint``'s entries)."""
+        return type(self)(
+            params, {**self.fingerprint, **fingerprint}, self.throughput_fit, self.compute.to_rows()
+        )
 
     @classmethod
     def fit(cls, measurements: Any) -> CostModel:
@@ -303,6 +363,7 @@ class CostModel:
             "params": self.params.to_dict(),
             "fingerprint": self.fingerprint,
             "throughput_fit": self.throughput_fit,
+            "compute_runs": self.compute.to_rows(),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -329,7 +390,12 @@ class CostModel:
             raise CalibrationError(
                 f"cost model file {str(path)!r}: no 'params'; write it with CostModel.save()"
             )
-        return cls(CostParams.from_dict(d["params"]), d.get("fingerprint"), d.get("throughput_fit"))
+        return cls(
+            CostParams.from_dict(d["params"]),
+            d.get("fingerprint"),
+            d.get("throughput_fit"),
+            d.get("compute_runs") or (),
+        )
 
     def __repr__(self) -> str:
         src = (

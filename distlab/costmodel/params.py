@@ -27,10 +27,13 @@ class CostParams:
     ``optimizer_per_byte``: seconds per parameter byte of one optimizer update.
     ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
     count). What a training step costs beyond compute, communication and the optimizer's
-    arithmetic (autograd hooks, bucket copies, per-tensor dispatch, data, Python; measured by
-    ``Lab.calibrate`` on the real training loop): ``step_overhead`` seconds per step,
+    arithmetic, measured by ``Lab.calibrate``: the loop itself (reading the batch, zeroing
+    gradients, Python; the local-step stage) costs ``step_overhead`` seconds per step and
+    ``tensor_overhead`` seconds per step per trainable tensor; the strategy's machinery (autograd
+    hooks, bucket copies, per-tensor dispatch; the training-loop stage) ``runtime_overhead``
+    seconds per step, ``hook_overhead`` seconds per step per trainable tensor and
     ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
-    one), ``tensor_overhead`` seconds per step per trainable tensor, ``call_overhead`` seconds of
+    one); ``call_overhead`` seconds of
     the runtime's own work around each collective call (packing, sparse coalescing; counted in
     ``comm``, even on one rank, where the wire costs nothing), and ``peer_call_overhead`` seconds
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
@@ -52,6 +55,8 @@ class CostParams:
     step_overhead: float = 0.0
     rank_overhead: float = 0.0
     tensor_overhead: float = 0.0
+    runtime_overhead: float = 0.0
+    hook_overhead: float = 0.0
     oversubscription: float = 0.0
     call_overhead: float = 0.0
     peer_call_overhead: float = 0.0
@@ -110,7 +115,9 @@ class CostParams:
         """Fields missing from ``d`` (a file from an older distlab) keep their defaults."""
         try:
             kwargs: dict[str, Any] = {
-                "alpha_beta": {k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()}
+                "alpha_beta": {
+                    k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()
+                }
             }
             for f in fields(cls):
                 if f.name != "alpha_beta" and f.name in d:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES
-from distlab.costmodel.contention import slowdown, time_slicing
+from distlab.costmodel.contention import time_slicing
 from distlab.costmodel.degree import gossip_in_degree
 from distlab.costmodel.evaluate import Batch, Env, evaluate
 from distlab.profile.model_profile import ModelProfile
@@ -47,27 +47,15 @@ def sweep_frame(
     table = cm.link_table(resources)
     alpha = {c: np.empty((1, n_e)) for c in COLLECTIVES}
     beta = {c: np.empty((1, n_e)) for c in COLLECTIVES}
-    slow = np.empty((n_s, n_e))
+    slow, opt_slow = np.empty((n_s, n_e)), np.empty((n_s, n_e))
     sliced = np.empty((1, n_e))
-    gpu = np.array([c.gpu for c in items], dtype=bool)
-    share = np.array([c.device_share for c in items], dtype=float)
     for e, (w, bw) in enumerate(zip(worlds_e, bws)):
         link = "inter" if math.ceil(w / rph) > 1 else "intra"
         scale = 1.0 if bw is None else (1.0 / table[link]["sendrecv"][1]) / float(bw)
         for c in COLLECTIVES:
             alpha[c][0, e], beta[c][0, e] = table[link][c][0], table[link][c][1] * scale
-        cpu = [
-            slowdown(
-                min(w, rph),
-                cores,
-                cm.params.contention,
-                c.profile_threads,
-                cm.params.thread_efficiency,
-                cm.params.oversubscription,
-            )
-            for c in items
-        ]
-        slow[:, e] = np.where(gpu, share, cpu)
+        slows = np.array([cm.slowdowns(c, [(min(w, rph), cores)]) for c in items])
+        slow[:, e], opt_slow[:, e] = slows[:, 0], slows[:, 1]
         sliced[0, e] = time_slicing(min(w, rph), cores)
     deg = np.zeros((n_s, n_e))
     for i, c in enumerate(items):
@@ -89,6 +77,7 @@ def sweep_frame(
         deg,
         ps_worker_bytes=push,
         sliced=sliced,
+        optimizer_slowdown=opt_slow,
         params=cm.params,
     )
     out = evaluate(batch, env)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from distlab.costmodel.calibrate import fit_compute
+from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
 from distlab.runtime.microbench import microbench_worlds
 
@@ -25,6 +28,7 @@ OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 12
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
+MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -44,8 +48,20 @@ def cache_key(resources: Any, sizes: Any) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def calibrate_lab(lab: Any, sizes: Any = None, cache: bool = True, progress: bool = True) -> Any:
-    """Run the microbenchmarks on ``lab`` (or read the cached result) and fit a CostModel."""
+def calibrate_lab(
+    lab: Any,
+    sizes: Any = None,
+    cache: bool = True,
+    progress: bool = True,
+    models: Sequence[Any] = (),
+    batch_size: int = MODEL_BATCH,
+) -> Any:
+    """Run the microbenchmarks on ``lab`` (or read the cached result) and fit a CostModel.
+
+    ``models``: nn.Modules (or ``(module, dataset)`` pairs) whose own step is measured at every
+    world size the Lab allows, at per-replica batches ``batch_size`` and ``batch_size // 4``,
+    with every rank busy (compute.py); a model measured before on this cluster is read from the cache.
+    """
     try:
         from distlab.costmodel import CostModel
         from distlab.runtime import microbench  # noqa: F401
@@ -58,39 +74,35 @@ def calibrate_lab(lab: Any, sizes: Any = None, cache: bool = True, progress: boo
         raise CalibrationError(
             f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
         )
+    targets = _model_cases(models, batch_size)
     path = Path(lab.cache_dir) / f"calibration-{cache_key(res, sizes)}.json"
+    cm = None
     if cache and path.exists():
         try:
-            return CostModel.load(path)
+            cm = CostModel.load(path)
         except CalibrationError:
             pass  # a broken cache file is measured again and overwritten
-    worlds = list(range(2, res.world + 1))
+    todo = [t for t in targets if cm is None or not _measured(cm, t[0], res)]
+    if cm is not None and not todo:
+        return cm
+    stages = (0 if cm is not None else 4) + (1 if todo else 0)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=3, desc=f"calibrating {res.world} ranks", unit="stage", leave=False)
+        bar = tqdm(total=stages, desc=f"calibrating {res.world} ranks", unit="stage", leave=False)
+
+    def done(stage: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(stage)
+            bar.update(1)
+
     try:
-        try:
-            out = lab.run_ranks(
-                microbench_worlds,
-                list(sizes) if sizes else None,
-                worlds,
-                CALIBRATION_BUDGET,
-                lab.timeout,
-                timeout=CALIBRATION_BUDGET + 2 * lab.timeout,
-            )
-        except LaunchError as exc:
-            raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
-        if bar is not None:
-            bar.update(1)
-        rows = out[0]
-        cm = CostModel.from_microbenchmarks(rows, res)
-        if bar is not None:
-            bar.update(1)
-        cm = cm.with_overhead(measure_overhead(lab, cm, res))
-        if bar is not None:
-            bar.update(1)
+        if cm is None:
+            cm = _calibrate_cluster(lab, res, sizes, done)
+        if todo:
+            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1)))
+            done("models")
     finally:
         if bar is not None:
             bar.close()
@@ -100,11 +112,128 @@ def calibrate_lab(lab: Any, sizes: Any = None, cache: bool = True, progress: boo
     return cm
 
 
+def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
+    """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
+    import distlab as dl
+    from distlab.costmodel import CostModel
+
+    worlds = list(range(2, res.world + 1))
+    try:
+        out = lab.run_ranks(
+            microbench_worlds,
+            list(sizes) if sizes else None,
+            worlds,
+            CALIBRATION_BUDGET,
+            lab.timeout,
+            timeout=CALIBRATION_BUDGET + 2 * lab.timeout,
+        )
+    except LaunchError as exc:
+        raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
+    cm = CostModel.from_microbenchmarks(out[0], res)
+    done("collectives")
+    cases = _reference_cases()
+    profiles = [dl.profile(m, batch_size=b) for m, _, b, _ in cases]
+    ref_worlds = sorted({1, min(2, res.world), res.world})
+    local = measure_models(
+        lab, [(model_key(p), m, data, (b,)) for p, (m, data, b, _) in zip(profiles, cases)], ref_worlds
+    )
+    cm = cm.with_params(fit_compute(cm.params, _compute_rows(cm, profiles, local)), local_steps=local)
+    done("local steps")
+    cm = cm.with_compute(local)  # the reference models now compute as measured: what remains is the runtime's
+    cm = cm.with_overhead(measure_overhead(lab, cm, res, cases, profiles, ref_worlds))
+    done("training loop")
+    reference = {model_key(p) for p in profiles}
+    return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
+
+
+def _compute_rows(cm: Any, profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Local steps of the reference models beside their profiled forward + backward (fit_compute's rows)."""
+    by_key = {model_key(p): p for p in profiles}
+    rows = []
+    for r in local:
+        p = by_key[r["key"]]
+        rows.append(
+            {
+                "measured": r["seconds"],
+                "profiled": p.compute_time * r["batch"] / p.batch_size,
+                "tensors": len(p.variables),
+                "ranks_on_host": r["ranks"],
+                "cores": r["cores"],
+                "profile_threads": p.meta.get("threads"),
+            }
+        )
+    return rows
+
+
+def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any, Any, tuple[int, ...]]]:
+    """(key, module, data, batches) for each model to measure; a clear error for anything else."""
+    import distlab as dl
+    from distlab.launch.validate import variables_profile
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise CalibrationError(f"calibrate: batch_size must be an integer >= 1, got {batch_size!r}")
+    if models is None:
+        models = ()
+    if not isinstance(models, (list, tuple)):
+        models = [models]
+    batches = tuple(sorted({batch_size, max(1, batch_size // 4)}))
+    out = []
+    for i, item in enumerate(models):
+        module, data = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+        if not hasattr(module, "named_parameters"):
+            raise CalibrationError(
+                f"calibrate: models[{i}] is a {type(module).__name__}; give torch nn.Modules or (module, dataset) pairs"
+            )
+        if data is None:
+            try:
+                data = dl.data.synthetic(module, n=max(256, 4 * max(batches)), seed=0)
+            except Exception as exc:  # noqa: BLE001 - an input distlab cannot infer
+                raise CalibrationError(
+                    f"calibrate: models[{i}] ({type(module).__name__}): {exc}; pass (module, dataset) instead"
+                ) from None
+        out.append((model_key(variables_profile(module)), module, data, batches))
+    return out
+
+
+def _measured(cm: Any, key: str, res: Any) -> bool:
+    host = res.ranks[0].host
+    have = set(cm.compute.measured(key))
+    return all((k, res.cores.get(host)) in have for k in range(1, res.world + 1))
+
+
+def measure_models(
+    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int]]], worlds: Any
+) -> list[dict[str, Any]]:
+    """Each target's local step (runtime.microbench.local_step_worlds) at each world size and batch: compute rows."""
+    from distlab.runtime.microbench import LOCAL_STEPS, local_step_worlds
+
+    res = lab.resources
+    worlds = sorted(set(worlds))
+    cases = [(m, data, b) for _, m, data, batches in targets for b in batches]
+    keys = [k for k, _, _, batches in targets for _ in batches]
+    threads = {k: lab._threads(res, list(res.addresses)[:k]) for k in worlds}  # as a k-rank run gets
+    try:  # one task per worker for every world size: the models travel once
+        per_rank = lab.run_ranks(
+            local_step_worlds, cases, worlds, threads, LOCAL_STEPS, lab.timeout, world=max(worlds)
+        )
+    except LaunchError as exc:
+        raise CalibrationError(f"calibrate: the local-step stage failed: {exc}") from None
+    host = res.ranks[0].host
+    rows = []
+    for k in worlds:
+        ranks_on_host = sum(1 for r in res.ranks[:k] if r.host == host)
+        medians = [r[k] for r in per_rank[:k]]
+        rows.extend(compute_rows(keys, [b for _, _, b in cases], medians, ranks_on_host, res.cores.get(host)))
+    return rows
+
+
 def _reference(layers: int) -> Any:
     import torch
 
     torch.manual_seed(0)
-    blocks = [m for _ in range(layers) for m in (torch.nn.Linear(OVERHEAD_WIDTH, OVERHEAD_WIDTH), torch.nn.ReLU())]
+    blocks = [
+        m for _ in range(layers) for m in (torch.nn.Linear(OVERHEAD_WIDTH, OVERHEAD_WIDTH), torch.nn.ReLU())
+    ]
     return torch.nn.Sequential(*blocks, torch.nn.Linear(OVERHEAD_WIDTH, 10))
 
 
@@ -126,17 +255,17 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
     return cases
 
 
-def measure_overhead(lab: Any, cm: Any, res: Any) -> list[dict[str, Any]]:
-    """The real training loop on the reference models and builders at world sizes 1, 2 and N: measured
-    in-step seconds against what ``cm`` (microbenchmarks only) predicts for the same runs."""
+def measure_overhead(
+    lab: Any, cm: Any, res: Any, cases: Sequence[Any], profiles: Sequence[Any], worlds: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The real training loop on the reference models and builders at ``worlds``: measured in-step
+    seconds against what ``cm`` (microbenchmarks and the models' measured local steps) predicts."""
     import distlab as dl
     from distlab.launch.cluster import sub_resources
     from distlab.runtime.microbench import overhead_rank
 
-    cases = _reference_cases()
-    profiles = [dl.profile(m, batch_size=b) for m, _, b, _ in cases]
     rows = []
-    for k in sorted({1, min(2, res.world), res.world}):
+    for k in worlds:
         sub = sub_resources(res, list(res.addresses)[:k])
         plans = [
             (p, dl.strategy.build(builder, p, sub, batch_size=b), (m, data, b))

@@ -276,12 +276,27 @@ class Lab:
         return pd.DataFrame([r.row() for r in self._runs], columns=cols)
 
     # -- calibration ------------------------------------------------------------------------------------
-    def calibrate(self, sizes: Any = None, cache: bool = True, progress: bool = True) -> Any:
-        """Microbenchmark collectives and compute on this cluster and fit a ``CostModel`` (cached)."""
+    def calibrate(
+        self,
+        sizes: Any = None,
+        cache: bool = True,
+        progress: bool = True,
+        models: Any = (),
+        batch_size: int = 32,
+    ) -> Any:
+        """Microbenchmark collectives and compute on this cluster and fit a ``CostModel`` (cached).
+
+        ``models``: nn.Modules (or ``(module, dataset)`` pairs) to plan for; each one's own step is
+        measured with every rank busy at each world size, at per-replica batches ``batch_size``
+        and ``batch_size // 4`` (a few seconds per model), and predictions for it use that
+        instead of its profile scaled by the contention model (docs/cost-model.md).
+        """
         from distlab.launch.calibrate import calibrate_lab
 
         self._check_idle()
-        self.cost_model = calibrate_lab(self, sizes=sizes, cache=cache, progress=progress)
+        self.cost_model = calibrate_lab(
+            self, sizes=sizes, cache=cache, progress=progress, models=models, batch_size=batch_size
+        )
         return self.cost_model
 
     # -- rendering --------------------------------------------------------------------------------------

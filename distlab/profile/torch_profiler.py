@@ -18,6 +18,7 @@ from distlab.profile.torch_inputs import Batch, diagnose, dtype_name, make_batch
 from distlab.profile.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
 
 TARGET_STEP_SECONDS = 0.25  # timed passes run at the largest micro-batch that keeps one step near this
+COLD_PASS_MAX = 10.0  # a first pass slower than this is not repeated to size the micro-batch
 CLEAN_STEP_BELOW = 0.2  # steps shorter than this are also timed without the per-op meter
 CLEAN_PASSES_MAX, CLEAN_PASSES_SECONDS = 15, 0.6  # more clean passes when they fit in this time
 
@@ -254,8 +255,9 @@ class _TorchProfiler:
         m = first_m = max(least, min(self.micro_batch or 1, bs))
         cold, order = self._checked_step(m)  # also the first warm-up pass
         warmed = 1
-        # a cold pass may be slow from first-use setup: size the micro-batch on a warm one
-        if self.micro_batch is None and m < bs and cold < 4 * TARGET_STEP_SECONDS:
+        # a cold pass may be slow from first-use setup (seconds, for a model of milliseconds): size
+        # the micro-batch on a warm one, else a step's fixed cost is scaled up with the batch
+        if self.micro_batch is None and m < bs and cold < COLD_PASS_MAX:
             warm = self._timed_step(m)
             warmed += 1
             m = max(least, min(bs, int(TARGET_STEP_SECONDS * m / max(warm, 1e-6))))

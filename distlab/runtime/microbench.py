@@ -212,7 +212,9 @@ def microbench_worlds(
         for k in worlds:
             group = None if k == world else dist.new_group(list(range(k)))  # every rank joins new_group
             if rank < k:
-                rows.extend(microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds)))
+                rows.extend(
+                    microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds))
+                )
             dist.barrier()
     return rows if rank == 0 else []
 
@@ -253,3 +255,73 @@ def overhead_rank(
         records = run_rank(job)["records"]
         out.append(statistics.median(r["step_time"] for r in records[len(records) // 3 :]))
     return out
+
+
+LOCAL_WARMUP, LOCAL_STEPS = 2, 8
+
+
+def local_step_worlds(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    cases: list[tuple[Any, Any, int]],
+    worlds: list[int],
+    threads: dict[int, list[int]],
+    steps: int,
+    timeout: float,
+) -> dict[int, list[float]]:
+    """(worker) Each ``(model, data, batch)``'s own step with ranks 0..k-1 busy at once, for each k in ``worlds``.
+
+    The step is the training loop's (``run_rank``) less the strategy: read the batch, zero the
+    gradients, forward, loss, backward, read the loss; no optimizer step (the cost model has
+    its own term). The ranks of a world size start each case together (a barrier) and the
+    others wait, so each measurement sees exactly ``k`` busy ranks: compute under real
+    contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``). Returns ``{k: this rank's median seconds per case}`` for the worlds it was in.
+    """
+    from datetime import timedelta
+
+    from distlab.runtime.allocator import tune_allocator
+    from distlab.runtime.data import RankBatches
+    from distlab.runtime.process_group import process_group
+    from distlab.runtime.trainer import default_loss
+
+    tune_allocator()
+    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
+    out: dict[int, list[float]] = {}
+    with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
+        for model, _, _ in cases:
+            model.train()
+        for k in worlds:
+            if rank < k:
+                torch.set_num_threads(int(threads[k][rank]))
+            for model, data, batch in cases:
+                dist.barrier()
+                if rank >= k:
+                    continue
+                step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), default_loss)
+                for i in range(LOCAL_WARMUP):
+                    step(i * batch * k)
+                times = []
+                for i in range(steps):
+                    t0 = time.perf_counter()
+                    step((LOCAL_WARMUP + i) * batch * k)
+                    times.append(time.perf_counter() - t0)
+                out.setdefault(k, []).append(statistics.median(times))
+        dist.barrier()
+    return out
+
+
+def _local_step(model: Any, batches: Any, loss_fn: Any) -> Any:
+    """One step of ``model`` at data position ``pos``: the training loop less synchronisation and optimizer."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(pos: int) -> None:
+        x, y = batches.get(pos)
+        for p in params:
+            p.grad = None
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        float(loss.detach())
+
+    return step

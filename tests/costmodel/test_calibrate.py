@@ -129,7 +129,7 @@ def test_unusable_rows_give_one_clear_error():
     assert set(TRUE) == set(COLLECTIVES)
 
 
-def test_training_loop_overhead_is_recovered_from_reference_runs():
+def test_the_runtimes_overhead_is_recovered_from_reference_runs():
     from distlab.costmodel import CostParams
     from distlab.costmodel.calibrate import fit_overhead
 
@@ -159,20 +159,18 @@ def test_training_loop_overhead_is_recovered_from_reference_runs():
             )
     p = fit_overhead(CostParams(), rows)
     got = (
-        p.step_overhead,
+        p.runtime_overhead,
         p.rank_overhead,
-        p.tensor_overhead,
+        p.hook_overhead,
         p.call_overhead,
         p.peer_call_overhead,
         p.gather_peer_overhead,
         p.gossip_per_byte,
     )
     assert got == pytest.approx(true, rel=1e-6)
-    assert p.compute_scale == 1.0 and p.oversubscription == 0.0  # no compute in these rows: nothing to fit
+    assert p.compute_scale == 1.0 and p.step_overhead == 0.0  # the loop's own figures come from local steps
     model = CostModel(CostParams()).with_overhead(rows)
-    assert (
-        model.params.tensor_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
-    )
+    assert model.params.hook_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
     with pytest.raises(CalibrationError, match=r"overhead runs\[0\]: missing \['tensors'\]"):
         fit_overhead(CostParams(), [{"world": 1, "measured": 1.0, "predicted": 0.5}])
 

@@ -28,14 +28,41 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert {r["tensors"] for r in runs if r["builder"] == "PartitionedPS"} == {26, 14}  # MLP-12, wide_deep
     assert all(r["measured"] > 0 and r["predicted"] > 0 for r in runs)
     p = cm.params
-    assert min(p.step_overhead, p.rank_overhead, p.tensor_overhead) >= 0
-    assert p.step_overhead + p.rank_overhead + p.tensor_overhead > 0  # the loop costs something
+    loop = (p.step_overhead, p.tensor_overhead, p.runtime_overhead, p.hook_overhead, p.rank_overhead)
+    assert min(loop) >= 0 and sum(loop) > 0  # the loop and the runtime's machinery cost something
+    # the local-step stage measured every reference model alone and with both ranks busy; they
+    # describe no user's model, so the table the model predicts with is empty
+    local = cm.fingerprint["local_steps"]
+    assert {r["ranks"] for r in local} == {1, 2} and len({r["key"] for r in local}) == 4
+    assert all(r["seconds"] > 0 for r in local) and len(cm.compute) == 0
     cached = list(tmp_path.glob("calibration-*.json"))
     assert len(cached) == 1
     calls = []
     monkeypatch.setattr(clean_lab, "run_ranks", lambda *a, **k: calls.append(a) or [])
     again = clean_lab.calibrate(progress=False)
     assert calls == [] and again.params == cm.params  # read from the cache, nothing ran
+    monkeypatch.undo()
+
+    # a model to plan for: its own step at both world sizes and two batches; the rest from the cache
+    from distlab.costmodel.compute import model_key
+    from distlab.launch.validate import variables_profile
+
+    real, ran = clean_lab.run_ranks, []
+    monkeypatch.setattr(
+        clean_lab, "run_ranks", lambda fn, *a, **k: ran.append(fn.__name__) or real(fn, *a, **k)
+    )
+    cm = clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8)
+    assert ran == ["local_step_worlds"]
+    key = model_key(variables_profile(tiny))
+    cores = clean_lab.resources.cores[clean_lab.resources.ranks[0].host]
+    assert cm.compute.measured(key) == [(1, cores), (2, cores)]
+    assert sorted(r["batch"] for r in cm.compute.to_rows()) == [2, 2, 8, 8]
+    ran.clear()
+    assert (
+        clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8).compute.to_rows()
+        == cm.compute.to_rows()
+    )
+    assert ran == []  # cached with the cluster's figures
     monkeypatch.undo()
 
     run = clean_lab.launch(
@@ -49,3 +76,14 @@ def test_calibrate_with_no_cache_measures_again(clean_lab, tmp_path):
     clean_lab.cache_dir = tmp_path
     clean_lab.calibrate(cache=False, progress=False, sizes=[4096, 65536])
     assert list(tmp_path.glob("calibration-*.json")) == []
+
+
+def test_calibrate_names_a_bad_model_or_batch(clean_lab, tmp_path):
+    from distlab.errors import CalibrationError
+
+    clean_lab.cache_dir = tmp_path
+    with pytest.raises(CalibrationError, match=r"models\[0\] is a str; give torch nn.Modules"):
+        clean_lab.calibrate(progress=False, models=["mlp"])
+    with pytest.raises(CalibrationError, match="batch_size must be an integer >= 1, got 0"):
+        clean_lab.calibrate(progress=False, models=[], batch_size=0)
+    assert list(tmp_path.glob("*")) == []  # refused before anything ran or was written
