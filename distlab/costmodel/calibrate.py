@@ -139,14 +139,20 @@ def fit_microbenchmarks(
 
 
 def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[float]) -> np.ndarray:
-    """Weighted linear least squares with lower bounds (``lsq_linear``; NNLS when every bound is 0)."""
+    """Weighted linear least squares with lower bounds (``lsq_linear``; NNLS when every bound is 0).
+
+    A term no row exercises (an all-zero column) is left at 0.
+    """
     from scipy.optimize import lsq_linear
 
-    scale = np.abs(X).max(axis=0)
-    scale[scale == 0] = 1.0  # unknowns of very different sizes (seconds per step, per byte): normalise
-    lb = np.asarray(lower, dtype=float) * scale
-    res = lsq_linear((X / scale) * w[:, None], y * w, bounds=(lb, np.inf))
-    return res.x / scale
+    scale = np.abs(X).max(axis=0)  # unknowns of very different sizes (seconds per step, per byte): normalise
+    used = scale > 0
+    coef = np.zeros(X.shape[1])
+    if used.any():
+        lb = np.asarray(lower, dtype=float)[used] * scale[used]
+        res = lsq_linear((X[:, used] / scale[used]) * w[:, None], y * w, bounds=(lb, np.inf))
+        coef[used] = res.x / scale[used]
+    return coef
 
 
 def fit_compute(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
@@ -208,15 +214,20 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
 
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
     seconds (predicted by ``params`` without these terms, the reference model's compute taken
-    from its measured local step) and, optionally, ``calls`` (collective calls per step),
-    ``gather_calls`` (those of the sparse path), ``gossip_bytes`` (bytes gossiped per step,
-    times the in-degree), ``ranks_on_host`` and ``cores``. Fits, by non-negative least squares
-    on relative residuals (small steps weigh as much as large ones)::
+    from its measured local step) and, optionally, ``comm`` (the predicted communication on the
+    wire, exposed), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
+    path), ``gossip_bytes`` (bytes gossiped per step, times the in-degree), ``ranks_on_host``
+    and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
+    squares on relative residuals (small steps weigh as much as large ones)::
 
         measured - predicted = runtime_overhead + rank_overhead (world - 1) + hook_overhead tensors
-                               + call_overhead calls + peer_call_overhead calls (world - 1) n t / c
-                               + gather_peer_overhead gather_calls (world - 1) n t / c
+                               + (comm_scale - 1) comm + comm_oversubscription (s - 1) comm
+                               + call_overhead calls + peer_call_overhead calls (world - 1) s
+                               + gather_call_overhead gather_calls
+                               + gather_peer_overhead gather_calls (world - 1) s
                                + gossip_per_byte gossip_bytes
+
+    every term non-negative except ``comm_scale`` (a wire faster in training than measured).
     """
     from distlab.costmodel.contention import time_slicing
 
@@ -232,26 +243,36 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         c = int(r.get("cores") or n)
         sliced = time_slicing(n, c)
         peers = float(r["world"]) - 1.0
+        comm = float(r.get("comm") or 0.0)
+        gathers = float(r.get("gather_calls") or 0.0)
         X.append(
             [
                 1.0,
                 peers,
                 float(r["tensors"]),
+                comm,
+                comm * (sliced - 1.0),
                 float(r.get("calls") or 0.0),
                 float(r.get("calls") or 0.0) * peers * sliced,
-                float(r.get("gather_calls") or 0.0) * peers * sliced,
+                gathers,
+                gathers * peers * sliced,
                 float(r.get("gossip_bytes") or 0.0),
             ]
         )
         y.append(float(r["measured"]) - float(r["predicted"]))
         w.append(1.0 / max(float(r["measured"]), 1e-9))
-    coef = _bounded_fit(np.array(X), np.array(y), np.array(w), [0.0] * 7)
+    lower = [0.0] * 10
+    lower[3] = -0.9  # comm_scale down to 0.1
+    coef = _bounded_fit(np.array(X), np.array(y), np.array(w), lower)
     return params.with_(
         runtime_overhead=float(coef[0]),
         rank_overhead=float(coef[1]),
         hook_overhead=float(coef[2]),
-        call_overhead=float(coef[3]),
-        peer_call_overhead=float(coef[4]),
-        gather_peer_overhead=float(coef[5]),
-        gossip_per_byte=float(coef[6]),
+        comm_scale=params.comm_scale * (1.0 + float(coef[3])),
+        comm_oversubscription=float(coef[4]) / (1.0 + float(coef[3])),  # of the scaled wire time
+        call_overhead=float(coef[5]),
+        peer_call_overhead=float(coef[6]),
+        gather_call_overhead=float(coef[7]),
+        gather_peer_overhead=float(coef[8]),
+        gossip_per_byte=float(coef[9]),
     )

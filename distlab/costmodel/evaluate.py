@@ -115,7 +115,14 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     p = np.broadcast_to(
         np.asarray(env.world, dtype=float), np.broadcast_shapes(np.shape(env.world), (len(b.items), 1))
     )
-    al, be = env.alpha, env.beta
+    # a collective in a training step: the microbenchmarks' wire time, scaled (more when ranks take turns)
+    sliced = np.asarray(env.sliced, dtype=float)
+    wire = prm.comm_scale * (1.0 + prm.comm_oversubscription * (sliced - 1.0))
+    if np.all(wire == 1.0):
+        al, be = env.alpha, env.beta
+    else:
+        al = {c: a * wire for c, a in env.alpha.items()}
+        be = {c: b * wire for c, b in env.beta.items()}
     slow = np.asarray(env.slowdown, dtype=float)
     fwd = col(b.fwd) * slow * prm.compute_scale
     bwd = col(b.bwd) * slow * prm.compute_scale
@@ -173,10 +180,10 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
 
     # the runtime's own work around each collective call, and waiting for every peer to reach it
-    waits = (p - 1) * np.asarray(env.sliced)
-    gathers = col(b.ag_calls + b.sps_gather_calls + b.sps_bcast_calls)
+    waits = (p - 1) * sliced
+    gathers = col(b.ag_calls)  # the sparse all-gather path: sizes, then indices and values
     calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
-    calls = calls + gathers * prm.gather_peer_overhead * waits
+    calls = calls + gathers * (prm.gather_call_overhead + prm.gather_peer_overhead * waits)
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

@@ -38,8 +38,13 @@ class CostParams:
     ``comm``, even on one rank, where the wire costs nothing), and ``peer_call_overhead`` seconds
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
     scheduled and to reach it, which microbenchmarks run in lockstep do not see);
-    ``gather_peer_overhead`` the same for the sparse path's calls (row packing and coalescing
-    between them); ``gossip_per_byte`` seconds per gossiped byte per in-neighbour of local work
+    ``gather_peer_overhead`` the same for the sparse all-gather path's calls (row packing and coalescing
+    between them), and ``gather_call_overhead`` seconds per such call at any world size (row
+    coalescing, index packing; on one rank too); ``comm_scale`` multiplies every wire time the
+    microbenchmarks predict, and ``comm_oversubscription`` adds to it per unit of ranks beyond a
+    host's cores (a collective inside a training step moves slower than in a lockstep
+    microbenchmark: its peers arrive at different times, and on a CPU host its copies and
+    reductions compete with the ranks' compute for the same cores); ``gossip_per_byte`` seconds per gossiped byte per in-neighbour of local work
     (flatten, mix, unflatten). ``oversubscription``: extra
     compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
@@ -62,6 +67,9 @@ class CostParams:
     peer_call_overhead: float = 0.0
     gather_peer_overhead: float = 0.0
     gossip_per_byte: float = 0.0
+    gather_call_overhead: float = 0.0
+    comm_scale: float = 1.0
+    comm_oversubscription: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
     ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
 
@@ -75,9 +83,10 @@ class CostParams:
             if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
                 raise CalibrationError(f"alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
         negative = [f.name for f in fields(self) if f.type == "float" and getattr(self, f.name) < 0]
-        if negative or self.compute_scale <= 0:
+        if negative or self.compute_scale <= 0 or self.comm_scale <= 0:
             raise CalibrationError(
-                f"CostParams: {', '.join(negative) or 'compute_scale'} must be >= 0 (compute_scale > 0); "
+                f"CostParams: {', '.join(negative) or 'compute_scale and comm_scale'} must be >= 0 "
+                "(compute_scale and comm_scale > 0); "
                 "write params with CostModel.save() or Lab.calibrate()"
             )
 

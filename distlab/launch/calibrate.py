@@ -287,11 +287,12 @@ def measure_overhead(
                     "builder": s.builder,
                     "tensors": len(p.variables),
                     "calls": c.n_calls,
-                    "gather_calls": c.ag_calls + c.sps_gather_calls + c.sps_bcast_calls,
+                    "gather_calls": c.ag_calls,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,
                     "measured": max(r[i] for r in per_rank),
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],
+                    "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed
                     "ranks_on_host": len(sub.ranks_on(host)),
                     "cores": sub.cores.get(host),
                 }

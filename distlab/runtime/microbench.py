@@ -258,6 +258,8 @@ def overhead_rank(
 
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
+LOCAL_SECONDS, LOCAL_MAX_STEPS = 0.4, 60  # short steps: more of them, for a steady figure
+LOCAL_PASSES = 2
 
 
 def local_step_worlds(
@@ -277,39 +279,50 @@ def local_step_worlds(
     gradients, forward, loss, backward, read the loss; no optimizer step (the cost model has
     its own term). The ranks of a world size start each case together (a barrier) and the
     others wait, so each measurement sees exactly ``k`` busy ranks: compute under real
-    contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``). Returns ``{k: this rank's median seconds per case}`` for the worlds it was in.
+    contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``).
+    Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's
+    seconds per step per case}`` (median over passes of ``_time_local``) for the worlds it was in.
     """
     from datetime import timedelta
 
     from distlab.runtime.allocator import tune_allocator
-    from distlab.runtime.data import RankBatches
     from distlab.runtime.process_group import process_group
-    from distlab.runtime.trainer import default_loss
 
     tune_allocator()
     store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
-    out: dict[int, list[float]] = {}
+    passes: dict[tuple[int, int], list[float]] = {}
     with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
         for model, _, _ in cases:
             model.train()
-        for k in worlds:
-            if rank < k:
-                torch.set_num_threads(int(threads[k][rank]))
-            for model, data, batch in cases:
-                dist.barrier()
-                if rank >= k:
-                    continue
-                step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), default_loss)
-                for i in range(LOCAL_WARMUP):
-                    step(i * batch * k)
-                times = []
-                for i in range(steps):
-                    t0 = time.perf_counter()
-                    step((LOCAL_WARMUP + i) * batch * k)
-                    times.append(time.perf_counter() - t0)
-                out.setdefault(k, []).append(statistics.median(times))
+        for _ in range(LOCAL_PASSES):  # the world sizes in turn, twice: a slow minute hits both less
+            for k in worlds:
+                if rank < k:
+                    torch.set_num_threads(int(threads[k][rank]))
+                for i, (model, data, batch) in enumerate(cases):
+                    dist.barrier()
+                    if rank < k:
+                        passes.setdefault((k, i), []).append(_time_local(model, data, batch, rank, k, steps))
         dist.barrier()
-    return out
+    return {k: [statistics.median(passes[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
+
+
+def _time_local(model: Any, data: Any, batch: int, rank: int, k: int, steps: int) -> float:
+    """Mean wall-clock seconds per local step over at least ``steps`` steps (more, up to
+    ``LOCAL_SECONDS``, when steps are short). The mean, not the median: a rank descheduled
+    while ranks outnumber cores loses that time in whichever step it falls, and a
+    synchronous run pays it every step."""
+    from distlab.runtime.data import RankBatches
+    from distlab.runtime.trainer import default_loss
+
+    step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), default_loss)
+    for i in range(LOCAL_WARMUP):
+        step(i * batch * k)
+    n, t0 = 0, time.perf_counter()
+    end = t0 + LOCAL_SECONDS
+    while n < steps or (time.perf_counter() < end and n < LOCAL_MAX_STEPS):
+        step((LOCAL_WARMUP + n) * batch * k)
+        n += 1
+    return (time.perf_counter() - t0) / n
 
 
 def _local_step(model: Any, batches: Any, loss_fn: Any) -> Any:

@@ -133,17 +133,26 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
     from distlab.costmodel import CostParams
     from distlab.costmodel.calibrate import fit_overhead
 
-    # per step, per extra rank, per tensor, per collective call, per call and peer (x time-slicing),
-    # per sparse-gather call and peer, per gossiped byte
-    true = (0.3e-3, 0.7e-3, 50e-6, 80e-6, 0.3e-3, 0.5e-3, 2e-9)
+    # per step, per extra rank, per tensor, wire scale - 1, wire scale per rank per core beyond one,
+    # per collective call, per call and peer (x time-slicing), per sparse-path call, per
+    # sparse-path call and peer, per gossiped byte
+    true = (0.3e-3, 0.7e-3, 50e-6, 0.5, 0.6, 80e-6, 0.3e-3, 0.2e-3, 0.5e-3, 2e-9)
     rows = []
-    cases = ((4, 1, 0, 0, 0.2e-3), (50, 2, 0, 0, 1.5e-3), (20, 30, 24, 0, 1e-3), (50, 1, 0, 4e6, 2e-3))
+    cases = (
+        (4, 1, 0, 0, 0.2e-3, 0.1e-3),
+        (50, 2, 0, 0, 1.5e-3, 2e-3),
+        (20, 30, 24, 0, 1e-3, 1e-3),
+        (50, 1, 0, 4e6, 2e-3, 0.5e-3),
+        (10, 3, 0, 0, 5e-3, 4e-3),
+    )
     for world in (1, 2, 3, 4):
         sliced = max(1.0, world / 2)  # 2 cores: one thread per rank from 2 ranks on
-        for tensors, calls, gathers, gossip, predicted in cases:
+        for tensors, calls, gathers, gossip, predicted, comm in cases:
+            comm = comm * (world > 1)
             waits = (world - 1) * sliced
-            over = true[0] + true[1] * (world - 1) + true[2] * tensors + true[3] * calls
-            over += true[4] * calls * waits + true[5] * gathers * waits + true[6] * gossip * (world > 1)
+            over = true[0] + true[1] * (world - 1) + true[2] * tensors + true[3] * comm
+            over += true[4] * (sliced - 1) * comm + true[5] * calls + true[6] * calls * waits
+            over += true[7] * gathers + true[8] * gathers * waits + true[9] * gossip * (world > 1)
             rows.append(
                 {
                     "world": world,
@@ -151,8 +160,9 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
                     "calls": calls,
                     "gather_calls": gathers,
                     "gossip_bytes": gossip * (world > 1),
-                    "predicted": predicted * world,
-                    "measured": predicted * world + over,
+                    "comm": comm,
+                    "predicted": predicted * world + comm,
+                    "measured": predicted * world + comm + over,
                     "ranks_on_host": world,
                     "cores": 2,
                 }
@@ -162,15 +172,21 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
         p.runtime_overhead,
         p.rank_overhead,
         p.hook_overhead,
+        p.comm_scale - 1.0,
+        p.comm_oversubscription * p.comm_scale,
         p.call_overhead,
         p.peer_call_overhead,
+        p.gather_call_overhead,
         p.gather_peer_overhead,
         p.gossip_per_byte,
     )
-    assert got == pytest.approx(true, rel=1e-6)
+    assert got == pytest.approx(true, rel=1e-5)
     assert p.compute_scale == 1.0 and p.step_overhead == 0.0  # the loop's own figures come from local steps
     model = CostModel(CostParams()).with_overhead(rows)
     assert model.params.hook_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
+    # rows that exercise no wire time leave its scale alone
+    idle = [dict(r, comm=0.0) for r in rows]
+    assert fit_overhead(CostParams(), idle).comm_scale == 1.0
     with pytest.raises(CalibrationError, match=r"overhead runs\[0\]: missing \['tensors'\]"):
         fit_overhead(CostParams(), [{"world": 1, "measured": 1.0, "predicted": 0.5}])
 

@@ -237,11 +237,13 @@ def test_training_loop_overhead_adds_per_step_per_rank_and_per_tensor():
     res = toy_resources(2)
     s = plan(prof, allreduce(0, 1, 2), res)
     base = exact_model().predict(prof, res, s)
-    loaded = exact_model(step_overhead=1e-3, rank_overhead=2e-3, tensor_overhead=1e-4).predict(prof, res, s)
-    # 1 ms + 2 ms x (2 - 1) ranks + 0.1 ms x 3 tensors, all on the compute side of the breakdown
-    assert loaded.breakdown["compute"] - base.breakdown["compute"] == pytest.approx(3.3e-3)
+    loaded = exact_model(
+        step_overhead=1e-3, rank_overhead=2e-3, tensor_overhead=1e-4, runtime_overhead=4e-4, hook_overhead=2e-4
+    ).predict(prof, res, s)
+    # 1 ms + 0.4 ms + 2 ms x (2 - 1) ranks + (0.1 + 0.2) ms x 3 tensors, all on the compute side
+    assert loaded.breakdown["compute"] - base.breakdown["compute"] == pytest.approx(4.3e-3)
     assert loaded.breakdown["comm"] == pytest.approx(base.breakdown["comm"])
-    assert loaded.step_time - base.step_time == pytest.approx(3.3e-3)
+    assert loaded.step_time - base.step_time == pytest.approx(4.3e-3)
 
 
 def test_a_sparse_gradient_updates_only_the_rows_it_holds():
@@ -301,5 +303,30 @@ def test_sparse_gathers_wait_for_peers_on_their_own_figure():
     s = plan(prof, [Sync("allgather")], res)
     base = exact_model().predict(prof, res, s)
     waits = exact_model(gather_peer_overhead=1e-4).predict(prof, res, s)
-    # 3 calls (sizes, indices, values) x 3 peers x 2 ranks per core
+    # 3 calls (sizes, indices, values) x 3 peers x 2 ranks per core; a PS gather of rows is an ordinary call
     assert waits.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(3 * 3 * 2 * 1e-4)
+
+
+def test_sparse_path_calls_cost_the_runtime_even_on_one_rank():
+    from distlab.profile.model_profile import ModelProfile, VariableProfile
+
+    emb = VariableProfile(
+        "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
+    )
+    prof = ModelProfile((emb,), batch_size=32, step_time=0.01)
+    for world in (1, 4):
+        res = toy_resources(world, cores=2)
+        s = plan(prof, [Sync("allgather")], res)
+        extra = exact_model(gather_call_overhead=1e-4).predict(prof, res, s).breakdown["comm"]
+        extra -= exact_model().predict(prof, res, s).breakdown["comm"]
+        assert extra == pytest.approx(3 * 1e-4)  # sizes, indices, values: at any world size
+
+
+@pytest.mark.parametrize("world,cores,factor", [(2, 2, 1.5), (4, 2, 1.5 * (1 + 0.4 * 1)), (4, 4, 1.5)])
+def test_wire_time_in_training_is_scaled_and_grows_when_ranks_take_turns(world, cores, factor):
+    prof = toy_profile()
+    res = toy_resources(world, cores=cores)
+    s = plan(prof, allreduce(0, 0, 0), res)  # one bucket after backward: fully exposed
+    base = exact_model().predict(prof, res, s).breakdown["comm"]
+    scaled = exact_model(comm_scale=1.5, comm_oversubscription=0.4).predict(prof, res, s).breakdown["comm"]
+    assert scaled == pytest.approx(factor * base)
