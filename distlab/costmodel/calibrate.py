@@ -216,7 +216,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     seconds (predicted by ``params`` without these terms, the reference model's compute taken
     from its measured local step) and, optionally, ``comm`` (the predicted communication on the
     wire, exposed), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
-    path), ``gossip_bytes`` (bytes gossiped per step, times the in-degree), ``ranks_on_host``
+    path), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
     and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
     squares on relative residuals (small steps weigh as much as large ones)::
 
@@ -225,7 +225,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                                + call_overhead calls + peer_call_overhead calls (world - 1) s
                                + gather_call_overhead gather_calls
                                + gather_peer_overhead gather_calls (world - 1) s
-                               + gossip_per_byte gossip_bytes
+                               + gossip_tensor_overhead gossip_tensors
 
     every term non-negative except ``comm_scale`` (a wire faster in training than measured).
     """
@@ -256,7 +256,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                 float(r.get("calls") or 0.0) * peers * sliced,
                 gathers,
                 gathers * peers * sliced,
-                float(r.get("gossip_bytes") or 0.0),
+                float(r.get("gossip_tensors") or 0.0),
             ]
         )
         y.append(float(r["measured"]) - float(r["predicted"]))
@@ -274,5 +274,5 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         peer_call_overhead=float(coef[6]),
         gather_call_overhead=float(coef[7]),
         gather_peer_overhead=float(coef[8]),
-        gossip_per_byte=float(coef[9]),
+        gossip_tensor_overhead=float(coef[9]),
     )

@@ -83,6 +83,7 @@ class CompiledStrategy:
     sps_bcast_calls: int
     gossip_bytes: float
     gossip_msgs: int
+    gossip_tensors: int  # variables flattened into, and unflattened out of, each message
     gossip_topology: str
     gossip_dynamic: bool
     gossip_awc: bool
@@ -188,7 +189,7 @@ def compile_strategy(
     tasks: list[list[float]] = []  # [ready, first position, ar bytes, ar calls, red bytes, red calls]
     open_bucket: dict[tuple, list[float]] = {}
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
-    ag_calls = sps_gather_calls = sps_bcast_calls = gossip_msgs = 0
+    ag_calls = sps_gather_calls = sps_bcast_calls = gossip_msgs = gossip_tensors = 0
     ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
     for v, sync, frac in units:
         raw = v.nbytes * frac
@@ -231,6 +232,7 @@ def compile_strategy(
             local_opt += min(rows * p, (v.shape[0] if v.shape else 1) * frac) * v.row_bytes  # rows it holds
         elif sync.kind == "gossip":
             gossip_bytes += raw
+            gossip_tensors += 1
             gossip_msgs = 1  # the runtime flattens every gossip variable into one message per neighbour
             local_opt += raw
     tasks.sort(key=lambda t: -t[1])  # runtime order: by the earliest parameter a task holds, last first
@@ -291,6 +293,7 @@ def compile_strategy(
         sps_bcast_calls=sps_bcast_calls,
         gossip_bytes=gossip_bytes,
         gossip_msgs=gossip_msgs,
+        gossip_tensors=gossip_tensors,
         gossip_topology=g.topology if g else "exp2",
         gossip_dynamic=bool(g and g.dynamic),
         gossip_awc=bool(g and g.mode == "awc"),

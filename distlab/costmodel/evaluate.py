@@ -43,6 +43,7 @@ _SCALARS = (
     "sps_bcast_calls",
     "gossip_bytes",
     "gossip_msgs",
+    "gossip_tensors",
     "gossip_awc",
     "opt_bytes",
     "n_tensors",
@@ -175,7 +176,9 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
 
     deg = np.asarray(env.gossip_degree, dtype=float)
     gossip = deg * (
-        al["sendrecv"] * col(b.gossip_msgs) + (be["sendrecv"] + prm.gossip_per_byte) * col(b.gossip_bytes)
+        al["sendrecv"] * col(b.gossip_msgs)
+        + (be["sendrecv"] + prm.gossip_per_byte) * col(b.gossip_bytes)
+        + prm.gossip_tensor_overhead * col(b.gossip_tensors)
     )
     gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
 

@@ -44,8 +44,10 @@ class CostParams:
     microbenchmarks predict, and ``comm_oversubscription`` adds to it per unit of ranks beyond a
     host's cores (a collective inside a training step moves slower than in a lockstep
     microbenchmark: its peers arrive at different times, and on a CPU host its copies and
-    reductions compete with the ranks' compute for the same cores); ``gossip_per_byte`` seconds per gossiped byte per in-neighbour of local work
-    (flatten, mix, unflatten). ``oversubscription``: extra
+    reductions compete with the ranks' compute for the same cores); ``gossip_per_byte`` seconds
+    per gossiped byte per in-neighbour of local work (flatten, mix, unflatten; not fitted by ``Lab.calibrate``, whose reference models are too
+    small to tell it from the per-tensor work) and ``gossip_tensor_overhead`` seconds per gossiped
+    tensor per in-neighbour (the per-tensor dispatch of the same). ``oversubscription``: extra
     compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
     the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
@@ -67,6 +69,7 @@ class CostParams:
     peer_call_overhead: float = 0.0
     gather_peer_overhead: float = 0.0
     gossip_per_byte: float = 0.0
+    gossip_tensor_overhead: float = 0.0
     gather_call_overhead: float = 0.0
     comm_scale: float = 1.0
     comm_oversubscription: float = 0.0

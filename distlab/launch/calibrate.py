@@ -17,17 +17,19 @@ from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
 from distlab.runtime.microbench import microbench_worlds
 
-CALIBRATION_BUDGET = 25.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
+CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the training-loop stage: two tiny MLPs (4 and 26 trainable tensors: what a step costs besides
-# arithmetic), a small convnet (how a real model's compute slows with ranks sharing cores) and
+# arithmetic), a wide MLP (megabytes on the wire), a small convnet (how a real model's compute slows with ranks sharing cores) and
 # a small wide-and-deep model (sparse tables), under the runtime's main paths, at world sizes 1,
 # 2 and the whole cluster
 OVERHEAD_LAYERS = (1, 12)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 12
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
+WIDE_WIDTH = 768  # an MLP of 4.8 MB of gradients in 5 tensors: collectives that move bytes
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
+CALIBRATION_FORMAT = 2  # what the cached stages hold (2: local steps split from the runtime's overhead)
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -40,6 +42,7 @@ def cache_key(resources: Any, sizes: Any) -> str:
         except metadata.PackageNotFoundError:
             versions[lib] = None
     fp = {
+        "format": CALIBRATION_FORMAT,
         "ranks": [[r.host, r.device] for r in resources.ranks],
         "cores": dict(sorted(resources.cores.items())),
         "sizes": list(sizes) if sizes else None,
@@ -227,14 +230,12 @@ def measure_models(
     return rows
 
 
-def _reference(layers: int) -> Any:
+def _reference(layers: int, width: int = OVERHEAD_WIDTH) -> Any:
     import torch
 
     torch.manual_seed(0)
-    blocks = [
-        m for _ in range(layers) for m in (torch.nn.Linear(OVERHEAD_WIDTH, OVERHEAD_WIDTH), torch.nn.ReLU())
-    ]
-    return torch.nn.Sequential(*blocks, torch.nn.Linear(OVERHEAD_WIDTH, 10))
+    blocks = [m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 10))
 
 
 def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
@@ -249,6 +250,10 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
     )
     few, many = (_reference(n) for n in OVERHEAD_LAYERS)
     cases = [(few, mlp_data, OVERHEAD_BATCH, ("AllReduce",)), (many, mlp_data, OVERHEAD_BATCH, BUILDERS)]
+    wide_data = torch.utils.data.TensorDataset(
+        torch.randn(256, WIDE_WIDTH, generator=g), torch.randint(0, 10, (256,), generator=g)
+    )
+    cases.append((_reference(2, WIDE_WIDTH), wide_data, OVERHEAD_BATCH, ("AllReduce", "PS", "Gossip")))
     for (name, opts, batch), builders in ((HEAVY, BUILDERS[:2]), (SPARSE, BUILDERS)):
         model = dl.zoo.get(name, **opts)
         cases.append((model, dl.data.synthetic(model, n=16 * batch, seed=0), batch, builders))
@@ -289,6 +294,7 @@ def measure_overhead(
                     "calls": c.n_calls,
                     "gather_calls": c.ag_calls,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,
+                    "gossip_tensors": c.gossip_tensors * c.gossip_degree,
                     "measured": max(r[i] for r in per_rank),
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],

@@ -140,14 +140,20 @@ class DistlabMagics(Magics):
         return None
 
     def cmd_calibrate(self, argv: list[str]) -> Any:
-        """Calibrate the cost model on the notebook's cluster (microbenchmarks; cached).
+        """Calibrate the cost model on the notebook's cluster (microbenchmarks, and each model VAR's
+        own step with 1..N ranks busy; cached).
 
-        %distlab calibrate [--force]
+        %distlab calibrate [VAR ...] [--batch-size N] [--force]
         """
         p = _parser("calibrate", self.cmd_calibrate.__doc__)
+        p.add_argument("models", nargs="*")
+        p.add_argument("--batch-size", type=int, default=32)
         p.add_argument("--force", action="store_true")
         a = p.parse_args(argv)
-        cm = self.session.calibrate(force=a.force)
+        if a.batch_size <= 0:
+            raise UsageError(f"--batch-size: must be positive, got {a.batch_size}")
+        models = [self._lookup(v, "model") for v in a.models]
+        cm = self.session.calibrate(force=a.force, models=models, batch_size=a.batch_size)
         display(cm)
         return None
 

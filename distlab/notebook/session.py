@@ -68,9 +68,9 @@ class NotebookSession:
         return res
 
     # -- cost model ---------------------------------------------------------------------------
-    def calibrate(self, force: bool = False) -> Any:
+    def calibrate(self, force: bool = False, models: Any = (), batch_size: int = 32) -> Any:
         lab = self.lab()
-        self.cost_model = lab.calibrate(cache=not force)
+        self.cost_model = lab.calibrate(cache=not force, models=models, batch_size=batch_size)
         return self.cost_model
 
     def model_cost(self) -> Any:

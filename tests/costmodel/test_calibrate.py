@@ -135,14 +135,14 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
 
     # per step, per extra rank, per tensor, wire scale - 1, wire scale per rank per core beyond one,
     # per collective call, per call and peer (x time-slicing), per sparse-path call, per
-    # sparse-path call and peer, per gossiped byte
-    true = (0.3e-3, 0.7e-3, 50e-6, 0.5, 0.6, 80e-6, 0.3e-3, 0.2e-3, 0.5e-3, 2e-9)
+    # sparse-path call and peer, per gossiped tensor and in-neighbour
+    true = (0.3e-3, 0.7e-3, 50e-6, 0.5, 0.6, 80e-6, 0.3e-3, 0.2e-3, 0.5e-3, 40e-6)
     rows = []
     cases = (
         (4, 1, 0, 0, 0.2e-3, 0.1e-3),
         (50, 2, 0, 0, 1.5e-3, 2e-3),
         (20, 30, 24, 0, 1e-3, 1e-3),
-        (50, 1, 0, 4e6, 2e-3, 0.5e-3),
+        (50, 1, 0, 52, 2e-3, 0.5e-3),
         (10, 3, 0, 0, 5e-3, 4e-3),
     )
     for world in (1, 2, 3, 4):
@@ -159,7 +159,7 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
                     "tensors": tensors,
                     "calls": calls,
                     "gather_calls": gathers,
-                    "gossip_bytes": gossip * (world > 1),
+                    "gossip_tensors": gossip * (world > 1),
                     "comm": comm,
                     "predicted": predicted * world + comm,
                     "measured": predicted * world + comm + over,
@@ -178,7 +178,7 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
         p.peer_call_overhead,
         p.gather_call_overhead,
         p.gather_peer_overhead,
-        p.gossip_per_byte,
+        p.gossip_tensor_overhead,
     )
     assert got == pytest.approx(true, rel=1e-5)
     assert p.compute_scale == 1.0 and p.step_overhead == 0.0  # the loop's own figures come from local steps

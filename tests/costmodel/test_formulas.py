@@ -284,12 +284,12 @@ def test_calls_wait_longer_for_peers_when_ranks_take_turns_on_the_cores():
         assert extra == pytest.approx(1e-4 * (world - 1) * sliced)
 
 
-def test_gossip_pays_local_work_per_byte_and_neighbour():
+def test_gossip_pays_local_work_per_byte_tensor_and_neighbour():
     prof = toy_profile()
     res = toy_resources(5)  # exp2 on 5 ranks: 3 in-neighbours (1, 2, 4 hops)
     s = plan(prof, [Sync("gossip")] * 3, res, gossip=GossipConfig("exp2", dynamic=False, mode="atc"))
-    pred = exact_model(gossip_per_byte=1e-9).predict(prof, res, s)
-    assert pred.breakdown["comm"] == pytest.approx(3 * (ALPHA + 16000 * (BETA + 1e-9)))
+    pred = exact_model(gossip_per_byte=1e-9, gossip_tensor_overhead=1e-5).predict(prof, res, s)
+    assert pred.breakdown["comm"] == pytest.approx(3 * (ALPHA + 16000 * (BETA + 1e-9) + 3 * 1e-5))
 
 
 def test_sparse_gathers_wait_for_peers_on_their_own_figure():

@@ -35,6 +35,8 @@ def test_help_of_one_subcommand_shows_its_usage(shell, capsys):
         ("cluster local 0", "N must be a positive number"),
         ("cluster frob", "expected 'local N'"),
         ("simulate m --top 0", "--top: must be positive"),
+        ("calibrate m --batch-size 0", "--batch-size: must be positive"),
+        ("calibrate missing_model", "'missing_model' is not defined"),
         ("compare", "no runs yet"),
         ('profile "unclosed', "cannot parse the line"),
     ],
