@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask
+
 from distlab.errors import LaunchError
 
 # -- worker-process registries (keyed by run id) ----------------------------------------------
@@ -301,8 +303,9 @@ def start_ranks(
     group = RankGroup(client, run_id, tuple(workers), host, port)
     world = len(workers)
     for rank, w in enumerate(workers):
-        group.futures.append(
-            client.submit(
+        # each rank's task carries the model by design (one copy per rank): no "large graph" warning
+        with dask.config.set({"distributed.admin.large-graph-warning-threshold": "64GiB"}):
+            future = client.submit(
                 rank_entry,
                 fn,
                 rank,
@@ -318,7 +321,7 @@ def start_ranks(
                 retries=0,
                 key=f"{key_prefix}-{run_id}-{rank}",
             )
-        )
+        group.futures.append(future)
     return group
 
 
