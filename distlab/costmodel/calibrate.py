@@ -1,4 +1,4 @@
-"""Fit the cost model's alpha, beta per collective and link class, contention and optimizer cost to microbenchmarks.
+"""Fit the cost model to what calibration measured: microbenchmarks, local steps, training-loop runs.
 
 Rows come from ``distlab.runtime.microbench.microbench_rank`` (one dict per measurement):
 ``collective`` (allreduce, reduce, broadcast, allgather, sendrecv, compute, optimizer), ``world``,
@@ -7,7 +7,9 @@ compute rows add ``alone``, ``ranks_on_host``, ``cores`` and ``threads``.
 Each collective follows ``a(p) alpha + b(p) n beta`` with the Thakur et al. (2005) factors of
 ``collectives.py``, so one (alpha, beta) per collective and link explains every world size and
 carries to world sizes not measured. The regression is robust (soft-L1 loss) against the
-outliers a shared machine produces.
+outliers a shared machine produces. ``fit_compute`` (local steps of reference models against
+their profiles) and ``fit_overhead`` (the runtime's training loop against the prediction) fit the
+rest; docs/cost-model.md lists every term.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[fl
 def fit_compute(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
     """How a model's step in a rank compares with its profile, from local steps of reference models.
 
-    Rows: ``measured`` (a local step, runtime.microbench.local_step_rank), ``profiled`` (the
+    Rows: ``measured`` (a local step, runtime.microbench.local_step_worlds), ``profiled`` (the
     profile's forward + backward seconds at that batch), ``tensors``, ``ranks_on_host`` (n),
     ``cores`` (c) and ``profile_threads``. With ``base = profiled x slowdown(n, c)`` under
     ``params`` (contention and thread efficiency from the compute microbenchmark), fits::

@@ -2,7 +2,7 @@
 
 ``Lab.calibrate(models=[...])`` runs each model's local step (data, forward, loss, backward; no
 synchronisation, no optimizer) on every rank of a sub-cluster at once, at each world size and at
-two per-replica batch sizes (``runtime.microbench.local_step_rank``). The rows, one per
+two per-replica batch sizes (``runtime.microbench.local_step_worlds``). The rows, one per
 (model, ranks on the host, batch)::
 
     {"key": model_key(...), "ranks": n, "cores": c, "batch": b, "seconds": s}
@@ -115,7 +115,7 @@ def compute_rows(
     ranks: int,
     cores: int | None,
 ) -> list[dict[str, Any]]:
-    """Table rows from ``local_step_rank``'s per-rank medians (the slowest rank bounds a synchronous step)."""
+    """Table rows from ``local_step_worlds``' per-rank seconds per step (the slowest rank bounds a synchronous step)."""
     out = []
     for i, (key, batch) in enumerate(zip(keys, batches)):
         out.append(

@@ -100,9 +100,8 @@ class Env:
     gossip_degree: np.ndarray
     ps_worker_bytes: np.ndarray | None = None  # override when the world differs from the strategy's
     sliced: np.ndarray | float = 1.0  # ranks taking turns per core (contention.time_slicing)
-    optimizer_slowdown: np.ndarray | None = (
-        None  # the optimizer's, when the model's is measured (else slowdown)
-    )
+    # the optimizer's slowdown when the model's own is measured (None: ``slowdown`` serves both)
+    optimizer_slowdown: np.ndarray | None = None
     params: CostParams = field(default_factory=CostParams)  # optimizer, overhead and scale figures
 
 

@@ -18,10 +18,10 @@ from distlab.errors import CalibrationError, LaunchError
 from distlab.runtime.microbench import microbench_worlds
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
-# the training-loop stage: two tiny MLPs (4 and 26 trainable tensors: what a step costs besides
-# arithmetic), a wide MLP (megabytes on the wire), a small convnet (how a real model's compute slows with ranks sharing cores) and
-# a small wide-and-deep model (sparse tables), under the runtime's main paths, at world sizes 1,
-# 2 and the whole cluster
+# the local-step and training-loop stages: two tiny MLPs (4 and 26 trainable tensors: what a step
+# costs besides arithmetic), a wide MLP (megabytes on the wire), a small convnet (how a real
+# model's compute slows with ranks sharing cores) and a small wide-and-deep model (sparse tables),
+# under the runtime's main paths, at world sizes 1, 2 and the whole cluster
 OVERHEAD_LAYERS = (1, 12)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 12
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
@@ -140,7 +140,7 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     local = measure_models(
         lab, [(model_key(p), m, data, (b,)) for p, (m, data, b, _) in zip(profiles, cases)], ref_worlds
     )
-    cm = cm.with_params(fit_compute(cm.params, _compute_rows(cm, profiles, local)), local_steps=local)
+    cm = cm.with_params(fit_compute(cm.params, _compute_rows(profiles, local)), local_steps=local)
     done("local steps")
     cm = cm.with_compute(local)  # the reference models now compute as measured: what remains is the runtime's
     cm = cm.with_overhead(measure_overhead(lab, cm, res, cases, profiles, ref_worlds))
@@ -149,7 +149,7 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
 
 
-def _compute_rows(cm: Any, profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _compute_rows(profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Local steps of the reference models beside their profiled forward + backward (fit_compute's rows)."""
     by_key = {model_key(p): p for p in profiles}
     rows = []
@@ -225,8 +225,8 @@ def measure_models(
     rows = []
     for k in worlds:
         ranks_on_host = sum(1 for r in res.ranks[:k] if r.host == host)
-        medians = [r[k] for r in per_rank[:k]]
-        rows.extend(compute_rows(keys, [b for _, _, b in cases], medians, ranks_on_host, res.cores.get(host)))
+        seconds = [r[k] for r in per_rank[:k]]
+        rows.extend(compute_rows(keys, [b for _, _, b in cases], seconds, ranks_on_host, res.cores.get(host)))
     return rows
 
 

@@ -288,7 +288,7 @@ class Lab:
 
         ``models``: nn.Modules (or ``(module, dataset)`` pairs) to plan for; each one's own step is
         measured with every rank busy at each world size, at per-replica batches ``batch_size``
-        and ``batch_size // 4`` (a few seconds per model), and predictions for it use that
+        and ``batch_size // 4`` (seconds to a minute per model), and predictions for it use that
         instead of its profile scaled by the contention model (docs/cost-model.md).
         """
         from distlab.launch.calibrate import calibrate_lab
