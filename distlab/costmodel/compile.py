@@ -189,7 +189,9 @@ def compile_strategy(
     tasks: list[list[float]] = []  # [ready, first position, ar bytes, ar calls, red bytes, red calls]
     open_bucket: dict[tuple, list[float]] = {}
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
-    ag_calls = sps_gather_calls = sps_bcast_calls = gossip_msgs = gossip_tensors = 0
+    gossip_msgs = gossip_tensors = 0
+    gather_dtypes: set[str] = set()  # sparse all-gather: one packed exchange per value dtype
+    sparse_servers: set[tuple[int, str]] = set()  # sparse PS: one packed gather and broadcast per server
     ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
     for v, sync, frac in units:
         raw = v.nbytes * frac
@@ -215,11 +217,10 @@ def compile_strategy(
             if sparse:  # gather rows to the server after backward; broadcast changed rows after its step
                 rows = estimate_touched_rows(v, profile, per_replica) * frac
                 sps_gather += rows * (v.row_bytes + INDEX_BYTES)
-                sps_gather_calls += 3  # sizes, indices, values
+                sparse_servers.add((int(sync.server or 0), v.dtype))
                 union = min(rows * p, (v.shape[0] if v.shape else 1) * frac)
                 s[2] += union * v.row_bytes  # a sparse gradient updates only the rows it holds
                 sps_bcast += union * (v.row_bytes + INDEX_BYTES)
-                sps_bcast_calls += 3  # count, rows, values
             else:
                 s[2] += raw
                 tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0])
@@ -228,7 +229,7 @@ def compile_strategy(
         elif sync.kind == "allgather":  # sparse: indices + values of the touched rows
             rows = estimate_touched_rows(v, profile, per_replica) * frac
             ag_bytes += rows * (v.row_bytes + INDEX_BYTES)
-            ag_calls += 3  # sizes, indices, values
+            gather_dtypes.add(v.dtype)
             local_opt += min(rows * p, (v.shape[0] if v.shape else 1) * frac) * v.row_bytes  # rows it holds
         elif sync.kind == "gossip":
             gossip_bytes += raw
@@ -236,6 +237,12 @@ def compile_strategy(
             gossip_msgs = 1  # the runtime flattens every gossip variable into one message per neighbour
             local_opt += raw
     tasks.sort(key=lambda t: -t[1])  # runtime order: by the earliest parameter a task holds, last first
+    # runtime/sparse.py: the counts of every unit in one all-gather, then indices and values packed
+    ag_calls = 3 * len(gather_dtypes) if gather_dtypes else 0
+    sps_gather_calls = 1 + 2 * len(sparse_servers) if sparse_servers else 0
+    sps_bcast_calls = 3 * len(sparse_servers)  # per server: counts, rows, values
+    if p == 1:  # one rank calls no collective at all (its gradients are the global ones)
+        ag_calls = sps_gather_calls = sps_bcast_calls = 0
 
     servers = sorted(s for s in ps_load if ps_load[s][0] > 0)
     ps_bytes = np.array([ps_load[s][0] for s in servers], dtype=float)
@@ -302,11 +309,11 @@ def compile_strategy(
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
         n_calls=float(
-            len(tasks)
+            len(tasks) * (p > 1)
             + ag_calls
             + sps_gather_calls
             + sps_bcast_calls
-            + sum(ps_load[s][1] for s in servers)
+            + sum(ps_load[s][1] for s in servers) * (p > 1)
             + gossip_msgs * math.ceil(degree)
         ),
     )

@@ -2,33 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import exchange_sizes, pad_rows, to_sparse_grad, unit_rows
+from distlab.runtime.sparse import Packed, by_dtype, exchange_counts, to_sparse_grad, unit_rows
 
 
-def allgather_sparse(u: SyncUnit, wait: Callable[[Any], None]) -> None:
-    """Set the unit's optimizer target ``.grad`` to the sparse mean gradient over all ranks.
+def allgather_sparse(units: Sequence[SyncUnit], wait: Callable[[Any], None]) -> None:
+    """Set each unit's optimizer target ``.grad`` to the sparse mean gradient over all ranks.
 
-    Traffic is (p-1) * nnz * (row bytes + 8) per rank, against 2(p-1)/p * dense bytes for a
-    ring all-reduce of the densified table (Thakur et al. 2005): a win while few rows are touched.
+    All units share one exchange per value dtype: the row counts, then every unit's indices and
+    values packed together (three calls a step, however many tables). Traffic is
+    (p-1) * rows * (row bytes + 8) per rank, against 2(p-1)/p * dense bytes for a ring
+    all-reduce of the densified tables (Thakur et al. 2005): a win while few rows are touched.
+    One rank moves nothing.
     """
+    units = list(units)
+    if not units:
+        return
     world = dist.get_world_size()
-    idx, vals = unit_rows(u)
-    sizes = exchange_sizes(idx.shape[0], idx.device, wait)
-    n = max(sizes)
-    idx_p, vals_p = pad_rows(idx, n), pad_rows(vals, n)
-    all_idx = [idx_p.new_empty(idx_p.shape) for _ in range(world)]
-    all_vals = [vals_p.new_empty(vals_p.shape) for _ in range(world)]
-    w1 = dist.all_gather(all_idx, idx_p, async_op=True)
-    w2 = dist.all_gather(all_vals, vals_p, async_op=True)
-    wait(w1)
-    wait(w2)
-    idx_all = torch.cat([t[:k] for t, k in zip(all_idx, sizes)])
-    vals_all = torch.cat([t[:k] for t, k in zip(all_vals, sizes)])
-    u.target.grad = to_sparse_grad(idx_all, vals_all, u.target.shape, world)
+    rows = [unit_rows(u) for u in units]
+    if world == 1:
+        for u, (idx, vals) in zip(units, rows):
+            u.target.grad = to_sparse_grad(idx, vals, u.target.shape, 1)
+        return
+    counts = exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
+    works = []
+    for members in by_dtype(units, rows).values():
+        packed = Packed([rows[i] for i in members], counts[:, members])
+        all_idx, all_vals = packed.buffers()
+        works.append(
+            (
+                members,
+                packed,
+                all_idx,
+                all_vals,
+                dist.all_gather(all_idx, packed.idx, async_op=True),
+                dist.all_gather(all_vals, packed.vals, async_op=True),
+            )
+        )
+    for members, packed, all_idx, all_vals, w1, w2 in works:
+        wait(w1)
+        wait(w2)
+        for i, (idx, vals) in zip(members, packed.unpack(all_idx, all_vals)):
+            units[i].target.grad = to_sparse_grad(idx, vals, units[i].target.shape, world)

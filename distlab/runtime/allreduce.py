@@ -57,10 +57,12 @@ class Bucket:
             flat = torch.cat([dense_grad(u).reshape(-1) for u in self.units])
         flat.div_(self.world)  # pre-divide (as DDP does) so a low-precision wire cannot overflow
         self._wire = self.compressor.encode(self.key, flat)
-        self._work = dist.all_reduce(self._wire, async_op=True)
+        if self.world > 1:  # one rank: the bucket is already the sum
+            self._work = dist.all_reduce(self._wire, async_op=True)
 
     def finish(self) -> None:
-        self.wait(self._work)
+        if self._work is not None:
+            self.wait(self._work)
         flat = self.compressor.decode(self._wire, self._dtype)
         offset = 0
         for u in self.units:  # gradients become views of the reduced buffer (no copy back)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from distlab.runtime.allreduce import dense_grad
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import exchange_sizes, pad_rows, to_sparse_grad, unit_rows
+from distlab.runtime.sparse import Packed, by_dtype, exchange_counts, to_sparse_grad, unit_rows
 
 
 class DenseReduce:
@@ -26,35 +27,54 @@ class DenseReduce:
 
     def launch(self) -> None:
         self._buf = dense_grad(self.u).div(self.world).contiguous()  # a fresh tensor
-        self._work = dist.reduce(self._buf, dst=self.u.sync.server, op=dist.ReduceOp.SUM, async_op=True)
+        if self.world > 1:  # one rank: its gradient is the sum
+            self._work = dist.reduce(self._buf, dst=self.u.sync.server, op=dist.ReduceOp.SUM, async_op=True)
 
     def finish(self) -> None:
-        self.wait(self._work)
+        if self._work is not None:
+            self.wait(self._work)
         if self.rank == self.u.sync.server:
             self.u.target.grad = self._buf.view(self.u.target.shape)
         self._buf = self._work = None
 
 
-def gather_sparse_to_server(u: SyncUnit, world: int, rank: int, wait: Callable[[Any], None]) -> None:
-    """The gradient half of a sparse PS unit: every rank's rows gathered to the server (indices + values)."""
-    server = u.sync.server
-    idx, vals = unit_rows(u)
-    sizes = exchange_sizes(idx.shape[0], idx.device, wait)
-    n = max(sizes)
-    idx_p, vals_p = pad_rows(idx, n), pad_rows(vals, n)
-    if rank == server:
-        all_idx = [idx_p.new_empty(idx_p.shape) for _ in range(world)]
-        all_vals = [vals_p.new_empty(vals_p.shape) for _ in range(world)]
-    else:
-        all_idx = all_vals = None
-    w1 = dist.gather(idx_p, all_idx, dst=server, async_op=True)
-    w2 = dist.gather(vals_p, all_vals, dst=server, async_op=True)
-    wait(w1)
-    wait(w2)
-    if rank == server:
-        idx_all = torch.cat([t[:k] for t, k in zip(all_idx, sizes)])
-        vals_all = torch.cat([t[:k] for t, k in zip(all_vals, sizes)])
-        u.target.grad = to_sparse_grad(idx_all, vals_all, u.target.shape, world)
+def gather_sparse_to_servers(units: Sequence[SyncUnit], world: int, rank: int, wait: Callable[[Any], None]) -> None:
+    """The gradient half of sparse PS units: every rank's rows gathered to each unit's server.
+
+    One all-gather of the row counts for all units, then per server (and value dtype) one
+    gather of the indices and one of the values of all the units it serves, all in flight
+    together. One rank moves nothing.
+    """
+    units = list(units)
+    if not units:
+        return
+    rows = [unit_rows(u) for u in units]
+    if world == 1:
+        for u, (idx, vals) in zip(units, rows):
+            u.target.grad = to_sparse_grad(idx, vals, u.target.shape, 1)
+        return
+    counts = exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
+    works = []
+    for (server, _), members in by_dtype(units, rows, lambda u: u.sync.server).items():
+        packed = Packed([rows[i] for i in members], counts[:, members])
+        all_idx, all_vals = packed.buffers() if rank == server else (None, None)
+        works.append(
+            (
+                server,
+                members,
+                packed,
+                all_idx,
+                all_vals,
+                dist.gather(packed.idx, all_idx, dst=server, async_op=True),
+                dist.gather(packed.vals, all_vals, dst=server, async_op=True),
+            )
+        )
+    for server, members, packed, all_idx, all_vals, w1, w2 in works:
+        wait(w1)
+        wait(w2)
+        if rank == server:
+            for i, (idx, vals) in zip(members, packed.unpack(all_idx, all_vals)):
+                units[i].target.grad = to_sparse_grad(idx, vals, units[i].target.shape, world)
 
 
 class ServerBroadcast:
@@ -87,7 +107,8 @@ class ServerBroadcast:
                 buf = u.target.detach().contiguous()
             else:
                 buf = torch.empty_like(u.target)
-            works.append(dist.broadcast(buf, src=u.sync.server, async_op=True))
+            if dist.get_world_size() > 1:  # one rank is every server: the value is already here
+                works.append(dist.broadcast(buf, src=u.sync.server, async_op=True))
             bufs.append((u, buf))
         for w in works:
             self.wait(w)
@@ -112,34 +133,49 @@ class ServerBroadcast:
         return torch.cat(rows).unique()
 
     def _broadcast_rows(self) -> None:
-        """Two rounds for all sparse variables at once: the row counts, then rows and values."""
-        counts, works = [], []
-        changed: dict[int, torch.Tensor] = {}
+        """Per server (and dtype), all its sparse variables at once: the changed-row counts, then
+        the rows and their values packed (three broadcasts per server, not three per variable)."""
+        if not self.sparse:
+            return
+        groups: dict[tuple, list[int]] = {}
         for i, u in enumerate(self.sparse):
-            c = torch.zeros(1, dtype=torch.long, device=u.target.device)
-            if u.sync.server == self.rank:
-                changed[i] = self._changed_rows(i, u)
-                c[0] = changed[i].numel()
-            counts.append(c)
-            works.append(dist.broadcast(c, src=u.sync.server, async_op=True))
-        for w in works:
-            self.wait(w)
-        works, moved = [], []
-        for i, u in enumerate(self.sparse):
-            mine, t, k = u.sync.server == self.rank, u.target.detach(), int(counts[i].item())
-            rows = changed[i] if mine else torch.empty(k, dtype=torch.long, device=t.device)
-            vals = t.index_select(0, rows) if mine else t.new_empty((k, *t.shape[1:]))
-            works += [
-                dist.broadcast(rows, src=u.sync.server, async_op=True),
-                dist.broadcast(vals, src=u.sync.server, async_op=True),
-            ]
-            moved.append((u, mine, rows, vals))
-        for w in works:
-            self.wait(w)
-        with torch.no_grad():
-            for u, mine, rows, vals in moved:
+            groups.setdefault((u.sync.server, u.target.dtype), []).append(i)
+        changed = {i: self._changed_rows(i, u) for i, u in enumerate(self.sparse) if u.sync.server == self.rank}
+        moved = []
+        if dist.get_world_size() > 1:  # one rank serves everything: nothing to send
+            counts, works = {}, []
+            for key, members in groups.items():
+                mine, device = key[0] == self.rank, self.sparse[members[0]].target.device
+                c = torch.tensor([changed[i].numel() if mine else 0 for i in members], dtype=torch.long, device=device)
+                counts[key] = c
+                works.append(dist.broadcast(c, src=key[0], async_op=True))
+            for w in works:
+                self.wait(w)
+            works = []
+            for key, members in groups.items():
+                mine, n = key[0] == self.rank, counts[key].cpu().tolist()
+                targets = [self.sparse[i].target.detach() for i in members]
+                widths = [math.prod(t.shape[1:]) for t in targets]
+                if mine:
+                    rows = torch.cat([changed[i] for i in members])
+                    vals = torch.cat([t.index_select(0, changed[i]).reshape(-1) for i, t in zip(members, targets)])
+                else:
+                    rows = torch.empty(sum(n), dtype=torch.long, device=targets[0].device)
+                    vals = targets[0].new_empty(sum(k * w for k, w in zip(n, widths)))
+                works += [
+                    dist.broadcast(rows, src=key[0], async_op=True),
+                    dist.broadcast(vals, src=key[0], async_op=True),
+                ]
                 if not mine:
-                    u.target.index_copy_(0, rows, vals)
+                    moved.append((targets, n, widths, rows, vals))
+            for w in works:
+                self.wait(w)
+        with torch.no_grad():
+            for targets, n, widths, rows, vals in moved:
+                parts = vals.split([k * w for k, w in zip(n, widths)])
+                for t, r, v in zip(targets, rows.split(n), parts):
+                    t.index_copy_(0, r, v.view(r.numel(), *t.shape[1:]))
+            for u in self.sparse:
                 if u.shadow is not None:
                     u.view(u.param).copy_(u.shadow)
 

@@ -1,14 +1,22 @@
-"""Sparse gradients as (indices, values): take a unit's rows, and move variable-length pieces padded."""
+"""Sparse gradients as (indices, values): take a unit's rows, and move many units' rows in one exchange.
+
+Every exchange packs the rows of all its units into two flat tensors (indices, values), padded
+to the largest rank's total, so a step costs three collective calls (counts, indices, values)
+however many embedding tables the model has, instead of three per table.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from distlab.runtime.plan import SyncUnit
+
+Rows = tuple[torch.Tensor, torch.Tensor]  # (row indices within the unit, values)
 
 
 def sparse_param_ids(model: torch.nn.Module) -> set[int]:
@@ -20,7 +28,7 @@ def sparse_param_ids(model: torch.nn.Module) -> set[int]:
     return ids
 
 
-def unit_rows(u: SyncUnit) -> tuple[torch.Tensor, torch.Tensor]:
+def unit_rows(u: SyncUnit) -> Rows:
     """This rank's gradient rows for the unit: (row indices within the shard, values), coalesced."""
     g = u.param.grad
     if g is None:
@@ -38,16 +46,54 @@ def unit_rows(u: SyncUnit) -> tuple[torch.Tensor, torch.Tensor]:
     return idx, vals
 
 
-def exchange_sizes(n: int, device: torch.device, wait: Callable[[Any], None]) -> list[int]:
-    """Every rank's count, via one tiny all-gather (the pieces that follow are padded to the max)."""
+def exchange_counts(counts: Sequence[int], device: torch.device, wait: Callable[[Any], None]) -> torch.Tensor:
+    """Every rank's row count per unit, ``(world, units)``, via one tiny all-gather."""
     world = dist.get_world_size()
-    mine = torch.tensor([n], dtype=torch.long, device=device)
-    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
-    wait(dist.all_gather(sizes, mine, async_op=True))
-    return [int(s.item()) for s in sizes]
+    mine = torch.tensor(list(counts), dtype=torch.long, device=device)
+    out = [torch.empty_like(mine) for _ in range(world)]
+    wait(dist.all_gather(out, mine, async_op=True))
+    return torch.stack(out).cpu()
 
 
-def pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+def by_dtype(units: Sequence[SyncUnit], rows: Sequence[Rows], extra: Callable[[SyncUnit], Any] = lambda u: None):
+    """Positions of the units grouped by (``extra(u)``, value dtype): one exchange each."""
+    groups: dict[Any, list[int]] = {}
+    for i, (u, (_, vals)) in enumerate(zip(units, rows)):
+        groups.setdefault((extra(u), vals.dtype), []).append(i)
+    return groups
+
+
+class Packed:
+    """The rows of several units as two flat tensors padded for an exchange whose counts are known."""
+
+    def __init__(self, rows: Sequence[Rows], counts: torch.Tensor) -> None:
+        """``counts``: ``(world, units)`` row counts of these units on every rank."""
+        self.row_shapes = [tuple(vals.shape[1:]) for _, vals in rows]
+        self.widths = torch.tensor([math.prod(s) for s in self.row_shapes], dtype=torch.long)
+        self.counts = counts
+        self.n_idx = int(counts.sum(1).max())
+        self.n_val = int((counts * self.widths).sum(1).max())
+        idx = torch.cat([i for i, _ in rows]) if rows else torch.zeros(0, dtype=torch.long)
+        vals = torch.cat([v.reshape(-1) for _, v in rows])
+        self.idx, self.vals = _pad(idx, self.n_idx), _pad(vals, self.n_val)
+
+    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        world = self.counts.shape[0]
+        return [torch.empty_like(self.idx) for _ in range(world)], [torch.empty_like(self.vals) for _ in range(world)]
+
+    def unpack(self, all_idx: Sequence[torch.Tensor], all_vals: Sequence[torch.Tensor]) -> list[Rows]:
+        """Per unit: every rank's rows, concatenated (rank order)."""
+        per_unit: list[tuple[list, list]] = [([], []) for _ in self.row_shapes]
+        for r, (idx, vals) in enumerate(zip(all_idx, all_vals)):
+            n = self.counts[r].tolist()
+            m = (self.counts[r] * self.widths).tolist()
+            for k, (i, v) in enumerate(zip(idx[: sum(n)].split(n), vals[: sum(m)].split(m))):
+                per_unit[k][0].append(i)
+                per_unit[k][1].append(v.view(n[k], *self.row_shapes[k]))
+        return [(torch.cat(i), torch.cat(v)) for i, v in per_unit]
+
+
+def _pad(t: torch.Tensor, n: int) -> torch.Tensor:
     if t.shape[0] == n:
         return t.contiguous()
     out = t.new_zeros((n, *t.shape[1:]))

@@ -13,7 +13,7 @@ from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES, build_buckets
 from distlab.runtime.gossip import Gossip
 from distlab.runtime.plan import SyncUnit
 from distlab.runtime.process_group import block
-from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_server
+from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_servers
 from distlab.runtime.sparse import sparse_param_ids
 
 
@@ -118,11 +118,10 @@ class Synchronizer:
         self._launch_ready(force=True)  # variables that got no gradient this step
         for t in self.tasks:
             t.finish()
-        for u in self.sparse_units:
-            if u.sync.kind == "allgather":
-                allgather_sparse(u, self.wait)
-            else:
-                gather_sparse_to_server(u, self.world, self.rank, self.wait)
+        allgather_sparse([u for u in self.sparse_units if u.sync.kind == "allgather"], self.wait)
+        gather_sparse_to_servers(
+            [u for u in self.sparse_units if u.sync.kind == "ps"], self.world, self.rank, self.wait
+        )
         comm = time.perf_counter() - t0
         self.broadcast.before_step(self.server_opt)
         if self.local_opt is not None:

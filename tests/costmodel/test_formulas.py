@@ -7,6 +7,7 @@ import math
 import pytest
 
 from distlab.costmodel.collectives import collective_time
+from distlab.costmodel.compile import compile_strategy
 from distlab.strategy.types import GossipConfig, Partition, Sync, VariablePlan
 
 from .toys import ALPHA, BETA, allreduce, exact_model, plan, toy_profile, toy_resources
@@ -261,16 +262,17 @@ def test_a_sparse_gradient_updates_only_the_rows_it_holds():
         assert ag == pytest.approx(rows * 64 * 1e-9) and ps == pytest.approx(rows * 64 * 1e-9)
 
 
-def test_every_collective_call_costs_the_runtime_even_on_one_rank():
+def test_every_collective_call_costs_the_runtime_and_one_rank_calls_none():
     prof = toy_profile(sizes=(1000, 1000, 2000))
-    for world in (1, 2):
+    for world, expected in ((1, 0.0), (2, 6e-4)):
         res = toy_resources(world)
-        ps = plan(prof, [Sync("ps", server=0), Sync("ps", server=0), Sync("ps", server=1)], res)
+        ps = plan(prof, [Sync("ps", server=0), Sync("ps", server=0), Sync("ps", server=1 % world)], res)
         base = exact_model().predict(prof, res, ps)
         calls = exact_model(call_overhead=1e-4).predict(prof, res, ps)
-        # 3 reduces in backward + 3 broadcasts after the step (one per dense variable)
-        assert calls.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(6e-4)
-        assert calls.detail["calls"] == pytest.approx(6e-4)
+        # 3 reduces in backward + 3 broadcasts after the step (one per dense variable); one rank
+        # is every server and keeps its own gradients: the runtime calls nothing (runtime/ps.py)
+        assert calls.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(expected)
+        assert calls.detail["calls"] == pytest.approx(expected)
 
 
 def test_calls_wait_longer_for_peers_when_ranks_take_turns_on_the_cores():
@@ -307,19 +309,39 @@ def test_sparse_gathers_wait_for_peers_on_their_own_figure():
     assert waits.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(3 * 3 * 2 * 1e-4)
 
 
-def test_sparse_path_calls_cost_the_runtime_even_on_one_rank():
+def test_sparse_path_calls_cost_the_runtime_and_one_rank_calls_none():
     from distlab.profile.model_profile import ModelProfile, VariableProfile
 
     emb = VariableProfile(
         "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
     )
     prof = ModelProfile((emb,), batch_size=32, step_time=0.01)
-    for world in (1, 4):
+    for world, expected in ((1, 0.0), (4, 3e-4)):  # counts, indices, values
         res = toy_resources(world, cores=2)
         s = plan(prof, [Sync("allgather")], res)
         extra = exact_model(gather_call_overhead=1e-4).predict(prof, res, s).breakdown["comm"]
         extra -= exact_model().predict(prof, res, s).breakdown["comm"]
-        assert extra == pytest.approx(3 * 1e-4)  # sizes, indices, values: at any world size
+        assert extra == pytest.approx(expected)
+
+
+def test_sparse_tables_share_one_packed_exchange_per_server():
+    from distlab.profile.model_profile import ModelProfile, VariableProfile
+
+    tables = tuple(
+        VariableProfile(
+            f"emb{i}", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer=f"emb{i}", touched_rows=100
+        )
+        for i in range(4)
+    )
+    prof = ModelProfile(tables, batch_size=32, step_time=0.01)
+    res = toy_resources(4)
+    ag = compile_strategy(prof, plan(prof, [Sync("allgather")] * 4, res))
+    assert ag.ag_calls == 3  # one exchange for the four tables (runtime/allgather.py)
+    assert ag.ag_bytes == pytest.approx(4 * 100 * (64 + 8))
+    ps = compile_strategy(prof, plan(prof, [Sync("ps", server=i % 2) for i in range(4)], res))
+    # the counts of all tables in one all-gather, then per server a gather of indices and values;
+    # after the step per server a broadcast of counts, rows and values (runtime/ps.py)
+    assert (ps.sps_gather_calls, ps.sps_bcast_calls) == (1 + 2 * 2, 3 * 2)
 
 
 @pytest.mark.parametrize("world,cores,factor", [(2, 2, 1.5), (4, 2, 1.5 * (1 + 0.4 * 1)), (4, 4, 1.5)])
