@@ -202,3 +202,63 @@ def test_params_round_trip_name_a_bad_field_and_read_older_files():
         CostParams(tensor_overhead=-1e-6)
     with pytest.raises(CalibrationError, match="malformed params"):
         CostParams.from_dict({"step_overhead": "soon"})
+
+
+def test_each_measured_world_size_gets_its_own_alpha_beta():
+    # ranks taking turns on the cores: the 4-rank collectives cost 1.8x what the factors say
+    rows = [r for r in synthetic_rows(noise=0.0, outlier=False) if r["collective"] != "compute"]
+    for r in rows:
+        if r["world"] == 4 and r["collective"] in COLLECTIVES:
+            r["seconds"] *= 1.8
+    cm = CostModel.from_microbenchmarks(rows)
+    per_world = cm.params.world_alpha_beta
+    assert set(per_world) == {f"{c}/{lk}/{p}" for c in COLLECTIVES for lk in ("intra", "inter") for p in (2, 3, 4)}
+    for coll, (a, b) in TRUE.items():
+        assert per_world[f"{coll}/intra/2"] == pytest.approx((a, b), rel=1e-3)
+        assert per_world[f"{coll}/inter/4"] == pytest.approx((1.8 * a, 1.8 * 5 * b), rel=1e-3)
+    assert all(err < 1e-3 for err in cm.fingerprint["world_fit_error"].values())
+    # the fit across world sizes cannot follow the jump at 4 ranks; the per-world figures do
+    a, b = cm.params.alpha_beta["allreduce/intra"]
+    true4 = 1.8 * float(collective_time("allreduce", 4, 8 << 20, *TRUE["allreduce"]))
+    assert abs(float(collective_time("allreduce", 4, 8 << 20, a, b)) / true4 - 1) > 0.1
+    a4, b4 = per_world["allreduce/intra/4"]
+    assert float(collective_time("allreduce", 4, 8 << 20, a4, b4)) == pytest.approx(true4, rel=1e-3)
+
+
+def test_per_world_figures_apply_to_their_world_size_and_link_only():
+    from distlab.costmodel import CostParams
+
+    from .toys import allreduce, exact_model, plan, toy_profile, toy_resources
+
+    prof = toy_profile()
+    base = exact_model()
+    slow2 = CostModel(
+        base.params.with_(world_alpha_beta={"allreduce/intra/2": (1e-3, 1e-8), "allreduce/inter/3": (1.0, 1.0)})
+    )
+    for world in (2, 3):
+        res = toy_resources(world)
+        s = plan(prof, allreduce(0, 0, 0), res)  # one bucket after backward: its all-reduce is exposed
+        got = slow2.predict(prof, res, s).detail["backward"]
+        if world == 2:
+            nbytes = compile_strategy_bytes(prof, s)
+            assert got == pytest.approx(float(collective_time("allreduce", 2, nbytes, 1e-3, 1e-8)))
+        else:  # 3 ranks on one host: the inter-host entry does not apply
+            assert got == pytest.approx(base.predict(prof, res, s).detail["backward"])
+    # what-if bandwidths scale the measured world's beta too
+    res = toy_resources(2)
+    s = plan(prof, allreduce(0, 0, 0), res)
+    bw = 1.0 / slow2.params.alpha_beta_for("sendrecv", "intra", res)[1]
+    sweep = slow2.sweep(prof, res, [s], worlds=[2], bandwidths=[None, bw / 2])
+    comm = sweep["comm"].to_numpy()
+    nbytes = compile_strategy_bytes(prof, s)
+    assert comm[1] - comm[0] == pytest.approx(float(collective_time("allreduce", 2, nbytes, 0.0, 1e-8)), rel=1e-6)
+    with pytest.raises(CalibrationError, match=r"world_alpha_beta\['allreduce/intra'\]"):
+        CostParams(world_alpha_beta={"allreduce/intra": (1e-4, 1e-9)})
+    p = CostParams(world_alpha_beta={"allreduce/intra/4": (1e-4, 1e-9)})
+    assert CostParams.from_dict(p.to_dict()) == p
+
+
+def compile_strategy_bytes(prof, s) -> float:
+    from distlab.costmodel.compile import compile_strategy
+
+    return float(compile_strategy(prof, s).task_ar_bytes.sum())
