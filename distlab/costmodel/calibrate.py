@@ -6,10 +6,7 @@ Rows come from ``distlab.runtime.microbench.microbench_rank`` (one dict per meas
 compute rows add ``alone``, ``ranks_on_host``, ``cores`` and ``threads``.
 Each collective follows ``a(p) alpha + b(p) n beta`` with the Thakur et al. (2005) factors of
 ``collectives.py``, so one (alpha, beta) per collective and link explains every world size and
-carries to world sizes not measured; each world size measured also gets its own (alpha, beta)
-(``CostParams.world_alpha_beta``), because ranks sharing a host's cores make a collective grow
-faster with the world than the textbook factors say (on 2 cores, a 4-rank all-reduce is 30-60%
-slower than the fit across world sizes predicts). The regression is robust (soft-L1 loss) against the
+carries to world sizes not measured. The regression is robust (soft-L1 loss) against the
 outliers a shared machine produces. ``fit_compute`` (local steps of reference models against
 their profiles) and ``fit_overhead`` (the runtime's training loop against the prediction) fit the
 rest; docs/cost-model.md lists every term.
@@ -95,9 +92,7 @@ def fit_microbenchmarks(
                 f"microbenchmarks[{i}]: missing {missing}; rows come from microbench_rank()"
             )
     ab = dict(base.alpha_beta)
-    per_world = dict(base.world_alpha_beta)
     errors: dict[str, float] = {}
-    world_errors: dict[str, float] = {}
     for coll in COLLECTIVES:
         for link in LINK_CLASSES:
             sel = [
@@ -118,18 +113,6 @@ def fit_microbenchmarks(
             )
             ab[f"{coll}/{link}"] = (alpha, beta)
             errors[f"{coll}/{link}"] = err
-            for world in sorted({int(r["world"]) for r in sel}):
-                own = [r for r in sel if int(r["world"]) == world]
-                if len({float(r["nbytes"]) for r in own}) < 2:
-                    continue  # one size cannot separate alpha from beta: the fit across worlds serves
-                a_w, b_w, err_w = fit_alpha_beta(
-                    np.full(len(own), float(world)),
-                    np.array([float(r["nbytes"]) for r in own]),
-                    np.array([float(r["seconds"]) for r in own]),
-                    coll,
-                )
-                per_world[f"{coll}/{link}/{world}"] = (a_w, b_w)
-                world_errors[f"{coll}/{link}/{world}"] = err_w
     if not errors:
         raise CalibrationError(
             "microbenchmarks: no collective measured at a world size >= 2; calibrate needs 2 or more ranks"
@@ -143,16 +126,11 @@ def fit_microbenchmarks(
     ]
     params = base.with_(
         alpha_beta=ab,
-        world_alpha_beta=per_world,
         contention=base.contention if kappa is None else kappa,
         thread_efficiency=base.thread_efficiency if eff is None else eff,
         optimizer_per_byte=float(np.median(opt)) if opt else base.optimizer_per_byte,
     )
-    info: dict[str, Any] = {
-        "worlds": sorted({int(r["world"]) for r in rows}),
-        "fit_error": errors,
-        "world_fit_error": world_errors,
-    }
+    info: dict[str, Any] = {"worlds": sorted({int(r["world"]) for r in rows}), "fit_error": errors}
     comp = [r for r in rows if r["collective"] == "compute" and r.get("flops") and float(r["seconds"]) > 0]
     if comp:  # compute speed per rank, alone and with every rank busy (largest world measured)
         last = max(comp, key=lambda r: int(r["world"]))

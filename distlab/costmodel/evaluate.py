@@ -103,8 +103,6 @@ class Env:
     # the optimizer's slowdown when the model's own is measured (None: ``slowdown`` serves both)
     optimizer_slowdown: np.ndarray | None = None
     params: CostParams = field(default_factory=CostParams)  # optimizer, overhead and scale figures
-    inter: np.ndarray | bool = False  # whether the inter-host link carries each (strategy, environment)
-    beta_scale: np.ndarray | float = 1.0  # what-if bandwidths: multiplies every beta, measured worlds' too
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
@@ -117,14 +115,14 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     p = np.broadcast_to(
         np.asarray(env.world, dtype=float), np.broadcast_shapes(np.shape(env.world), (len(b.items), 1))
     )
-    al, be = measured_worlds(env.alpha, env.beta, p, env.inter, prm)
     # a collective in a training step: the microbenchmarks' wire time, scaled (more when ranks take turns)
     sliced = np.asarray(env.sliced, dtype=float)
     wire = prm.comm_scale * (1.0 + prm.comm_oversubscription * (sliced - 1.0))
-    if not np.all(wire == 1.0):
-        al = {c: a * wire for c, a in al.items()}
-    if not np.all(wire * env.beta_scale == 1.0):
-        be = {c: b * wire * env.beta_scale for c, b in be.items()}
+    if np.all(wire == 1.0):
+        al, be = env.alpha, env.beta
+    else:
+        al = {c: a * wire for c, a in env.alpha.items()}
+        be = {c: b * wire for c, b in env.beta.items()}
     slow = np.asarray(env.slowdown, dtype=float)
     fwd = col(b.fwd) * slow * prm.compute_scale
     bwd = col(b.bwd) * slow * prm.compute_scale
@@ -205,27 +203,6 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         "calls": calls + np.zeros_like(step),
         "world": p + np.zeros_like(step),
     }
-
-
-def measured_worlds(
-    alpha: dict[str, np.ndarray],
-    beta: dict[str, np.ndarray],
-    p: np.ndarray,
-    inter: np.ndarray | bool,
-    prm: CostParams,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Alpha and beta with ``prm.world_alpha_beta`` where a world size (and link) was measured."""
-    rows = prm.world_overrides()
-    if not rows:
-        return alpha, beta
-    al, be = dict(alpha), dict(beta)
-    inter = np.asarray(inter, dtype=bool)
-    for coll, on_inter, world, a, b in rows:
-        mask = (p == world) & (inter if on_inter else ~inter)
-        if mask.any():
-            al[coll] = np.where(mask, a, al[coll])
-            be[coll] = np.where(mask, b, be[coll])
-    return al, be
 
 
 def link_arrays(

@@ -160,7 +160,6 @@ class CostModel:
             sliced=sliced[:, None],
             optimizer_slowdown=opt_slow[:, None],
             params=self.params,
-            inter=np.asarray(batch.multi_host, dtype=bool)[:, None],
         )
 
     # -- predictions -------------------------------------------------------------------
@@ -184,7 +183,6 @@ class CostModel:
         sig = (
             self.params,
             tuple(sorted(self.params.alpha_beta.items())),
-            tuple(sorted(self.params.world_alpha_beta.items())),
             None
             if resources is None
             else (tuple(sorted(resources.links.items())), tuple(sorted(resources.cores.items()))),

@@ -55,10 +55,6 @@ class CostParams:
     """
 
     alpha_beta: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # the same per world size measured ("allreduce/intra/4"): where the cluster was measured, the
-    # figures of that world size alone (ranks sharing cores make the cost grow faster than the
-    # textbook factors say); ``alpha_beta`` carries the rest (other world sizes, what-if sweeps)
-    world_alpha_beta: dict[str, tuple[float, float]] = field(default_factory=dict)
     contention: float = 0.05
     thread_efficiency: float = 0.8
     optimizer_per_byte: float = 3e-10
@@ -89,15 +85,6 @@ class CostParams:
                 )
             if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
                 raise CalibrationError(f"alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
-        for key, ab in self.world_alpha_beta.items():
-            coll, link, world = (key.split("/") + ["", ""])[:3]
-            if coll not in COLLECTIVES or link not in LINK_CLASSES or not world.isdigit() or int(world) < 2:
-                raise CalibrationError(
-                    f"world_alpha_beta[{key!r}]: expected 'collective/link/world' with collective in "
-                    f"{COLLECTIVES}, link in {LINK_CLASSES} and world >= 2"
-                )
-            if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
-                raise CalibrationError(f"world_alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
         negative = [f.name for f in fields(self) if f.type == "float" and getattr(self, f.name) < 0]
         if negative or self.compute_scale <= 0 or self.comm_scale <= 0:
             raise CalibrationError(
@@ -122,14 +109,6 @@ class CostParams:
             return lat, 1.0 / bw
         return float(lk.latency), 1.0 / float(lk.bandwidth)
 
-    def world_overrides(self) -> list[tuple[str, bool, int, float, float]]:
-        """``world_alpha_beta`` as (collective, inter, world, alpha, beta) rows."""
-        out = []
-        for key, (a, b) in sorted(self.world_alpha_beta.items()):
-            coll, link, world = key.split("/")
-            out.append((coll, link == "inter", int(world), float(a), float(b)))
-        return out
-
     def with_(self, **changes: Any) -> CostParams:
         return replace(self, **changes)
 
@@ -138,7 +117,7 @@ class CostParams:
         out: dict[str, Any] = {"version": PARAMS_VERSION}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("alpha_beta", "world_alpha_beta"):
+            if f.name == "alpha_beta":
                 value = {k: [float(a), float(b)] for k, (a, b) in sorted(value.items())}
             out[f.name] = value
         return out
@@ -148,11 +127,12 @@ class CostParams:
         """Fields missing from ``d`` (a file from an older distlab) keep their defaults."""
         try:
             kwargs: dict[str, Any] = {
-                name: {k: (float(v[0]), float(v[1])) for k, v in dict(d.get(name) or {}).items()}
-                for name in ("alpha_beta", "world_alpha_beta")
+                "alpha_beta": {
+                    k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()
+                }
             }
             for f in fields(cls):
-                if f.name not in kwargs and f.name in d:
+                if f.name != "alpha_beta" and f.name in d:
                     kwargs[f.name] = {"float": float, "int": int, "bool": bool}[f.type](d[f.name])
             return cls(**kwargs)
         except (TypeError, ValueError, IndexError, KeyError) as exc:

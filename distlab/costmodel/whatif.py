@@ -49,15 +49,11 @@ def sweep_frame(
     beta = {c: np.empty((1, n_e)) for c in COLLECTIVES}
     slow, opt_slow = np.empty((n_s, n_e)), np.empty((n_s, n_e))
     sliced = np.empty((1, n_e))
-    inter = np.zeros((1, n_e), dtype=bool)
-    beta_scale = np.ones((1, n_e))
     for e, (w, bw) in enumerate(zip(worlds_e, bws)):
         link = "inter" if math.ceil(w / rph) > 1 else "intra"
-        inter[0, e] = link == "inter"
         scale = 1.0 if bw is None else (1.0 / table[link]["sendrecv"][1]) / float(bw)
-        beta_scale[0, e] = scale
         for c in COLLECTIVES:
-            alpha[c][0, e], beta[c][0, e] = table[link][c]
+            alpha[c][0, e], beta[c][0, e] = table[link][c][0], table[link][c][1] * scale
         slows = np.array([cm.slowdowns(c, [(min(w, rph), cores)]) for c in items])
         slow[:, e], opt_slow[:, e] = slows[:, 0], slows[:, 1]
         sliced[0, e] = time_slicing(min(w, rph), cores)
@@ -83,8 +79,6 @@ def sweep_frame(
         sliced=sliced,
         optimizer_slowdown=opt_slow,
         params=cm.params,
-        inter=inter,
-        beta_scale=beta_scale,
     )
     out = evaluate(batch, env)
     return pd.DataFrame(
