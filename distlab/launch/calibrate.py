@@ -29,7 +29,7 @@ BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 WIDE_WIDTH = 768  # an MLP of 4.8 MB of gradients in 5 tensors: collectives that move bytes
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
-CALIBRATION_FORMAT = 2  # what the cached stages hold (2: local steps split from the runtime's overhead)
+CALIBRATION_FORMAT = 3  # what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB, no calls on one rank)
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 

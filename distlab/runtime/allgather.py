@@ -8,7 +8,14 @@ from typing import Any
 import torch.distributed as dist
 
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import Packed, by_dtype, exchange_counts, to_sparse_grad, unit_rows
+from distlab.runtime.sparse import (
+    Packed,
+    by_dtype,
+    exchange_counts,
+    own_sparse_grad,
+    to_sparse_grad,
+    units_rows,
+)
 
 
 def allgather_sparse(units: Sequence[SyncUnit], wait: Callable[[Any], None]) -> None:
@@ -24,10 +31,10 @@ def allgather_sparse(units: Sequence[SyncUnit], wait: Callable[[Any], None]) -> 
     if not units:
         return
     world = dist.get_world_size()
-    rows = [unit_rows(u) for u in units]
+    rows = units_rows(units)
     if world == 1:
         for u, (idx, vals) in zip(units, rows):
-            u.target.grad = to_sparse_grad(idx, vals, u.target.shape, 1)
+            u.target.grad = own_sparse_grad(idx, vals, u.target.shape)
         return
     counts = exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
     works = []

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
+DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20)  # buckets are <= 4 MiB
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
 GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
 OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row

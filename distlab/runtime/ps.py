@@ -11,7 +11,14 @@ import torch.distributed as dist
 
 from distlab.runtime.allreduce import dense_grad
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import Packed, by_dtype, exchange_counts, to_sparse_grad, unit_rows
+from distlab.runtime.sparse import (
+    Packed,
+    by_dtype,
+    exchange_counts,
+    own_sparse_grad,
+    to_sparse_grad,
+    units_rows,
+)
 
 
 class DenseReduce:
@@ -48,10 +55,10 @@ def gather_sparse_to_servers(units: Sequence[SyncUnit], world: int, rank: int, w
     units = list(units)
     if not units:
         return
-    rows = [unit_rows(u) for u in units]
+    rows = units_rows(units)
     if world == 1:
         for u, (idx, vals) in zip(units, rows):
-            u.target.grad = to_sparse_grad(idx, vals, u.target.shape, 1)
+            u.target.grad = own_sparse_grad(idx, vals, u.target.shape)
         return
     counts = exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
     works = []
@@ -167,17 +174,21 @@ class ServerBroadcast:
                     dist.broadcast(vals, src=key[0], async_op=True),
                 ]
                 if not mine:
-                    moved.append((targets, n, widths, rows, vals))
+                    moved.append((members, n, widths, rows, vals))
             for w in works:
                 self.wait(w)
         with torch.no_grad():
-            for targets, n, widths, rows, vals in moved:
+            rows_of = dict(changed)  # unit -> the rows that changed this step
+            for members, n, widths, rows, vals in moved:
                 parts = vals.split([k * w for k, w in zip(n, widths)])
-                for t, r, v in zip(targets, rows.split(n), parts):
+                for i, r, v in zip(members, rows.split(n), parts):
+                    t = self.sparse[i].target
                     t.index_copy_(0, r, v.view(r.numel(), *t.shape[1:]))
-            for u in self.sparse:
-                if u.shadow is not None:
-                    u.view(u.param).copy_(u.shadow)
+                    rows_of[i] = r
+            for i, u in enumerate(self.sparse):
+                if u.shadow is not None:  # a shard: only its changed rows differ from the variable
+                    r = rows_of[i]
+                    u.view(u.param).index_copy_(0, r, u.shadow.detach().index_select(0, r))
 
 
 def _grad_rows(t: torch.Tensor) -> torch.Tensor:

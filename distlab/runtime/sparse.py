@@ -28,22 +28,45 @@ def sparse_param_ids(model: torch.nn.Module) -> set[int]:
     return ids
 
 
-def unit_rows(u: SyncUnit) -> Rows:
-    """This rank's gradient rows for the unit: (row indices within the shard, values), coalesced."""
+def unit_rows(u: SyncUnit, coalesced: dict[int, Any] | None = None) -> Rows:
+    """This rank's gradient rows for the unit: (row indices within the shard, values), coalesced.
+
+    ``coalesced``: a dict shared by the units of one step, so a variable split into shards is
+    coalesced once, not once per shard.
+    """
     g = u.param.grad
     if g is None:
         shape = tuple(u.view(u.param).shape)
         return torch.zeros(0, dtype=torch.long, device=u.param.device), u.param.new_zeros((0, *shape[1:]))
-    if not g.is_sparse:
-        g = g.to_sparse(1)  # a dense gradient on a sparse kernel: send only its non-zero rows
-    g = g.coalesce()
-    idx, vals = g.indices()[0], g.values()
+    key = id(u.param)
+    if coalesced is not None and key in coalesced:
+        idx, vals = coalesced[key]
+    else:
+        if not g.is_sparse:
+            g = g.to_sparse(1)  # a dense gradient on a sparse kernel: send only its non-zero rows
+        g = g.coalesce()
+        idx, vals = g.indices()[0], g.values()
+        if coalesced is not None:
+            coalesced[key] = (idx, vals)
     if u.axis == 0:
         keep = (idx >= u.offset) & (idx < u.offset + u.size)
         idx, vals = idx[keep] - u.offset, vals[keep]
     elif u.axis is not None:
         vals = vals.narrow(u.axis, u.offset, u.size)
     return idx, vals
+
+
+def units_rows(units: Sequence[SyncUnit]) -> list[Rows]:
+    """``unit_rows`` of every unit, each variable coalesced once."""
+    coalesced: dict[int, Any] = {}
+    return [unit_rows(u, coalesced) for u in units]
+
+
+def own_sparse_grad(idx: torch.Tensor, vals: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """One rank's rows as its gradient: already coalesced (sorted, unique), so not coalesced again."""
+    return torch.sparse_coo_tensor(
+        idx.unsqueeze(0), vals, tuple(shape), check_invariants=False, is_coalesced=True
+    )
 
 
 def exchange_counts(counts: Sequence[int], device: torch.device, wait: Callable[[Any], None]) -> torch.Tensor:
