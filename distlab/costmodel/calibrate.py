@@ -218,14 +218,14 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     seconds (predicted by ``params`` without these terms, the reference model's compute taken
     from its measured local step) and, optionally, ``comm`` (the predicted communication on the
     wire, exposed), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
-    path), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
+    all-gather path), ``sparse_units`` (sparse variables or shards), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
     and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
     squares on relative residuals (small steps weigh as much as large ones)::
 
         measured - predicted = runtime_overhead + rank_overhead (world - 1) + hook_overhead tensors
                                + (comm_scale - 1) comm + comm_oversubscription (s - 1) comm
                                + call_overhead calls + peer_call_overhead calls (world - 1) s
-                               + gather_call_overhead gather_calls
+                               + sparse_unit_overhead sparse_units
                                + gather_peer_overhead gather_calls (world - 1) s
                                + gossip_tensor_overhead gossip_tensors
 
@@ -256,7 +256,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                 comm * (sliced - 1.0),
                 float(r.get("calls") or 0.0),
                 float(r.get("calls") or 0.0) * peers * sliced,
-                gathers,
+                float(r.get("sparse_units") or 0.0),
                 gathers * peers * sliced,
                 float(r.get("gossip_tensors") or 0.0),
             ]
@@ -274,7 +274,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         comm_oversubscription=float(coef[4]) / (1.0 + float(coef[3])),  # of the scaled wire time
         call_overhead=float(coef[5]),
         peer_call_overhead=float(coef[6]),
-        gather_call_overhead=float(coef[7]),
+        sparse_unit_overhead=float(coef[7]),
         gather_peer_overhead=float(coef[8]),
         gossip_tensor_overhead=float(coef[9]),
     )

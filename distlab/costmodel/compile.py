@@ -90,7 +90,8 @@ class CompiledStrategy:
     gossip_degree: float  # in-neighbours per step on the strategy's own ranks
     opt_bytes: float  # parameter bytes the busiest rank updates itself
     n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
-    n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time, even on one rank)
+    n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time)
+    sparse_units: int = 0  # sparse variables or shards the sparse path handles (on one rank too)
     model_key: str = ""  # the profile's compute.model_key: its measured local steps, if calibrated
 
 
@@ -189,7 +190,7 @@ def compile_strategy(
     tasks: list[list[float]] = []  # [ready, first position, ar bytes, ar calls, red bytes, red calls]
     open_bucket: dict[tuple, list[float]] = {}
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
-    gossip_msgs = gossip_tensors = 0
+    gossip_msgs = gossip_tensors = sparse_units = 0
     gather_dtypes: set[str] = set()  # sparse all-gather: one packed exchange per value dtype
     sparse_servers: set[tuple[int, str]] = set()  # sparse PS: one packed gather and broadcast per server
     ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
@@ -215,6 +216,7 @@ def compile_strategy(
         elif sync.kind == "ps":
             s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0])
             if sparse:  # gather rows to the server after backward; broadcast changed rows after its step
+                sparse_units += 1
                 rows = estimate_touched_rows(v, profile, per_replica) * frac
                 sps_gather += rows * (v.row_bytes + INDEX_BYTES)
                 sparse_servers.add((int(sync.server or 0), v.dtype))
@@ -227,6 +229,7 @@ def compile_strategy(
                 s[0] += raw
                 s[1] += 1
         elif sync.kind == "allgather":  # sparse: indices + values of the touched rows
+            sparse_units += 1
             rows = estimate_touched_rows(v, profile, per_replica) * frac
             ag_bytes += rows * (v.row_bytes + INDEX_BYTES)
             gather_dtypes.add(v.dtype)
@@ -308,6 +311,7 @@ def compile_strategy(
         opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
+        sparse_units=sparse_units,
         n_calls=float(
             len(tasks) * (p > 1)
             + ag_calls

@@ -48,6 +48,7 @@ _SCALARS = (
     "opt_bytes",
     "n_tensors",
     "n_calls",
+    "sparse_units",
 )
 _TASKS = ("task_ready", "suf_ar_calls", "suf_ar_bytes", "suf_red_calls", "suf_red_bytes")
 _SERVERS = ("ps_bytes", "ps_msgs")
@@ -185,7 +186,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     waits = (p - 1) * sliced
     gathers = col(b.ag_calls)  # the sparse all-gather path: sizes, then indices and values
     calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
-    calls = calls + gathers * (prm.gather_call_overhead + prm.gather_peer_overhead * waits)
+    calls = calls + gathers * prm.gather_peer_overhead * waits + col(b.sparse_units) * prm.sparse_unit_overhead
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

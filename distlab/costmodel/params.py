@@ -39,8 +39,9 @@ class CostParams:
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
     scheduled and to reach it, which microbenchmarks run in lockstep do not see);
     ``gather_peer_overhead`` the same for the sparse all-gather path's calls (row packing and coalescing
-    between them), and ``gather_call_overhead`` seconds per such call at any world size (row
-    coalescing, index packing; on one rank too); ``comm_scale`` multiplies every wire time the
+    between them), and ``sparse_unit_overhead`` seconds per step per sparse variable or shard at
+    any world size, one rank included (coalescing its rows, packing, unpacking, building the
+    sparse gradient, finding the rows a server's step changed); ``comm_scale`` multiplies every wire time the
     microbenchmarks predict, and ``comm_oversubscription`` adds to it per unit of ranks beyond a
     host's cores (a collective inside a training step moves slower than in a lockstep
     microbenchmark: its peers arrive at different times, and on a CPU host its copies and
@@ -70,7 +71,7 @@ class CostParams:
     gather_peer_overhead: float = 0.0
     gossip_per_byte: float = 0.0
     gossip_tensor_overhead: float = 0.0
-    gather_call_overhead: float = 0.0
+    sparse_unit_overhead: float = 0.0
     comm_scale: float = 1.0
     comm_oversubscription: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default

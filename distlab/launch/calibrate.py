@@ -293,6 +293,7 @@ def measure_overhead(
                     "tensors": len(p.variables),
                     "calls": c.n_calls,
                     "gather_calls": c.ag_calls,
+                    "sparse_units": c.sparse_units,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,
                     "gossip_tensors": c.gossip_tensors * c.gossip_degree,
                     "measured": max(r[i] for r in per_rank),

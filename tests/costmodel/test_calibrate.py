@@ -134,31 +134,33 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
     from distlab.costmodel.calibrate import fit_overhead
 
     # per step, per extra rank, per tensor, wire scale - 1, wire scale per rank per core beyond one,
-    # per collective call, per call and peer (x time-slicing), per sparse-path call, per
+    # per collective call, per call and peer (x time-slicing), per sparse table or shard, per
     # sparse-path call and peer, per gossiped tensor and in-neighbour
     true = (0.3e-3, 0.7e-3, 50e-6, 0.5, 0.6, 80e-6, 0.3e-3, 0.2e-3, 0.5e-3, 40e-6)
     rows = []
-    cases = (
-        (4, 1, 0, 0, 0.2e-3, 0.1e-3),
-        (50, 2, 0, 0, 1.5e-3, 2e-3),
-        (20, 30, 24, 0, 1e-3, 1e-3),
-        (50, 1, 0, 52, 2e-3, 0.5e-3),
-        (10, 3, 0, 0, 5e-3, 4e-3),
+    cases = (  # tensors, calls, sparse-path calls, sparse units, gossiped tensors, predicted, comm
+        (4, 1, 0, 0, 0, 0.2e-3, 0.1e-3),
+        (50, 2, 0, 0, 0, 1.5e-3, 2e-3),
+        (20, 30, 3, 16, 0, 1e-3, 1e-3),
+        (14, 6, 3, 8, 0, 1e-3, 1e-3),
+        (50, 1, 0, 0, 52, 2e-3, 0.5e-3),
+        (10, 3, 0, 0, 0, 5e-3, 4e-3),
     )
     for world in (1, 2, 3, 4):
         sliced = max(1.0, world / 2)  # 2 cores: one thread per rank from 2 ranks on
-        for tensors, calls, gathers, gossip, predicted, comm in cases:
-            comm = comm * (world > 1)
+        for tensors, calls, gathers, units, gossip, predicted, comm in cases:
+            comm, calls, gathers = comm * (world > 1), calls * (world > 1), gathers * (world > 1)
             waits = (world - 1) * sliced
             over = true[0] + true[1] * (world - 1) + true[2] * tensors + true[3] * comm
             over += true[4] * (sliced - 1) * comm + true[5] * calls + true[6] * calls * waits
-            over += true[7] * gathers + true[8] * gathers * waits + true[9] * gossip * (world > 1)
+            over += true[7] * units + true[8] * gathers * waits + true[9] * gossip * (world > 1)
             rows.append(
                 {
                     "world": world,
                     "tensors": tensors,
                     "calls": calls,
                     "gather_calls": gathers,
+                    "sparse_units": units,
                     "gossip_tensors": gossip * (world > 1),
                     "comm": comm,
                     "predicted": predicted * world + comm,
@@ -176,7 +178,7 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
         p.comm_oversubscription * p.comm_scale,
         p.call_overhead,
         p.peer_call_overhead,
-        p.gather_call_overhead,
+        p.sparse_unit_overhead,
         p.gather_peer_overhead,
         p.gossip_tensor_overhead,
     )

@@ -8,7 +8,7 @@ import pytest
 
 from distlab.costmodel.collectives import collective_time
 from distlab.costmodel.compile import compile_strategy
-from distlab.strategy.types import GossipConfig, Partition, Sync, VariablePlan
+from distlab.strategy.types import BatchConfig, GossipConfig, Partition, Strategy, Sync, VariablePlan
 
 from .toys import ALPHA, BETA, allreduce, exact_model, plan, toy_profile, toy_resources
 
@@ -309,19 +309,31 @@ def test_sparse_gathers_wait_for_peers_on_their_own_figure():
     assert waits.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(3 * 3 * 2 * 1e-4)
 
 
-def test_sparse_path_calls_cost_the_runtime_and_one_rank_calls_none():
+def test_sparse_path_work_is_per_table_or_shard_on_any_world_size():
     from distlab.profile.model_profile import ModelProfile, VariableProfile
 
-    emb = VariableProfile(
-        "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
+    tables = tuple(
+        VariableProfile(
+            f"emb{i}", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer=f"emb{i}", touched_rows=100
+        )
+        for i in range(2)
     )
-    prof = ModelProfile((emb,), batch_size=32, step_time=0.01)
-    for world, expected in ((1, 0.0), (4, 3e-4)):  # counts, indices, values
+    prof = ModelProfile(tables, batch_size=32, step_time=0.01)
+    for world in (1, 4):
         res = toy_resources(world, cores=2)
-        s = plan(prof, [Sync("allgather")], res)
-        extra = exact_model(gather_call_overhead=1e-4).predict(prof, res, s).breakdown["comm"]
-        extra -= exact_model().predict(prof, res, s).breakdown["comm"]
-        assert extra == pytest.approx(expected)
+        for syncs, units in (([Sync("allgather")] * 2, 2), ([Sync("ps", server=0)] * 2, 2)):
+            s = plan(prof, syncs, res)
+            extra = exact_model(sparse_unit_overhead=1e-4).predict(prof, res, s).breakdown["comm"]
+            extra -= exact_model().predict(prof, res, s).breakdown["comm"]
+            # coalescing, packing and unpacking each table's rows: one rank does it too
+            assert extra == pytest.approx(units * 1e-4)
+    res = toy_resources(2)
+    split = tuple(
+        VariablePlan(t.name, partition=Partition(0, 2), shards=(Sync("ps", server=0), Sync("ps", server=1)))
+        for t in tables
+    )
+    s = Strategy(split, res.ranks, batch=BatchConfig(32, 1), builder="toy")
+    assert compile_strategy(prof, s).sparse_units == 4  # two shards per table
 
 
 def test_sparse_tables_share_one_packed_exchange_per_server():
