@@ -21,7 +21,8 @@ CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <
 # the local-step and training-loop stages: two tiny MLPs (4 and 26 trainable tensors: what a step
 # costs besides arithmetic), a wide MLP (megabytes on the wire), a small convnet (how a real
 # model's compute slows with ranks sharing cores) and a small wide-and-deep model (sparse tables),
-# under the runtime's main paths, at world sizes 1, 2 and the whole cluster
+# under the runtime's main paths, at world sizes 1, 2, one less than the whole cluster and the whole
+# cluster (on 2 cores: 1 and 2 ranks fit the cores, 3 and 4 take turns, each in its own way)
 OVERHEAD_LAYERS = (1, 12)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 12
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
@@ -136,7 +137,7 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     done("collectives")
     cases = _reference_cases()
     profiles = [dl.profile(m, batch_size=b) for m, _, b, _ in cases]
-    ref_worlds = sorted({1, min(2, res.world), res.world})
+    ref_worlds = sorted({1, min(2, res.world), max(1, res.world - 1), res.world})
     local = measure_models(
         lab, [(model_key(p), m, data, (b,)) for p, (m, data, b, _) in zip(profiles, cases)], ref_worlds
     )
