@@ -129,6 +129,22 @@ def test_unusable_rows_give_one_clear_error():
     assert set(TRUE) == set(COLLECTIVES)
 
 
+def overhead_terms(p) -> tuple[float, ...]:
+    """fit_overhead's coefficients, in its column order."""
+    return (
+    p.runtime_overhead,
+    p.rank_overhead,
+    p.hook_overhead,
+    p.comm_scale - 1.0,
+    p.comm_oversubscription * p.comm_scale,
+    p.call_overhead,
+    p.peer_call_overhead,
+    p.sparse_unit_overhead,
+    p.gather_peer_overhead,
+    p.gossip_tensor_overhead,
+)
+
+
 def test_the_runtimes_overhead_is_recovered_from_reference_runs():
     from distlab.costmodel import CostParams
     from distlab.costmodel.calibrate import fit_overhead
@@ -170,19 +186,7 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
                 }
             )
     p = fit_overhead(CostParams(), rows)
-    got = (
-        p.runtime_overhead,
-        p.rank_overhead,
-        p.hook_overhead,
-        p.comm_scale - 1.0,
-        p.comm_oversubscription * p.comm_scale,
-        p.call_overhead,
-        p.peer_call_overhead,
-        p.sparse_unit_overhead,
-        p.gather_peer_overhead,
-        p.gossip_tensor_overhead,
-    )
-    assert got == pytest.approx(true, rel=1e-5)
+    assert overhead_terms(p) == pytest.approx(true, rel=1e-5)
     assert p.compute_scale == 1.0 and p.step_overhead == 0.0  # the loop's own figures come from local steps
     model = CostModel(CostParams()).with_overhead(rows)
     assert model.params.hook_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
@@ -191,19 +195,7 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
     hit = [dict(r) for r in rows]
     hit[12]["measured"] *= 3
     p = fit_overhead(CostParams(), hit)
-    got = (
-        p.runtime_overhead,
-        p.rank_overhead,
-        p.hook_overhead,
-        p.comm_scale - 1.0,
-        p.comm_oversubscription * p.comm_scale,
-        p.call_overhead,
-        p.peer_call_overhead,
-        p.sparse_unit_overhead,
-        p.gather_peer_overhead,
-        p.gossip_tensor_overhead,
-    )
-    assert got == pytest.approx(true, rel=0.08)
+    assert overhead_terms(p) == pytest.approx(true, rel=0.08)
     # rows that exercise no wire time leave its scale alone
     idle = [dict(r, comm=0.0) for r in rows]
     assert fit_overhead(CostParams(), idle).comm_scale == 1.0
