@@ -222,19 +222,22 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
     seconds (predicted by ``params`` without these terms, the reference model's compute taken
     from its measured local step) and, optionally, ``comm`` (the predicted communication on the
-    wire, exposed), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
+    wire, exposed), ``comm_alpha`` (the same with every beta at 0), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
     all-gather path), ``sparse_units`` (sparse variables or shards), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
     and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
     squares on relative residuals (small steps weigh as much as large ones)::
 
         measured - predicted = runtime_overhead + rank_overhead (world - 1) + hook_overhead tensors
-                               + (comm_scale - 1) comm + comm_oversubscription (s - 1) comm
+                               + (comm_scale - 1) (comm - comm_alpha) + (alpha_scale - 1) comm_alpha
+                               + comm_oversubscription (s - 1) comm
                                + call_overhead calls + peer_call_overhead calls (world - 1) s
                                + sparse_unit_overhead sparse_units
                                + gather_peer_overhead gather_calls (world - 1) s
                                + gossip_tensor_overhead gossip_tensors
 
-    every term non-negative except ``comm_scale`` (a wire faster in training than measured).
+    every term non-negative except ``comm_scale`` and ``alpha_scale`` (a wire faster in training
+    than measured), where ``comm_alpha`` is the part of ``comm`` that the latency terms make
+    (``comm`` predicted with every beta at 0).
     """
     from distlab.costmodel.contention import time_slicing
 
@@ -251,32 +254,35 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         sliced = time_slicing(n, c)
         peers = float(r["world"]) - 1.0
         comm = float(r.get("comm") or 0.0)
+        comm_alpha = min(float(r.get("comm_alpha") or 0.0), comm)
         gathers = float(r.get("gather_calls") or 0.0)
         X.append(
             [
                 1.0,
                 peers,
                 float(r["tensors"]),
-                comm,
+                comm - comm_alpha,
                 comm * (sliced - 1.0),
                 float(r.get("calls") or 0.0),
                 float(r.get("calls") or 0.0) * peers * sliced,
                 float(r.get("sparse_units") or 0.0),
                 gathers * peers * sliced,
                 float(r.get("gossip_tensors") or 0.0),
+                comm_alpha,
             ]
         )
         y.append(float(r["measured"]) - float(r["predicted"]))
         w.append(1.0 / max(float(r["measured"]), 1e-9))
-    lower = [0.0] * 10
-    lower[3] = -0.9  # comm_scale down to 0.1
+    lower = [0.0] * 11
+    lower[3] = lower[10] = -0.9  # comm_scale and alpha_scale down to 0.1
     coef = _bounded_fit(np.array(X), np.array(y), np.array(w), lower)
     return params.with_(
         runtime_overhead=float(coef[0]),
         rank_overhead=float(coef[1]),
         hook_overhead=float(coef[2]),
-        comm_scale=params.comm_scale * (1.0 + float(coef[3])),
-        comm_oversubscription=float(coef[4]) / (1.0 + float(coef[3])),  # of the scaled wire time
+        comm_scale=params.comm_scale + float(coef[3]),
+        alpha_scale=params.alpha_scale + float(coef[10]),
+        comm_oversubscription=params.comm_oversubscription + float(coef[4]),
         call_overhead=float(coef[5]),
         peer_call_overhead=float(coef[6]),
         sparse_unit_overhead=float(coef[7]),

@@ -116,14 +116,13 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     p = np.broadcast_to(
         np.asarray(env.world, dtype=float), np.broadcast_shapes(np.shape(env.world), (len(b.items), 1))
     )
-    # a collective in a training step: the microbenchmarks' wire time, scaled (more when ranks take turns)
+    # a collective in a training step: the microbenchmarks' latency and byte terms, each scaled
+    # (both more when ranks take turns on the cores)
     sliced = np.asarray(env.sliced, dtype=float)
-    wire = prm.comm_scale * (1.0 + prm.comm_oversubscription * (sliced - 1.0))
-    if np.all(wire == 1.0):
-        al, be = env.alpha, env.beta
-    else:
-        al = {c: a * wire for c, a in env.alpha.items()}
-        be = {c: b * wire for c, b in env.beta.items()}
+    turns = prm.comm_oversubscription * (sliced - 1.0)
+    wire_a, wire_b = prm.alpha_scale + turns, prm.comm_scale + turns
+    al = env.alpha if np.all(wire_a == 1.0) else {c: a * wire_a for c, a in env.alpha.items()}
+    be = env.beta if np.all(wire_b == 1.0) else {c: b * wire_b for c, b in env.beta.items()}
     slow = np.asarray(env.slowdown, dtype=float)
     fwd = col(b.fwd) * slow * prm.compute_scale
     bwd = col(b.bwd) * slow * prm.compute_scale

@@ -41,11 +41,13 @@ class CostParams:
     ``gather_peer_overhead`` the same for the sparse all-gather path's calls (row packing and coalescing
     between them), and ``sparse_unit_overhead`` seconds per step per sparse variable or shard at
     any world size, one rank included (coalescing its rows, packing, unpacking, building the
-    sparse gradient, finding the rows a server's step changed); ``comm_scale`` multiplies every wire time the
-    microbenchmarks predict, and ``comm_oversubscription`` adds to it per unit of ranks beyond a
-    host's cores (a collective inside a training step moves slower than in a lockstep
-    microbenchmark: its peers arrive at different times, and on a CPU host its copies and
-    reductions compete with the ranks' compute for the same cores); ``gossip_per_byte`` seconds
+    sparse gradient, finding the rows a server's step changed); ``comm_scale`` multiplies the byte (beta) terms
+    of every wire time the microbenchmarks predict and ``alpha_scale`` their latency (alpha)
+    terms, and ``comm_oversubscription`` adds to both per unit of ranks beyond a host's cores
+    (inside a training step bytes move slower than in a lockstep microbenchmark: peers arrive at
+    different times, and on a CPU host copies and reductions compete with the ranks' compute for
+    the same cores; while calls issued back to back, asynchronously, overlap part of their
+    latencies, which a microbenchmark timing each call after a barrier does not); ``gossip_per_byte`` seconds
     per gossiped byte per in-neighbour of local work (flatten, mix, unflatten; not fitted by ``Lab.calibrate``, whose reference models are too
     small to tell it from the per-tensor work) and ``gossip_tensor_overhead`` seconds per gossiped
     tensor per in-neighbour (the per-tensor dispatch of the same). ``oversubscription``: extra
@@ -73,6 +75,7 @@ class CostParams:
     gossip_tensor_overhead: float = 0.0
     sparse_unit_overhead: float = 0.0
     comm_scale: float = 1.0
+    alpha_scale: float = 1.0
     comm_oversubscription: float = 0.0
     bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
     ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
@@ -87,10 +90,10 @@ class CostParams:
             if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
                 raise CalibrationError(f"alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
         negative = [f.name for f in fields(self) if f.type == "float" and getattr(self, f.name) < 0]
-        if negative or self.compute_scale <= 0 or self.comm_scale <= 0:
+        if negative or min(self.compute_scale, self.comm_scale, self.alpha_scale) <= 0:
             raise CalibrationError(
-                f"CostParams: {', '.join(negative) or 'compute_scale and comm_scale'} must be >= 0 "
-                "(compute_scale and comm_scale > 0); "
+                f"CostParams: {', '.join(negative) or 'compute_scale, comm_scale and alpha_scale'} must be >= 0 "
+                "(compute_scale, comm_scale and alpha_scale > 0); "
                 "write params with CostModel.save() or Lab.calibrate()"
             )
 

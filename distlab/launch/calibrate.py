@@ -285,8 +285,12 @@ def measure_overhead(
         except LaunchError as exc:
             raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
         host = sub.ranks[0].host
+        latency_only = cm.with_params(
+            cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in cm.params.alpha_beta.items()})
+        )
         for i, (p, s, _) in enumerate(plans):
             pred, c = cm.predict(p, sub, s), cm.compile(p, s)
+            lat = latency_only.predict(p, sub, s)
             rows.append(
                 {
                     "world": k,
@@ -301,6 +305,7 @@ def measure_overhead(
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],
                     "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed
+                    "comm_alpha": lat.breakdown["comm"] - lat.detail["calls"],  # of which latencies
                     "ranks_on_host": len(sub.ranks_on(host)),
                     "cores": sub.cores.get(host),
                 }
