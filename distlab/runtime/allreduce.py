@@ -48,6 +48,9 @@ class Bucket:
         self._dtype = units[0].param.dtype
 
     def launch(self) -> None:
+        if self.world == 1 and self.compressor.dtype is None:
+            self._wire = None  # one rank: every gradient already is the global one, left in place
+            return
         if len(self.units) == 1 and self.units[0].axis is None:
             g = dense_grad(self.units[0])
             # one whole variable (a large matrix gets a bucket to itself): reduce its gradient in
@@ -63,6 +66,12 @@ class Bucket:
     def finish(self) -> None:
         if self._work is not None:
             self.wait(self._work)
+        if self._wire is None:
+            for u in self.units:
+                g = dense_grad(u)
+                if u.shadow is not None:
+                    u.shadow.grad = g
+            return
         flat = self.compressor.decode(self._wire, self._dtype)
         offset = 0
         for u in self.units:  # gradients become views of the reduced buffer (no copy back)

@@ -33,7 +33,9 @@ class DenseReduce:
         self._work: Any = None
 
     def launch(self) -> None:
-        self._buf = dense_grad(self.u).div(self.world).contiguous()  # a fresh tensor
+        g = dense_grad(self.u)
+        # a fresh tensor (the reduce writes into it); one rank's gradient is the global one as it is
+        self._buf = g.div(self.world).contiguous() if self.world > 1 else (g if g.is_contiguous() else g.contiguous())
         if self.world > 1:  # one rank: its gradient is the sum
             self._work = dist.reduce(self._buf, dst=self.u.sync.server, op=dist.ReduceOp.SUM, async_op=True)
 
@@ -88,9 +90,16 @@ class ServerBroadcast:
     """The value half: after the server's optimizer step, send the new value (or the changed rows) to all."""
 
     def __init__(
-        self, units: list[SyncUnit], rank: int, sparse_ids: set[int], wait: Callable[[Any], None]
+        self,
+        units: list[SyncUnit],
+        rank: int,
+        sparse_ids: set[int],
+        wait: Callable[[Any], None],
+        packed: bool = True,
     ) -> None:
-        self.units, self.rank, self.wait = units, rank, wait
+        """``packed``: a server's sparse variables share one broadcast of counts, rows and values;
+        False sends each variable's on its own."""
+        self.units, self.rank, self.wait, self.packed = units, rank, wait, packed
         self.sparse = [u for u in units if id(u.param) in sparse_ids]
         self.dense = [u for u in units if id(u.param) not in sparse_ids]
         self._before: dict[int, torch.Tensor] = {}
@@ -146,7 +155,7 @@ class ServerBroadcast:
             return
         groups: dict[tuple, list[int]] = {}
         for i, u in enumerate(self.sparse):
-            groups.setdefault((u.sync.server, u.target.dtype), []).append(i)
+            groups.setdefault((u.sync.server, u.target.dtype, None if self.packed else i), []).append(i)
         changed = {i: self._changed_rows(i, u) for i, u in enumerate(self.sparse) if u.sync.server == self.rank}
         moved = []
         if dist.get_world_size() > 1:  # one rank serves everything: nothing to send

@@ -38,8 +38,10 @@ class Synchronizer:
         error_feedback: bool = False,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         wait: Callable[[Any], None] = block,
+        packed: bool = True,
     ) -> None:
-        self.wait = wait
+        """``packed``: every sparse table in one exchange (runtime/sparse.py); False runs one per table."""
+        self.wait, self.packed = wait, packed
         self.model, self.units, self.rank, self.world = model, units, rank, world
         sparse = sparse_param_ids(model)
         order = {id(p): i for i, p in enumerate(model.parameters())}
@@ -73,7 +75,7 @@ class Synchronizer:
         served = [u.target for u in units if u.sync.kind == "ps" and u.sync.server == rank]
         self.local_opt = make_optimizer(local) if local else None
         self.server_opt = make_optimizer(served) if served else None
-        self.broadcast = ServerBroadcast(self.ps_units, rank, sparse, wait)
+        self.broadcast = ServerBroadcast(self.ps_units, rank, sparse, wait, packed)
         self.gossip = (
             Gossip([u.target for u in gossip_units], topology, gossip_mode, rank, world, wait)
             if gossip_units
@@ -118,10 +120,12 @@ class Synchronizer:
         self._launch_ready(force=True)  # variables that got no gradient this step
         for t in self.tasks:
             t.finish()
-        allgather_sparse([u for u in self.sparse_units if u.sync.kind == "allgather"], self.wait)
-        gather_sparse_to_servers(
-            [u for u in self.sparse_units if u.sync.kind == "ps"], self.world, self.rank, self.wait
-        )
+        gathered = [u for u in self.sparse_units if u.sync.kind == "allgather"]
+        served = [u for u in self.sparse_units if u.sync.kind == "ps"]
+        for group in [gathered] if self.packed else [[u] for u in gathered]:
+            allgather_sparse(group, self.wait)
+        for group in [served] if self.packed else [[u] for u in served]:
+            gather_sparse_to_servers(group, self.world, self.rank, self.wait)
         comm = time.perf_counter() - t0
         self.broadcast.before_step(self.server_opt)
         if self.local_opt is not None:

@@ -123,7 +123,19 @@ def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Call
         error_feedback=ef,
         bucket_bytes=int(job.extra.get("bucket_bytes", DEFAULT_BUCKET_BYTES)),
         wait=wait,
+        packed=_sparse_exchange(job) == "packed",
     )
+
+
+def _sparse_exchange(job: RankJob) -> str:
+    """``RankJob.extra["sparse_exchange"]``: "packed" (default: every table in one exchange) or
+    "per_table" (one exchange per table, as a baseline for benchmarks)."""
+    mode = job.extra.get("sparse_exchange", "packed")
+    if mode not in ("packed", "per_table"):
+        raise LaunchError(
+            f"RankJob.extra['sparse_exchange']: {mode!r}; expected 'packed' (the default) or 'per_table'"
+        )
+    return mode
 
 
 def _train(

@@ -26,6 +26,10 @@ SMALL: dict[str, dict] = {
     "bench/runtime-overhead": {"models": {"mlp": SMALL_MLP}, "batch": {"mlp": 8}, "steps": 4, "warmup": 1, "repeats": 1},
     "bench/gossip-vs-allreduce": {"worlds": [2], "model_opts": SMALL_MLP, "steps": 4, "warmup": 1, "repeats": 1},
     "bench/ps-vs-allreduce": {"model_opts": {"rows": 2000, "fields": 2}, "steps": 4, "warmup": 1, "repeats": 1},
+    "bench/sparse-exchange": {
+        "model": ["wide_deep", {"rows": 2000, "fields": 2}], "builders": ["PS"], "worlds": [2], "steps": 4,
+        "warmup": 1, "repeats": 1,
+    },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/cost-model-accuracy": {

@@ -159,8 +159,10 @@ def make_job(
 ) -> RankJob:
     model = MODELS[model_kind]()
     extra = {"ddp": True} if case.endswith("+ddp") else {}
+    if case.endswith("+per_table"):  # the sparse kernels one table at a time (the benchmark's baseline)
+        extra = {"sparse_exchange": "per_table"}
     run_id = f"{case}-{model_kind}-{opt}-{kw.pop('tag', '')}"
-    case = case.removesuffix("+ddp")
+    case = case.removesuffix("+ddp").removesuffix("+per_table")
     return RankJob(
         rank=rank,
         world=world,

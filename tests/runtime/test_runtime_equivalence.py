@@ -37,6 +37,8 @@ CASES = [
     ("allgather", "sparse", "sgd"),
     ("sparse_ps_partitioned", "sparse", "sgd"),
     ("mixed", "sparse", "sgd"),
+    ("builder:PartitionedPS:servers=all+per_table", "sparse", "sgd"),  # one exchange per table
+    ("mixed+per_table", "sparse", "sgd"),
 ]
 
 

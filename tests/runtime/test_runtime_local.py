@@ -92,3 +92,15 @@ def test_steps_not_after_start_step_is_an_error():
     job = make_job(0, 1, "", 0, "builder:PS", "dense", "sgd", 2, start_step=2)
     with pytest.raises(LaunchError, match="steps: 2 <= start_step 2"):
         run_rank(job, store=dist.HashStore())
+
+
+def test_an_unknown_sparse_exchange_mode_is_refused_naming_the_choices():
+    from types import SimpleNamespace
+
+    from distlab.errors import LaunchError
+    from distlab.runtime.trainer import _sparse_exchange
+
+    assert _sparse_exchange(SimpleNamespace(extra={})) == "packed"
+    assert _sparse_exchange(SimpleNamespace(extra={"sparse_exchange": "per_table"})) == "per_table"
+    with pytest.raises(LaunchError, match=r"extra\['sparse_exchange'\]: 'bulk'; expected 'packed'"):
+        _sparse_exchange(SimpleNamespace(extra={"sparse_exchange": "bulk"}))
