@@ -8,14 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import (
-    Packed,
-    by_dtype,
-    exchange_counts,
-    own_sparse_grad,
-    to_sparse_grad,
-    units_rows,
-)
+from distlab.runtime.sparse import Packed, by_dtype, rows_and_counts, to_sparse_grad
 
 
 def allgather_sparse(units: Sequence[SyncUnit], wait: Callable[[Any], None]) -> None:
@@ -31,12 +24,9 @@ def allgather_sparse(units: Sequence[SyncUnit], wait: Callable[[Any], None]) -> 
     if not units:
         return
     world = dist.get_world_size()
-    rows = units_rows(units)
-    if world == 1:
-        for u, (idx, vals) in zip(units, rows):
-            u.target.grad = own_sparse_grad(idx, vals, u.target.shape)
+    rows, counts = rows_and_counts(units, world, wait)
+    if counts is None:
         return
-    counts = exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
     works = []
     for members in by_dtype(units, rows).values():
         packed = Packed([rows[i] for i in members], counts[:, members])

@@ -11,14 +11,7 @@ import torch.distributed as dist
 
 from distlab.runtime.allreduce import dense_grad
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import (
-    Packed,
-    by_dtype,
-    exchange_counts,
-    own_sparse_grad,
-    to_sparse_grad,
-    units_rows,
-)
+from distlab.runtime.sparse import Packed, by_dtype, rows_and_counts, to_sparse_grad
 
 
 class DenseReduce:
@@ -57,12 +50,9 @@ def gather_sparse_to_servers(units: Sequence[SyncUnit], world: int, rank: int, w
     units = list(units)
     if not units:
         return
-    rows = units_rows(units)
-    if world == 1:
-        for u, (idx, vals) in zip(units, rows):
-            u.target.grad = own_sparse_grad(idx, vals, u.target.shape)
+    rows, counts = rows_and_counts(units, world, wait)
+    if counts is None:
         return
-    counts = exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
     works = []
     for (server, _), members in by_dtype(units, rows, lambda u: u.sync.server).items():
         packed = Packed([rows[i] for i in members], counts[:, members])

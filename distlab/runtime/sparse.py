@@ -69,6 +69,21 @@ def own_sparse_grad(idx: torch.Tensor, vals: torch.Tensor, shape: torch.Size) ->
     )
 
 
+def rows_and_counts(
+    units: Sequence[SyncUnit], world: int, wait: Callable[[Any], None]
+) -> tuple[list[Rows], torch.Tensor | None]:
+    """Each unit's rows and every rank's counts of them (one all-gather for all units).
+
+    One rank has nothing to exchange: its rows become its gradients here and counts is None.
+    """
+    rows = units_rows(units)
+    if world == 1:
+        for u, (idx, vals) in zip(units, rows):
+            u.target.grad = own_sparse_grad(idx, vals, u.target.shape)
+        return rows, None
+    return rows, exchange_counts([idx.shape[0] for idx, _ in rows], rows[0][0].device, wait)
+
+
 def exchange_counts(counts: Sequence[int], device: torch.device, wait: Callable[[Any], None]) -> torch.Tensor:
     """Every rank's row count per unit, ``(world, units)``, via one tiny all-gather."""
     world = dist.get_world_size()
