@@ -34,8 +34,8 @@ class CostParams:
     seconds per step, ``hook_overhead`` seconds per step per trainable tensor and
     ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
     one); ``call_overhead`` seconds of
-    the runtime's own work around each collective call (packing, sparse coalescing; counted in
-    ``comm``, even on one rank, where the wire costs nothing), and ``peer_call_overhead`` seconds
+    the runtime's own work around each collective call (packing, dispatch; counted in ``comm``;
+    one rank makes no calls), and ``peer_call_overhead`` seconds
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
     scheduled and to reach it, which microbenchmarks run in lockstep do not see);
     ``gather_peer_overhead`` the same for the sparse all-gather path's calls (row packing and coalescing
