@@ -280,8 +280,7 @@ def local_step_worlds(
     its own term). The ranks of a world size start each case together (a barrier) and the
     others wait, so each measurement sees exactly ``k`` busy ranks: compute under real
     contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``).
-    Every case first runs once untimed; then every world size is measured ``LOCAL_PASSES`` times,
-    in turn. Returns ``{k: this rank's seconds per step per case}`` (the faster pass of
+    Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's seconds per step per case}`` (the faster pass of
     ``_time_local``: a pass hit by a slow moment of a shared machine, 50x the other one has been
     seen, must not become the model's compute) for the worlds it was in.
     """
@@ -294,11 +293,8 @@ def local_step_worlds(
     store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
     passes: dict[tuple[int, int], list[float]] = {}
     with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
-        top = max(worlds)
-        torch.set_num_threads(int(threads[top][rank]))
-        for model, data, batch in cases:  # untimed, every rank: first touches of memory, lazy initialisation
+        for model, _, _ in cases:
             model.train()
-            _time_local(model, data, batch, rank, top, 2, seconds=0.0)
         for _ in range(LOCAL_PASSES):  # the world sizes in turn, twice: a slow minute hits both less
             for k in worlds:
                 if rank < k:
