@@ -280,9 +280,10 @@ def local_step_worlds(
     its own term). The ranks of a world size start each case together (a barrier) and the
     others wait, so each measurement sees exactly ``k`` busy ranks: compute under real
     contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``).
-    Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's seconds per step per case}`` (the faster pass of
-    ``_time_local``: a pass hit by a slow moment of a shared machine, 50x the other one has been
-    seen, must not become the model's compute) for the worlds it was in.
+    Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's
+    seconds per step per case}`` (the faster pass of ``_time_local``: a pass hit by a slow moment
+    of a shared machine, 50x the other one has been seen, must not become the model's compute)
+    for the worlds it was in.
     """
     from datetime import timedelta
 
@@ -307,9 +308,7 @@ def local_step_worlds(
     return {k: [min(passes[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
 
 
-def _time_local(
-    model: Any, data: Any, batch: int, rank: int, k: int, steps: int, seconds: float = LOCAL_SECONDS
-) -> float:
+def _time_local(model: Any, data: Any, batch: int, rank: int, k: int, steps: int) -> float:
     """Mean wall-clock seconds per local step over at least ``steps`` steps (more, up to
     ``LOCAL_SECONDS``, when steps are short). The mean, not the median: a rank descheduled
     while ranks outnumber cores loses that time in whichever step it falls, and a
@@ -321,7 +320,7 @@ def _time_local(
     for i in range(LOCAL_WARMUP):
         step(i * batch * k)
     n, t0 = 0, time.perf_counter()
-    end = t0 + seconds
+    end = t0 + LOCAL_SECONDS
     while n < steps or (time.perf_counter() < end and n < LOCAL_MAX_STEPS):
         step((LOCAL_WARMUP + n) * batch * k)
         n += 1
