@@ -119,8 +119,8 @@ def fit_microbenchmarks(
         )
     compute = [r for r in rows if r["collective"] == "compute"]
     kappa, eff = fit_contention(compute), fit_thread_efficiency(compute)
-    opt = [
-        float(r["seconds"]) / float(r["nbytes"])
+    opt = [  # one rank alone where measured: the model applies the contention of the world it predicts
+        float(r.get("alone") or r["seconds"]) / float(r["nbytes"])
         for r in rows
         if r["collective"] == "optimizer" and float(r.get("nbytes", 0)) > 0
     ]

@@ -37,9 +37,23 @@ def _gemm(a: torch.Tensor, b: torch.Tensor) -> None:
         torch.mm(a, b)
 
 
-def _sgd(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor) -> None:
-    buf.mul_(0.9).add_(g)
-    p.add_(buf, alpha=-0.01)
+def _optimizer_step() -> Any:
+    """One step of the runtime's default optimizer (plain SGD) over ``OPT_NUMEL`` parameters."""
+    from distlab.runtime.trainer import default_optimizer
+
+    p = torch.nn.Parameter(torch.zeros(OPT_NUMEL))
+    p.grad = torch.ones(OPT_NUMEL)
+    return default_optimizer([p]).step
+
+
+def _time_alone(fn: Any, repeats: int) -> list[float]:
+    """Per-repeat seconds of ``fn`` on this rank alone (the others wait at a barrier)."""
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def _time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1) -> list[float]:
@@ -109,8 +123,9 @@ def microbench_rank(
     the larger sizes are skipped (all ranks agree). Rows: ``collective, world, nbytes, seconds,
     link, repeats`` (sendrecv: one-way seconds; allgather: bytes contributed per rank), then a
     ``compute`` row (``seconds`` all busy, ``alone``, ``contention``, ``threads``, ``flops``,
-    ``ranks_on_host``, ``cores``) and an ``optimizer`` row (seconds per SGD-momentum update of
-    ``nbytes`` parameter bytes, all ranks busy).
+    ``ranks_on_host``, ``cores``) and an ``optimizer`` row (seconds per step of the runtime's
+    default optimizer over ``nbytes`` parameter bytes: ``seconds`` all ranks busy, ``alone`` one
+    rank at a time; the cost model applies its own contention to the latter).
     """
     members = (
         list(dist.get_process_group_ranks(group)) if group is not None else list(range(dist.get_world_size()))
@@ -148,24 +163,20 @@ def _compute_rows(
     g = torch.Generator().manual_seed(0)
     a = torch.randn(GEMM_N, GEMM_N, generator=g)
     b = torch.randn(GEMM_N, GEMM_N, generator=g)
+    step = _optimizer_step()
     _gemm(a, b)  # warm-up
-    alone = 0.0
+    step()
+    alone = opt_alone = 0.0
     for turn in range(world):
         dist.barrier(group=group)
         if turn == local:
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                _gemm(a, b)
-                ts.append(time.perf_counter() - t0)
-            alone = statistics.median(ts)
+            alone, opt_alone = (statistics.median(_time_alone(fn, repeats)) for fn in (lambda: _gemm(a, b), step))
         dist.barrier(group=group)
     busy = statistics.median(_time_reps(lambda: _gemm(a, b), repeats, group, warmup=0))
-    p, gr, buf = torch.zeros(OPT_NUMEL), torch.ones(OPT_NUMEL), torch.zeros(OPT_NUMEL)
-    opt = statistics.median(_time_reps(lambda: _sgd(p, gr, buf), repeats, group))
-    t = torch.tensor([alone, busy, opt], dtype=torch.float64)
+    opt = statistics.median(_time_reps(step, repeats, group))
+    t = torch.tensor([alone, busy, opt, opt_alone], dtype=torch.float64)
     dist.all_reduce(t, group=group)  # mean over ranks
-    alone, busy, opt = (t / world).tolist()
+    alone, busy, opt, opt_alone = (t / world).tolist()
     me = hosts[local]
     flops = 2.0 * GEMM_N**3 * GEMM_ITERS
     return [
@@ -181,7 +192,7 @@ def _compute_rows(
             "cores": _cores(),
             "host": me,
         },
-        {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt},
+        {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt, "alone": opt_alone},
     ]
 
 

@@ -80,6 +80,8 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     assert all(r["link"] == "intra" for r in rows) and {r["world"] for r in rows} == {1, 2}
     comp = next(r for r in rows if r["collective"] == "compute" and r["world"] == 2)
     assert comp["alone"] > 0 and comp["seconds"] > 0 and comp["threads"] == 1 and comp["ranks_on_host"] == 2
+    opt = next(r for r in rows if r["collective"] == "optimizer" and r["world"] == 2)
+    assert opt["nbytes"] == 8 << 20 and opt["alone"] > 0 and opt["seconds"] > 0
 
     # rank 0 also measured a one-rank sub-group: no collectives, compute alone
     solo = [r for r in rows if r["world"] == 1]
