@@ -68,13 +68,23 @@ def plan_grid(
 
 
 def measure_grid(
-    lab: Any, configs: list[dict[str, Any]], *, steps: int, repeats: int, progress: Callable[[str], None] | None = None
+    lab: Any,
+    configs: list[dict[str, Any]],
+    *,
+    steps: int,
+    repeats: int,
+    progress: Callable[[str], None] | None = None,
+    first_repeat: int = 0,
 ) -> pd.DataFrame:
-    """Run every configuration ``repeats`` times, round by round (interleaved), on ``lab``."""
+    """Run every configuration ``repeats`` times, round by round (interleaved), on ``lab``.
+
+    Rounds are numbered from ``first_repeat`` (the ``repeat`` column and the data's seed): a
+    caller interleaving rounds across Labs (one per world size) calls this once per round.
+    """
     import distlab as dl
 
     rows = []
-    for rep in range(repeats):
+    for rep in range(first_repeat, first_repeat + repeats):
         order = configs if rep % 2 == 0 else list(reversed(configs))
         for c in order:
             data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=rep)
