@@ -30,7 +30,9 @@ BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 WIDE_WIDTH = 768  # an MLP of 4.8 MB of gradients in 5 tensors: collectives that move bytes
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
-CALIBRATION_FORMAT = 3  # what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB, no calls on one rank)
+# what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB,
+# no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone)
+CALIBRATION_FORMAT = 4
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 

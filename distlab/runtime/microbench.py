@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20)  # buckets are <= 4 MiB
+# buckets are <= 4 MiB; larger messages (a big variable to its server) follow the fitted beta
+DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
 GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
 OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
@@ -291,6 +292,11 @@ def local_step_worlds(
     its own term). The ranks of a world size start each case together (a barrier) and the
     others wait, so each measurement sees exactly ``k`` busy ranks: compute under real
     contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``).
+    The ``k`` ranks step in lockstep, as a synchronous run does: after each step they agree
+    (one 4-byte all-reduce) whether to go on, so each step waits for the slowest rank. Ranks
+    left to run freely drift out of phase and never wait; on this 2-core machine the lockstep
+    step was 10-50% slower (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in
+    lockstep; a real run 115-119 ms), which a model of synchronous training must include.
     Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's
     seconds per step per case}`` (the faster pass of ``_time_local``: a pass hit by a slow moment
     of a shared machine, 50x the other one has been seen, must not become the model's compute)
@@ -307,34 +313,48 @@ def local_step_worlds(
     with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
         for model, _, _ in cases:
             model.train()
+        # ranks 0..k-1 of each world size, for their lockstep (every rank joins every new_group)
+        groups = {k: dist.new_group(list(range(k))) for k in worlds if 1 < k < world}
         for _ in range(LOCAL_PASSES):  # the world sizes in turn, twice: a slow minute hits both less
             for k in worlds:
                 if rank < k:
                     torch.set_num_threads(int(threads[k][rank]))
+                lockstep = None if k == 1 else groups.get(k, dist.group.WORLD)
                 for i, (model, data, batch) in enumerate(cases):
                     dist.barrier()
                     if rank < k:
-                        passes.setdefault((k, i), []).append(_time_local(model, data, batch, rank, k, steps))
+                        passes.setdefault((k, i), []).append(
+                            _time_local(model, data, batch, rank, k, steps, lockstep)
+                        )
         dist.barrier()
     return {k: [min(passes[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
 
 
-def _time_local(model: Any, data: Any, batch: int, rank: int, k: int, steps: int) -> float:
+def _time_local(
+    model: Any, data: Any, batch: int, rank: int, k: int, steps: int, lockstep: Any = None
+) -> float:
     """Mean wall-clock seconds per local step over at least ``steps`` steps (more, up to
     ``LOCAL_SECONDS``, when steps are short). The mean, not the median: a rank descheduled
     while ranks outnumber cores loses that time in whichever step it falls, and a
-    synchronous run pays it every step."""
+    synchronous run pays it every step. ``lockstep``: the group of the ``k`` ranks, which
+    agree after every step whether to go on (each step then waits for the slowest rank)."""
     from distlab.runtime.data import RankBatches
     from distlab.runtime.trainer import default_loss
 
     step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), default_loss)
     for i in range(LOCAL_WARMUP):
         step(i * batch * k)
-    n, t0 = 0, time.perf_counter()
+    vote = torch.zeros(1)
+    n, more, t0 = 0, True, time.perf_counter()
     end = t0 + LOCAL_SECONDS
-    while n < steps or (time.perf_counter() < end and n < LOCAL_MAX_STEPS):
+    while more:
         step((LOCAL_WARMUP + n) * batch * k)
         n += 1
+        more = n < steps or (time.perf_counter() < end and n < LOCAL_MAX_STEPS)
+        if lockstep is not None:  # go on while any rank wants to: every rank takes as many steps
+            vote[0] = float(more)
+            dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=lockstep)
+            more = bool(vote.item() > 0)
     return (time.perf_counter() - t0) / n
 
 
