@@ -33,7 +33,7 @@ class CostParams:
     hooks, bucket copies, per-tensor dispatch; the training-loop stage) ``runtime_overhead``
     seconds per step, ``hook_overhead`` seconds per step per trainable tensor and
     ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
-    one); ``call_overhead`` seconds of
+    one beyond what the lockstep local steps already wait); ``call_overhead`` seconds of
     the runtime's own work around each collective call (packing, dispatch; counted in ``comm``;
     one rank makes no calls), and ``peer_call_overhead`` seconds
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
