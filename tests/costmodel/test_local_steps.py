@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
-import queue
 import time
 
 import pytest
 import torch
+
+from .gloo_ranks import spawn_ranks
 
 SLOW = 0.01  # seconds rank 0 sleeps in every forward
 
@@ -41,29 +41,7 @@ def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ranks_of_a_world_size_wait_for_the_slowest_every_step():
-    import torch.distributed as dist
-
-    world = 3
-    store = dist.TCPStore(
-        "127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30)
-    )
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_body, args=(r, world, store.port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in range(world):
-            rank, seconds = out.get(timeout=90)
-            results[rank] = seconds
-    except queue.Empty:
-        pytest.fail("local_step_worlds ranks did not report within 90 s (a lockstep that never agreed?)")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    results = spawn_ranks(_rank_body, 3, "local_step_worlds ranks (a lockstep that never agreed?)")
     # each rank reports the world sizes it was busy in: rank 0 in 1, 2, 3; rank 2 only in 3
     assert {r: sorted(s) for r, s in results.items()} == {0: [1, 2, 3], 1: [2, 3], 2: [3]}
     # alone, rank 0's step is its own sleep; in 2 and 3 ranks (a sub-group, then the whole

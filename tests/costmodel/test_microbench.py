@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
-import queue
 
 import pytest
 
 from distlab.costmodel import CostModel
+
+from .gloo_ranks import spawn_ranks
 
 
 def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
@@ -33,34 +34,7 @@ def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
 
 
 def _run_ranks(world: int) -> dict[int, list[dict]]:
-    import torch.distributed as dist
-
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        world + 1,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_body, args=(r, world, store.port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in range(world):
-            rank, rows = out.get(timeout=90)
-            results[rank] = rows
-    except queue.Empty:
-        pytest.fail("microbench ranks did not report within 90 s")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return results
+    return spawn_ranks(_rank_body, world, "microbench ranks")
 
 
 @pytest.mark.slow
