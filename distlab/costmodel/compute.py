@@ -1,7 +1,8 @@
 """A model's own step measured on the cluster: compute with every rank busy at once, per world size.
 
 ``Lab.calibrate(models=[...])`` runs each model's local step (data, forward, loss, backward; no
-synchronisation, no optimizer) on every rank of a sub-cluster at once, at each world size and at
+gradient exchange, no optimizer; the ranks in lockstep, each step waiting for the slowest) on
+every rank of a sub-cluster at once, at each world size and at
 two per-replica batch sizes (``runtime.microbench.local_step_worlds``). The rows, one per
 (model, ranks on the host, batch)::
 
