@@ -124,11 +124,17 @@ def fit_microbenchmarks(
         for r in rows
         if r["collective"] == "optimizer" and float(r.get("nbytes", 0)) > 0
     ]
+    copy = [
+        float(r.get("alone") or r["seconds"]) / float(r["nbytes"])
+        for r in rows
+        if r["collective"] == "copy" and float(r.get("nbytes", 0)) > 0
+    ]
     params = base.with_(
         alpha_beta=ab,
         contention=base.contention if kappa is None else kappa,
         thread_efficiency=base.thread_efficiency if eff is None else eff,
         optimizer_per_byte=float(np.median(opt)) if opt else base.optimizer_per_byte,
+        copy_per_byte=float(np.median(copy)) if copy else base.copy_per_byte,
     )
     info: dict[str, Any] = {"worlds": sorted({int(r["world"]) for r in rows}), "fit_error": errors}
     comp = [r for r in rows if r["collective"] == "compute" and r.get("flops") and float(r["seconds"]) > 0]

@@ -92,6 +92,7 @@ class CompiledStrategy:
     n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
     n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time)
     sparse_units: int = 0  # sparse variables or shards the sparse path handles (on one rank too)
+    copy_bytes: float = 0.0  # bytes copied into all-reduce buckets holding several tensors (world > 1)
     model_key: str = ""  # the profile's compute.model_key: its measured local steps, if calibrated
 
 
@@ -205,13 +206,15 @@ def compile_strategy(
             if b is not None and b[6] + raw > b[7]:
                 b = None
             if b is None:
-                b = [0.0, position[v.name], 0.0, 1.0, 0.0, 0.0, 0.0, cap]
+                b = [0.0, position[v.name], 0.0, 1.0, 0.0, 0.0, 0.0, cap, 0.0, 0.0]
                 open_bucket[key] = b
                 tasks.append(b)
             b[0] = max(b[0], ready)
             b[1] = min(b[1], position[v.name])
             b[2] += _wire(raw, v, sync)
             b[6] += raw
+            b[8] += 1.0  # units in the bucket
+            b[9] = b[9] or float(frac < 1.0)  # a shard is copied out of its variable even alone
             local_opt += raw
         elif sync.kind == "ps":
             s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0])
@@ -225,7 +228,7 @@ def compile_strategy(
                 sps_bcast += union * (v.row_bytes + INDEX_BYTES)
             else:
                 s[2] += raw
-                tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0])
+                tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0, 1.0, 0.0])
                 s[0] += raw
                 s[1] += 1
         elif sync.kind == "allgather":  # sparse: indices + values of the touched rows
@@ -312,6 +315,9 @@ def compile_strategy(
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
         sparse_units=sparse_units,
+        # runtime/allreduce.py: a bucket of one whole variable is reduced in place; any other is
+        # flattened by torch.cat (one rank launches no bucket at all; DDP's gradients are bucket views)
+        copy_bytes=sum(t[6] for t in tasks if t[2] > 0 and (t[8] > 1 or t[9])) if p > 1 and not ddp else 0.0,
         n_calls=float(
             len(tasks) * (p > 1)
             + ag_calls

@@ -24,7 +24,9 @@ class CostParams:
     follows whatever the resource spec says. ``contention``: extra slowdown per additional busy
     core on a host (memory bandwidth, caches); ``thread_efficiency``: how compute scales with the
     threads a rank gets (contention.py).
-    ``optimizer_per_byte``: seconds per parameter byte of one optimizer update.
+    ``optimizer_per_byte``: seconds per parameter byte of one optimizer update;
+    ``copy_per_byte``: seconds per byte of the runtime's bucket copies (flattening several
+    gradients into one all-reduce message), both with the bytes out of cache as in a step.
     ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
     count). What a training step costs beyond compute, communication and the optimizer's
     arithmetic, measured by ``Lab.calibrate``: the loop itself (reading the batch, zeroing
@@ -61,6 +63,7 @@ class CostParams:
     contention: float = 0.05
     thread_efficiency: float = 0.8
     optimizer_per_byte: float = 3e-10
+    copy_per_byte: float = 1.5e-10
     compute_scale: float = 1.0
     step_overhead: float = 0.0
     rank_overhead: float = 0.0
@@ -128,13 +131,15 @@ class CostParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostParams:
-        """Fields missing from ``d`` (a file from an older distlab) keep their defaults."""
+        """Fields missing from ``d`` (a file from an older distlab) keep their defaults, except
+        ``copy_per_byte`` (0: that file's model had no such term, and predicts as it did)."""
         try:
             kwargs: dict[str, Any] = {
                 "alpha_beta": {
                     k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()
                 }
             }
+            kwargs["copy_per_byte"] = 0.0  # a file from before the term: its model charged no copies
             for f in fields(cls):
                 if f.name != "alpha_beta" and f.name in d:
                     kwargs[f.name] = {"float": float, "int": int, "bool": bool}[f.type](d[f.name])

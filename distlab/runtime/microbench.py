@@ -24,6 +24,13 @@ DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
 GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
 OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
+COPY_NUMEL, COPY_PARTS = 1 << 19, 4  # 2 MiB gathered from 4 tensors: a bucket's flatten (torch.cat)
+# Memory-bound work touched once per step (the optimizer's update, a bucket's copy) finds its bytes
+# out of cache in a training step: the step's other work, and on a shared host the neighbours,
+# evict them in between. Timed back to back it stays in cache and measured 2-5x faster (SGD over
+# 2 MiB: 0.07 ms hot, 0.34 ms after reading 64 MiB; 0.6-0.8 ms inside a 2-rank step), so each
+# repeat first reads a buffer larger than a server's last-level cache.
+EVICT_NUMEL = 1 << 24  # 64 MiB of float32
 
 
 def _cores() -> int:
@@ -47,10 +54,27 @@ def _optimizer_step() -> Any:
     return default_optimizer([p]).step
 
 
+def _copy_step() -> Any:
+    """A bucket's flatten as the runtime does it: ``torch.cat`` of ``COPY_PARTS`` gradients."""
+    parts = [torch.ones(COPY_NUMEL // COPY_PARTS) for _ in range(COPY_PARTS)]
+    return lambda: torch.cat(parts)
+
+
+def _cold(fn: Any, evict: torch.Tensor) -> Any:
+    """``fn`` with its operands out of cache: a read of ``evict`` before each timed call (untimed)."""
+
+    def run() -> None:
+        fn()
+
+    run.before = lambda: evict.sum()  # type: ignore[attr-defined]
+    return run
+
+
 def _time_alone(fn: Any, repeats: int) -> list[float]:
     """Per-repeat seconds of ``fn`` on this rank alone (the others wait at a barrier)."""
     out = []
     for _ in range(repeats):
+        getattr(fn, "before", _nothing)()
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
@@ -61,12 +85,17 @@ def _time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1) -> list[float
     """Per-repeat seconds, each started right after a barrier so all ranks begin together."""
     out = []
     for i in range(warmup + repeats):
+        getattr(fn, "before", _nothing)()
         dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
         if i >= warmup:
             out.append(time.perf_counter() - t0)
     return out
+
+
+def _nothing() -> None:
+    pass
 
 
 def _max_median(times: list[float], group: Any) -> float:
@@ -124,9 +153,11 @@ def microbench_rank(
     the larger sizes are skipped (all ranks agree). Rows: ``collective, world, nbytes, seconds,
     link, repeats`` (sendrecv: one-way seconds; allgather: bytes contributed per rank), then a
     ``compute`` row (``seconds`` all busy, ``alone``, ``contention``, ``threads``, ``flops``,
-    ``ranks_on_host``, ``cores``) and an ``optimizer`` row (seconds per step of the runtime's
+    ``ranks_on_host``, ``cores``), an ``optimizer`` row (seconds per step of the runtime's
     default optimizer over ``nbytes`` parameter bytes: ``seconds`` all ranks busy, ``alone`` one
-    rank at a time; the cost model applies its own contention to the latter).
+    rank at a time; the cost model applies its own contention to the latter) and a ``copy`` row
+    (a bucket's flatten of ``nbytes``, one rank at a time); both of the last with their bytes
+    out of cache, as in a training step.
     """
     members = (
         list(dist.get_process_group_ranks(group)) if group is not None else list(range(dist.get_world_size()))
@@ -164,20 +195,24 @@ def _compute_rows(
     g = torch.Generator().manual_seed(0)
     a = torch.randn(GEMM_N, GEMM_N, generator=g)
     b = torch.randn(GEMM_N, GEMM_N, generator=g)
-    step = _optimizer_step()
+    evict = torch.ones(EVICT_NUMEL)
+    step, copy = _cold(_optimizer_step(), evict), _cold(_copy_step(), evict)
     _gemm(a, b)  # warm-up
     step()
-    alone = opt_alone = 0.0
+    copy()
+    alone = opt_alone = copy_alone = 0.0
     for turn in range(world):
         dist.barrier(group=group)
         if turn == local:
-            alone, opt_alone = (statistics.median(_time_alone(fn, repeats)) for fn in (lambda: _gemm(a, b), step))
+            alone, opt_alone, copy_alone = (
+                statistics.median(_time_alone(fn, repeats)) for fn in (lambda: _gemm(a, b), step, copy)
+            )
         dist.barrier(group=group)
     busy = statistics.median(_time_reps(lambda: _gemm(a, b), repeats, group, warmup=0))
     opt = statistics.median(_time_reps(step, repeats, group))
-    t = torch.tensor([alone, busy, opt, opt_alone], dtype=torch.float64)
+    t = torch.tensor([alone, busy, opt, opt_alone, copy_alone], dtype=torch.float64)
     dist.all_reduce(t, group=group)  # mean over ranks
-    alone, busy, opt, opt_alone = (t / world).tolist()
+    alone, busy, opt, opt_alone, copy_alone = (t / world).tolist()
     me = hosts[local]
     flops = 2.0 * GEMM_N**3 * GEMM_ITERS
     return [
@@ -194,6 +229,7 @@ def _compute_rows(
             "host": me,
         },
         {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt, "alone": opt_alone},
+        {**base, "collective": "copy", "nbytes": COPY_NUMEL * 4, "seconds": copy_alone, "alone": copy_alone},
     ]
 
 

@@ -70,6 +70,8 @@ def synthetic_rows(noise: float = 0.03, outlier: bool = True, worlds=(2, 3, 4), 
     rows.append(
         {"collective": "optimizer", "world": 2, "nbytes": 8 << 20, "seconds": 1.1 * 2.5e-10 * (8 << 20), "alone": 2.5e-10 * (8 << 20)}
     )
+    # a bucket's flatten: 2 MiB in 0.4 ms (one rank)
+    rows.append({"collective": "copy", "world": 2, "nbytes": 2 << 20, "seconds": 4e-4, "alone": 4e-4})
     return rows
 
 
@@ -87,6 +89,7 @@ def test_contention_and_optimizer_cost_are_fitted():
     # 2 ranks on 2 cores: 1.1x -> 0.1 per extra busy core; 4 on 2: 2 * 1.1 = 2.2x -> also 0.1
     assert cm.params.contention == pytest.approx(0.1, abs=1e-9)
     assert cm.params.optimizer_per_byte == pytest.approx(2.5e-10)
+    assert cm.params.copy_per_byte == pytest.approx(4e-4 / (2 << 20))
     # alone: 6.6 ms on 2 threads, 12 ms on 1 -> time ~ threads ** -0.862
     assert cm.params.thread_efficiency == pytest.approx(np.log(0.012 / 0.0066) / np.log(2))
 
@@ -219,8 +222,10 @@ def test_params_round_trip_name_a_bad_field_and_read_older_files():
 
     p = CostParams(alpha_beta={"allreduce/intra": (1e-4, 1e-9)}, call_overhead=2e-5, ddp=True)
     assert CostParams.from_dict(p.to_dict()) == p
-    old = {k: v for k, v in p.to_dict().items() if k not in ("call_overhead", "gossip_per_byte")}
+    old = {k: v for k, v in p.to_dict().items() if k not in ("call_overhead", "gossip_per_byte", "copy_per_byte")}
     assert CostParams.from_dict(old).call_overhead == 0.0  # a file from before the field existed
+    # a file from before bucket copies were charged predicts as it did; a new model has a default
+    assert CostParams.from_dict(old).copy_per_byte == 0.0 and p.copy_per_byte > 0
     with pytest.raises(CalibrationError, match="tensor_overhead must be >= 0"):
         CostParams(tensor_overhead=-1e-6)
     with pytest.raises(CalibrationError, match="malformed params"):

@@ -45,7 +45,7 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     # every rank reports the same (MAX-reduced) figures
     assert [r["seconds"] for r in rows if r["world"] == 2] == [r["seconds"] for r in results[1]]
     colls = {r["collective"] for r in rows}
-    assert colls == {"allreduce", "reduce", "broadcast", "allgather", "sendrecv", "compute", "optimizer"}
+    assert colls == {"allreduce", "reduce", "broadcast", "allgather", "sendrecv", "compute", "optimizer", "copy"}
     ar = sorted((r["nbytes"], r["seconds"]) for r in rows if r["collective"] == "allreduce")
     assert [n for n, _ in ar] == [4 << 10, 256 << 10, 4 << 20]
     # every size was timed (ordering between sizes is the robust fit's job below: one scheduling
@@ -56,10 +56,12 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     assert comp["alone"] > 0 and comp["seconds"] > 0 and comp["threads"] == 1 and comp["ranks_on_host"] == 2
     opt = next(r for r in rows if r["collective"] == "optimizer" and r["world"] == 2)
     assert opt["nbytes"] == 8 << 20 and opt["alone"] > 0 and opt["seconds"] > 0
+    copy = next(r for r in rows if r["collective"] == "copy" and r["world"] == 2)
+    assert copy["nbytes"] == 2 << 20 and copy["alone"] > 0
 
     # rank 0 also measured a one-rank sub-group: no collectives, compute alone
     solo = [r for r in rows if r["world"] == 1]
-    assert {r["collective"] for r in solo} == {"compute", "optimizer"}
+    assert {r["collective"] for r in solo} == {"compute", "optimizer", "copy"}
     assert next(r for r in solo if r["collective"] == "compute")["ranks_on_host"] == 1
 
     cm = CostModel.from_microbenchmarks(rows)

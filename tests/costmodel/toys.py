@@ -31,13 +31,14 @@ def toy_resources(world: int, hosts: int = 1, cores: int | None = None) -> Resou
 
 
 def exact_model(alpha: float = ALPHA, beta: float = BETA, **kw) -> CostModel:
-    """Every collective on every link costs (alpha, beta); no contention, optimizer or DDP bucketing unless asked."""
+    """Every collective on every link costs (alpha, beta); no contention, optimizer, bucket copies or DDP bucketing unless asked."""
     ab = {f"{c}/{lk}": (alpha, beta) for c in COLLECTIVES for lk in LINK_CLASSES}
     return CostModel(
         CostParams(
             alpha_beta=ab,
             contention=kw.pop("contention", 0.0),
             optimizer_per_byte=kw.pop("optimizer_per_byte", 0.0),
+            copy_per_byte=kw.pop("copy_per_byte", 0.0),
             ddp=kw.pop("ddp", False),
             **kw,
         )
