@@ -118,21 +118,19 @@ def _op(name: str, nbytes: int, local: int, members: Sequence[int], group: Any) 
     if name == "allgather":
         outs = [torch.empty_like(x) for _ in members]
         return lambda: dist.all_gather(outs, x, group=group)
-    if name == "sendrecv":  # ping-pong between pairs (0,1), (2,3), ...: one-way time is half
+    if name == "sendrecv":  # pairs (0,1), (2,3), ... swap buffers at once, as gossip neighbours do
         partner = local ^ 1
         if partner >= len(members):
             return lambda: None
         peer = members[partner]
+        y = torch.empty_like(x)
 
-        def pingpong() -> None:
-            if local % 2 == 0:
-                dist.send(x, dst=peer, group=group)
-                dist.recv(x, src=peer, group=group)
-            else:
-                dist.recv(x, src=peer, group=group)
-                dist.send(x, dst=peer, group=group)
+        def exchange() -> None:
+            ops = [dist.P2POp(dist.isend, x, peer, group), dist.P2POp(dist.irecv, y, peer, group)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
 
-        return pingpong
+        return exchange
     raise ValueError(f"collectives: unknown {name!r}; expected some of {COLLECTIVES}")
 
 
@@ -151,7 +149,8 @@ def microbench_rank(
     ``rank``: this process's global rank; ``world``: the size of ``group`` (the default group
     when None). Sizes run smallest first; once ``time_budget`` seconds have passed on any rank
     the larger sizes are skipped (all ranks agree). Rows: ``collective, world, nbytes, seconds,
-    link, repeats`` (sendrecv: one-way seconds; allgather: bytes contributed per rank), then a
+    link, repeats`` (sendrecv: a pairwise exchange, each rank sending and receiving ``nbytes`` at
+    once as a gossip step does; allgather: bytes contributed per rank), then a
     ``compute`` row (``seconds`` all busy, ``alone``, ``contention``, ``threads``, ``flops``,
     ``ranks_on_host``, ``cores``), an ``optimizer`` row (seconds per step of the runtime's
     default optimizer over ``nbytes`` parameter bytes: ``seconds`` all ranks busy, ``alone`` one
@@ -180,8 +179,6 @@ def microbench_rank(
             for name in collectives:
                 fn = _op(name, int(nbytes), local, members, group)
                 seconds = _max_median(_time_reps(fn, repeats, group), group)
-                if name == "sendrecv":
-                    seconds /= 2
                 rows.append({**base, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
     if compute:
         rows.extend(_compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))

@@ -314,6 +314,17 @@ def test_gossip_pays_local_work_per_byte_tensor_and_neighbour():
     assert pred.breakdown["comm"] == pytest.approx(3 * (ALPHA + 16000 * (BETA + 1e-9) + 3 * 1e-5))
 
 
+@pytest.mark.parametrize("mode,passes", [("atc", 3 + 1.5 * 3), ("awc", 6 + 1.5 * 3)])
+def test_gossip_passes_over_its_bytes_cost_copies(mode, passes):
+    # runtime/gossip.py: flatten, weigh, write back (AWC: also re-flatten and apply the local
+    # update), and an add per in-neighbour, each a pass over the 16000 gossiped bytes
+    prof = toy_profile()
+    res = toy_resources(5)  # exp2 on 5 ranks: 3 in-neighbours
+    s = plan(prof, [Sync("gossip")] * 3, res, gossip=GossipConfig("exp2", dynamic=False, mode=mode))
+    extra = exact_model(copy_per_byte=1e-9).predict(prof, res, s).step_time - exact_model().predict(prof, res, s).step_time
+    assert extra == pytest.approx(passes * 16000 * 1e-9)
+
+
 def test_sparse_gathers_wait_for_peers_on_their_own_figure():
     from distlab.profile.model_profile import ModelProfile, VariableProfile
 
