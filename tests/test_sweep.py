@@ -37,6 +37,19 @@ def test_a_wrong_ranking_shows_as_regret_and_low_spearman():
     assert s["spearman_median"] == pytest.approx(-1.0)
 
 
+def test_regret_of_a_tie_is_the_mean_over_the_tied_strategies():
+    # A and C predicted alike (the same work to the model): picking one of them at random loses
+    # (0 + 0.5) / 2 of the best; taking the first of the tie would say 0 here, 0.5 with C first
+    df = grid({"A": 1.0, "B": 0.5, "C": 2.0})
+    df.loc[df.strategy == "A", "predicted_throughput"] = 100.0
+    df.loc[df.strategy == "C", "predicted_throughput"] = 100.0
+    _, s = accuracy(df[df.world == 1])
+    assert s["regret_median"] == pytest.approx(0.25)
+    assert s["regret_first_max"] == pytest.approx(0.0)
+    _, s = accuracy(df[df.world == 1].iloc[::-1])
+    assert s["regret_median"] == pytest.approx(0.25)
+
+
 def test_leave_one_world_out_recovers_a_structural_model():
     # step time = compute linear in batch + ring all-reduce comm, which grows with world
     rows = []
