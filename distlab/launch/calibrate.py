@@ -32,7 +32,7 @@ HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB,
 # no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone; 5: the
-# optimizer and bucket copies out of cache)
+# optimizer and bucket copies out of cache, send/recv as a pairwise exchange)
 CALIBRATION_FORMAT = 5
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
