@@ -1,9 +1,10 @@
 """Fit the cost model to what calibration measured: microbenchmarks, local steps, training-loop runs.
 
 Rows come from ``distlab.runtime.microbench.microbench_rank`` (one dict per measurement):
-``collective`` (allreduce, reduce, broadcast, allgather, sendrecv, compute, optimizer), ``world``,
-``nbytes`` (per rank contribution for allgather), ``seconds`` (median), ``link`` (intra/inter);
-compute rows add ``alone``, ``ranks_on_host``, ``cores`` and ``threads``.
+``collective`` (allreduce, reduce, broadcast, allgather, sendrecv, compute, optimizer, copy),
+``world``, ``nbytes`` (per rank contribution for allgather), ``seconds`` (median), ``link``
+(intra/inter); compute rows add ``alone``, ``ranks_on_host``, ``cores`` and ``threads``; optimizer
+and copy rows ``alone`` (one rank at a time).
 Each collective follows ``a(p) alpha + b(p) n beta`` with the Thakur et al. (2005) factors of
 ``collectives.py``, so one (alpha, beta) per collective and link explains every world size and
 carries to world sizes not measured. The regression is robust (soft-L1 loss) against the
@@ -119,16 +120,7 @@ def fit_microbenchmarks(
         )
     compute = [r for r in rows if r["collective"] == "compute"]
     kappa, eff = fit_contention(compute), fit_thread_efficiency(compute)
-    opt = [  # one rank alone where measured: the model applies the contention of the world it predicts
-        float(r.get("alone") or r["seconds"]) / float(r["nbytes"])
-        for r in rows
-        if r["collective"] == "optimizer" and float(r.get("nbytes", 0)) > 0
-    ]
-    copy = [
-        float(r.get("alone") or r["seconds"]) / float(r["nbytes"])
-        for r in rows
-        if r["collective"] == "copy" and float(r.get("nbytes", 0)) > 0
-    ]
+    opt, copy = _per_byte(rows, "optimizer"), _per_byte(rows, "copy")
     params = base.with_(
         alpha_beta=ab,
         contention=base.contention if kappa is None else kappa,
@@ -144,6 +136,16 @@ def fit_microbenchmarks(
         if float(last.get("alone") or 0) > 0:
             info["flops_per_s_alone"] = float(last["flops"]) / float(last["alone"])
     return params, info
+
+
+def _per_byte(rows: Sequence[dict[str, Any]], collective: str) -> list[float]:
+    """Seconds per byte of each ``collective`` row, one rank alone where measured (the model
+    applies the contention of the world it predicts)."""
+    return [
+        float(r.get("alone") or r["seconds"]) / float(r["nbytes"])
+        for r in rows
+        if r["collective"] == collective and float(r.get("nbytes", 0)) > 0
+    ]
 
 
 def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[float]) -> np.ndarray:

@@ -188,7 +188,9 @@ def compile_strategy(
             fracs = [1.0] * len(syncs)
         units.extend((v, s, f) for s, f in zip(syncs, fracs))
 
-    tasks: list[list[float]] = []  # [ready, first position, ar bytes, ar calls, red bytes, red calls]
+    # [ready, first position, ar bytes, ar calls, red bytes, red calls, raw bytes, bucket cap,
+    #  units in it, holds a shard]
+    tasks: list[list[float]] = []
     open_bucket: dict[tuple, list[float]] = {}
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
     gossip_msgs = gossip_tensors = sparse_units = 0

@@ -180,11 +180,11 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         + (be["sendrecv"] + prm.gossip_per_byte) * col(b.gossip_bytes)
         + prm.gossip_tensor_overhead * col(b.gossip_tensors)
     )
-    gossip = np.where(col(b.gossip_awc) > 0, np.maximum(gossip - optimizer, 0.0), gossip)
+    awc = col(b.gossip_awc) > 0
+    gossip = np.where(awc, np.maximum(gossip - optimizer, 0.0), gossip)
     # runtime/gossip.py's own passes over the gossiped bytes, in copies: flatten, weigh, write back
     # (ATC: 3) or also re-flatten and apply the local update (AWC: 6), plus an add per in-neighbour
     # (1.5: two reads, one write); none of it hides behind the exchange
-    awc = col(b.gossip_awc) > 0
     passes = np.where(col(b.gossip_bytes) > 0, np.where(awc, 6.0, 3.0) + 1.5 * deg, 0.0)
     gossip = gossip + passes * col(b.gossip_bytes) * prm.copy_per_byte * opt_slow
 

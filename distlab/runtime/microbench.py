@@ -60,42 +60,32 @@ def _copy_step() -> Any:
     return lambda: torch.cat(parts)
 
 
-def _cold(fn: Any, evict: torch.Tensor) -> Any:
-    """``fn`` with its operands out of cache: a read of ``evict`` before each timed call (untimed)."""
-
-    def run() -> None:
-        fn()
-
-    run.before = lambda: evict.sum()  # type: ignore[attr-defined]
-    return run
-
-
-def _time_alone(fn: Any, repeats: int) -> list[float]:
-    """Per-repeat seconds of ``fn`` on this rank alone (the others wait at a barrier)."""
+def _time_alone(fn: Any, repeats: int, before: Any = None) -> list[float]:
+    """Per-repeat seconds of ``fn`` on this rank alone (the others wait at a barrier);
+    ``before()``, untimed, ahead of each repeat."""
     out = []
     for _ in range(repeats):
-        getattr(fn, "before", _nothing)()
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
     return out
 
 
-def _time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1) -> list[float]:
-    """Per-repeat seconds, each started right after a barrier so all ranks begin together."""
+def _time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1, before: Any = None) -> list[float]:
+    """Per-repeat seconds, each started right after a barrier so all ranks begin together
+    (``before()``, untimed, ahead of the barrier)."""
     out = []
     for i in range(warmup + repeats):
-        getattr(fn, "before", _nothing)()
+        if before is not None:
+            before()
         dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
         if i >= warmup:
             out.append(time.perf_counter() - t0)
     return out
-
-
-def _nothing() -> None:
-    pass
 
 
 def _max_median(times: list[float], group: Any) -> float:
@@ -193,7 +183,11 @@ def _compute_rows(
     a = torch.randn(GEMM_N, GEMM_N, generator=g)
     b = torch.randn(GEMM_N, GEMM_N, generator=g)
     evict = torch.ones(EVICT_NUMEL)
-    step, copy = _cold(_optimizer_step(), evict), _cold(_copy_step(), evict)
+    step, copy = _optimizer_step(), _copy_step()
+
+    def cold() -> None:  # the optimizer's and the copy's bytes out of cache, as in a training step
+        evict.sum()
+
     _gemm(a, b)  # warm-up
     step()
     copy()
@@ -201,12 +195,11 @@ def _compute_rows(
     for turn in range(world):
         dist.barrier(group=group)
         if turn == local:
-            alone, opt_alone, copy_alone = (
-                statistics.median(_time_alone(fn, repeats)) for fn in (lambda: _gemm(a, b), step, copy)
-            )
+            alone = statistics.median(_time_alone(lambda: _gemm(a, b), repeats))
+            opt_alone, copy_alone = (statistics.median(_time_alone(fn, repeats, cold)) for fn in (step, copy))
         dist.barrier(group=group)
     busy = statistics.median(_time_reps(lambda: _gemm(a, b), repeats, group, warmup=0))
-    opt = statistics.median(_time_reps(step, repeats, group))
+    opt = statistics.median(_time_reps(step, repeats, group, before=cold))
     t = torch.tensor([alone, busy, opt, opt_alone, copy_alone], dtype=torch.float64)
     dist.all_reduce(t, group=group)  # mean over ranks
     alone, busy, opt, opt_alone, copy_alone = (t / world).tolist()
