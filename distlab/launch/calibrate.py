@@ -24,7 +24,13 @@ CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <
 # under the runtime's main paths, at world sizes 1, 2, one less than the whole cluster and the whole
 # cluster (on 2 cores: 1 and 2 ranks fit the cores, 3 and 4 take turns, each in its own way)
 OVERHEAD_LAYERS = (1, 12)
-OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 12
+OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 10
+# A run of a few milliseconds a step is at the mercy of the shared machine's moments (the same
+# 2,000-row wide-and-deep reference at one rank measured 1.45 and 2.83 ms a step in two
+# calibrations), a run of 100 ms is not (4-rank PartitionedPS on the 26-tensor MLP: 177 and 172):
+# cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES times, the stage's cases in turn
+# pass after pass, and the longer ones once, with fewer steps (LONG_STEPS), which pays for it.
+SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 WIDE_WIDTH = 768  # an MLP of 4.8 MB of gradients in 5 tensors: collectives that move bytes
@@ -32,8 +38,9 @@ HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB,
 # no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone; 5: the
-# optimizer and bucket copies out of cache, send/recv as a pairwise exchange)
-CALIBRATION_FORMAT = 5
+# optimizer and bucket copies out of cache, send/recv as a pairwise exchange; 6: local steps the
+# median step, short training-loop cases in passes)
+CALIBRATION_FORMAT = 6
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -264,6 +271,11 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
     return cases
 
 
+def _repeats(predicted: float) -> tuple[int, int]:
+    """(steps, passes) of a training-loop case predicted to take ``predicted`` seconds a step."""
+    return (OVERHEAD_STEPS, OVERHEAD_PASSES) if predicted < SHORT_STEP else (LONG_STEPS, 1)
+
+
 def measure_overhead(
     lab: Any, cm: Any, res: Any, cases: Sequence[Any], profiles: Sequence[Any], worlds: Sequence[int]
 ) -> list[dict[str, Any]]:
@@ -282,9 +294,11 @@ def measure_overhead(
             for builder in builders
             if builder != "Gossip" or k > 1  # gossip needs a neighbour
         ]
-        jobs = [(m, s, data, b) for _, s, (m, data, b) in plans]
+        jobs = [
+            (m, s, data, b, *_repeats(cm.predict(p, sub, s).step_time)) for p, s, (m, data, b) in plans
+        ]
         try:
-            per_rank = lab.run_ranks(overhead_rank, jobs, OVERHEAD_STEPS, lab.timeout, world=k)
+            per_rank = lab.run_ranks(overhead_rank, jobs, lab.timeout, world=k)
         except LaunchError as exc:
             raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
         host = sub.ranks[0].host

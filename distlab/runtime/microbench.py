@@ -262,37 +262,49 @@ def overhead_rank(
     world: int,
     master_addr: str,
     master_port: int,
-    cases: list[tuple[Any, Any, Any, int]],
-    steps: int,
+    cases: list[tuple[Any, Any, Any, int, int, int]],
     timeout: float,
 ) -> list[float]:
-    """(worker) The real training loop (``run_rank``) on each ``(model, strategy, data, batch)`` case.
+    """(worker) The real training loop (``run_rank``) on each ``(model, strategy, data, batch,
+    steps, passes)`` case, ``passes`` times: the cases in turn, pass after pass, so a case's
+    passes lie apart in time and a slow moment of the machine hits one of them.
 
-    Returns this rank's median in-step seconds per case, warm-up excluded: what the cost model
-    sees of hooks, bucket copies, per-tensor dispatch, data and Python beyond the arithmetic.
+    Returns this rank's median in-step seconds per case over every pass, each pass's first
+    third excluded (warm-up): what the cost model sees of hooks, bucket copies, per-tensor
+    dispatch, data and Python beyond the arithmetic.
     """
+    times: list[list[float]] = [[] for _ in cases]
+    for p in range(max((c[5] for c in cases), default=0)):
+        for i, case in enumerate(cases):
+            if p < case[5]:
+                times[i].extend(_overhead_pass(rank, world, master_addr, master_port, case, f"{i}-{p}", timeout))
+    return [statistics.median(t) for t in times]
+
+
+def _overhead_pass(
+    rank: int, world: int, master_addr: str, master_port: int, case: tuple[Any, ...], tag: str, timeout: float
+) -> list[float]:
+    """One pass of an overhead case: its in-step seconds, the first third (warm-up) excluded."""
     from distlab.runtime.job import RankJob
     from distlab.runtime.trainer import run_rank
 
-    out = []
-    for i, (model, strategy, data, batch) in enumerate(cases):
-        job = RankJob(
-            rank=rank,
-            world=world,
-            master_addr=master_addr,
-            master_port=master_port,
-            strategy=strategy,
-            model=model,
-            steps=steps,
-            data=data,
-            batch_size=batch,
-            shuffle=False,
-            run_id=f"distlab-overhead-{i}",
-            timeout=timeout,
-        )
-        records = run_rank(job)["records"]
-        out.append(statistics.median(r["step_time"] for r in records[len(records) // 3 :]))
-    return out
+    model, strategy, data, batch, steps, _ = case
+    job = RankJob(
+        rank=rank,
+        world=world,
+        master_addr=master_addr,
+        master_port=master_port,
+        strategy=strategy,
+        model=model,
+        steps=steps,
+        data=data,
+        batch_size=batch,
+        shuffle=False,
+        run_id=f"distlab-overhead-{tag}",
+        timeout=timeout,
+    )
+    records = run_rank(job)["records"]
+    return [r["step_time"] for r in records[len(records) // 3 :]]
 
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
@@ -324,9 +336,10 @@ def local_step_worlds(
     step was 10-50% slower (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in
     lockstep; a real run 115-119 ms), which a model of synchronous training must include.
     Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's
-    seconds per step per case}`` (the faster pass of ``_time_local``: a pass hit by a slow moment
-    of a shared machine, 50x the other one has been seen, must not become the model's compute)
-    for the worlds it was in.
+    seconds per step per case}`` for the worlds it was in: the median of every timed step of
+    every pass, as a run's throughput takes the median step (launch.metrics.throughput). Not a
+    pass's mean, nor the faster pass: a step hit by a slow moment of the shared machine (50x
+    the others has been seen) falls out of a median, and the run's figure to predict is one.
     """
     from datetime import timedelta
 
@@ -349,21 +362,21 @@ def local_step_worlds(
                 for i, (model, data, batch) in enumerate(cases):
                     dist.barrier()
                     if rank < k:
-                        passes.setdefault((k, i), []).append(
+                        passes.setdefault((k, i), []).extend(
                             _time_local(model, data, batch, rank, k, steps, lockstep)
                         )
         dist.barrier()
-    return {k: [min(passes[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
+    return {k: [statistics.median(passes[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
 
 
 def _time_local(
     model: Any, data: Any, batch: int, rank: int, k: int, steps: int, lockstep: Any = None
 ) -> float:
-    """Mean wall-clock seconds per local step over at least ``steps`` steps (more, up to
-    ``LOCAL_SECONDS``, when steps are short). The mean, not the median: a rank descheduled
-    while ranks outnumber cores loses that time in whichever step it falls, and a
-    synchronous run pays it every step. ``lockstep``: the group of the ``k`` ranks, which
-    agree after every step whether to go on (each step then waits for the slowest rank)."""
+    """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
+    ``LOCAL_SECONDS``, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
+    agree after every step whether to go on, so a step lasts until the slowest rank has taken
+    it, as in a synchronous run (a rank descheduled while ranks outnumber cores delays the
+    step it falls in for all)."""
     from distlab.runtime.data import RankBatches
     from distlab.runtime.trainer import default_loss
 
@@ -371,17 +384,21 @@ def _time_local(
     for i in range(LOCAL_WARMUP):
         step(i * batch * k)
     vote = torch.zeros(1)
-    n, more, t0 = 0, True, time.perf_counter()
+    times: list[float] = []
+    more, t0 = True, time.perf_counter()
     end = t0 + LOCAL_SECONDS
     while more:
-        step((LOCAL_WARMUP + n) * batch * k)
-        n += 1
+        step((LOCAL_WARMUP + len(times)) * batch * k)
+        n = len(times) + 1
         more = n < steps or (time.perf_counter() < end and n < LOCAL_MAX_STEPS)
         if lockstep is not None:  # go on while any rank wants to: every rank takes as many steps
             vote[0] = float(more)
             dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=lockstep)
             more = bool(vote.item() > 0)
-    return (time.perf_counter() - t0) / n
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
+    return times
 
 
 def _local_step(model: Any, batches: Any, loss_fn: Any) -> Any:
