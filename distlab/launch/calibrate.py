@@ -15,7 +15,7 @@ from typing import Any
 from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
-from distlab.runtime.microbench import microbench_worlds
+from distlab.runtime.microbench import LOCAL_PASSES, MODEL_PASSES, microbench_worlds
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the local-step and training-loop stages: two tiny MLPs (4 and 26 trainable tensors: what a step
@@ -115,7 +115,7 @@ def calibrate_lab(
         if cm is None:
             cm = _calibrate_cluster(lab, res, sizes, done)
         if todo:
-            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1)))
+            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1), MODEL_PASSES))
             done("models")
     finally:
         if bar is not None:
@@ -216,9 +216,10 @@ def _measured(cm: Any, key: str, res: Any) -> bool:
 
 
 def measure_models(
-    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int]]], worlds: Any
+    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int]]], worlds: Any, passes: int = LOCAL_PASSES
 ) -> list[dict[str, Any]]:
-    """Each target's local step (runtime.microbench.local_step_worlds) at each world size and batch: compute rows."""
+    """Each target's local step (runtime.microbench.local_step_worlds, ``passes`` passes) at each
+    world size and batch: compute rows."""
     from distlab.runtime.microbench import LOCAL_STEPS, local_step_worlds
 
     res = lab.resources
@@ -228,7 +229,7 @@ def measure_models(
     threads = {k: lab._threads(res, list(res.addresses)[:k]) for k in worlds}  # as a k-rank run gets
     try:  # one task per worker for every world size: the models travel once
         per_rank = lab.run_ranks(
-            local_step_worlds, cases, worlds, threads, LOCAL_STEPS, lab.timeout, world=max(worlds)
+            local_step_worlds, cases, worlds, threads, LOCAL_STEPS, lab.timeout, passes, world=max(worlds)
         )
     except LaunchError as exc:
         raise CalibrationError(f"calibrate: the local-step stage failed: {exc}") from None

@@ -309,7 +309,8 @@ def _overhead_pass(
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
 LOCAL_SECONDS, LOCAL_MAX_STEPS = 0.4, 60  # short steps: more of them, for a steady figure
-LOCAL_PASSES = 2
+LOCAL_PASSES = 2  # the reference models' passes (the cluster's stage has a time budget)
+MODEL_PASSES = 4  # a user's model: the figure every strategy's prediction for it starts from
 
 
 def local_step_worlds(
@@ -322,6 +323,7 @@ def local_step_worlds(
     threads: dict[int, list[int]],
     steps: int,
     timeout: float,
+    passes: int = LOCAL_PASSES,
 ) -> dict[int, list[float]]:
     """(worker) Each ``(model, data, batch)``'s own step with ranks 0..k-1 busy at once, for each k in ``worlds``.
 
@@ -335,7 +337,7 @@ def local_step_worlds(
     left to run freely drift out of phase and never wait; on this 2-core machine the lockstep
     step was 10-50% slower (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in
     lockstep; a real run 115-119 ms), which a model of synchronous training must include.
-    Every world size is measured ``LOCAL_PASSES`` times, in turn. Returns ``{k: this rank's
+    Every world size is measured ``passes`` times, in turn. Returns ``{k: this rank's
     seconds per step per case}`` for the worlds it was in: the median of every timed step of
     every pass, as a run's throughput takes the median step (launch.metrics.throughput). Not a
     pass's mean, nor the faster pass: a step hit by a slow moment of the shared machine (50x
@@ -348,13 +350,13 @@ def local_step_worlds(
 
     tune_allocator()
     store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
-    passes: dict[tuple[int, int], list[float]] = {}
+    steps_of: dict[tuple[int, int], list[float]] = {}
     with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
         for model, _, _ in cases:
             model.train()
         # ranks 0..k-1 of each world size, for their lockstep (every rank joins every new_group)
         groups = {k: dist.new_group(list(range(k))) for k in worlds if 1 < k < world}
-        for _ in range(LOCAL_PASSES):  # the world sizes in turn, twice: a slow minute hits both less
+        for _ in range(passes):  # the world sizes in turn, pass after pass: a slow minute hits one
             for k in worlds:
                 if rank < k:
                     torch.set_num_threads(int(threads[k][rank]))
@@ -362,11 +364,11 @@ def local_step_worlds(
                 for i, (model, data, batch) in enumerate(cases):
                     dist.barrier()
                     if rank < k:
-                        passes.setdefault((k, i), []).extend(
+                        steps_of.setdefault((k, i), []).extend(
                             _time_local(model, data, batch, rank, k, steps, lockstep)
                         )
         dist.barrier()
-    return {k: [statistics.median(passes[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
+    return {k: [statistics.median(steps_of[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
 
 
 def _time_local(
