@@ -231,7 +231,8 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     seconds (predicted by ``params`` without these terms, the reference model's compute taken
     from its measured local step) and, optionally, ``comm`` (the predicted communication on the
     wire, exposed), ``comm_alpha`` (the same with every beta at 0), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
-    all-gather path), ``sparse_units`` (sparse variables or shards), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
+    all-gather path), ``sparse_units`` (sparse variables or shards), ``ps_units`` (dense
+    variables or shards on the PS path), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
     and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
     squares on relative residuals (small steps weigh as much as large ones)::
 
@@ -239,7 +240,7 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                                + (comm_scale - 1) (comm - comm_alpha) + (alpha_scale - 1) comm_alpha
                                + comm_oversubscription (s - 1) comm
                                + call_overhead calls + peer_call_overhead calls (world - 1) s
-                               + sparse_unit_overhead sparse_units
+                               + sparse_unit_overhead sparse_units + ps_unit_overhead ps_units
                                + gather_peer_overhead gather_calls (world - 1) s
                                + gossip_tensor_overhead gossip_tensors
 
@@ -277,11 +278,12 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
                 gathers * peers * sliced,
                 float(r.get("gossip_tensors") or 0.0),
                 comm_alpha,
+                float(r.get("ps_units") or 0.0),
             ]
         )
         y.append(float(r["measured"]) - float(r["predicted"]))
         w.append(1.0 / max(float(r["measured"]), 1e-9))
-    lower = [0.0] * 11
+    lower = [0.0] * 12
     lower[3] = lower[10] = -0.9  # comm_scale and alpha_scale down to 0.1
     coef = _bounded_fit(np.array(X), np.array(y), np.array(w), lower)
     return params.with_(
@@ -296,4 +298,5 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
         sparse_unit_overhead=float(coef[7]),
         gather_peer_overhead=float(coef[8]),
         gossip_tensor_overhead=float(coef[9]),
+        ps_unit_overhead=float(coef[11]),
     )

@@ -92,7 +92,10 @@ class CompiledStrategy:
     n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
     n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time)
     sparse_units: int = 0  # sparse variables or shards the sparse path handles (on one rank too)
-    copy_bytes: float = 0.0  # bytes copied into all-reduce buckets holding several tensors (world > 1)
+    # bytes the runtime copies per step: into all-reduce buckets holding several tensors (world > 1),
+    # a dense PS gradient divided into a fresh tensor (world > 1), a PS shard written back (any world)
+    copy_bytes: float = 0.0
+    ps_units: int = 0  # dense variables or shards the PS path handles (on one rank too)
     model_key: str = ""  # the profile's compute.model_key: its measured local steps, if calibrated
 
 
@@ -193,7 +196,8 @@ def compile_strategy(
     tasks: list[list[float]] = []
     open_bucket: dict[tuple, list[float]] = {}
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
-    gossip_msgs = gossip_tensors = sparse_units = 0
+    gossip_msgs = gossip_tensors = sparse_units = ps_units = 0
+    ps_copy = 0.0
     gather_dtypes: set[str] = set()  # sparse all-gather: one packed exchange per value dtype
     sparse_servers: set[tuple[int, str]] = set()  # sparse PS: one packed gather and broadcast per server
     ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
@@ -233,6 +237,10 @@ def compile_strategy(
                 tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0, 1.0, 0.0])
                 s[0] += raw
                 s[1] += 1
+                ps_units += 1
+                # runtime/ps.py: every rank divides its gradient into a fresh tensor for the reduce
+                # (world > 1) and writes each shard's new value back into its variable (any world)
+                ps_copy += raw * ((p > 1) + (frac < 1.0))
         elif sync.kind == "allgather":  # sparse: indices + values of the touched rows
             sparse_units += 1
             rows = estimate_touched_rows(v, profile, per_replica) * frac
@@ -319,7 +327,9 @@ def compile_strategy(
         sparse_units=sparse_units,
         # runtime/allreduce.py: a bucket of one whole variable is reduced in place; any other is
         # flattened by torch.cat (one rank launches no bucket at all; DDP's gradients are bucket views)
-        copy_bytes=sum(t[6] for t in tasks if t[2] > 0 and (t[8] > 1 or t[9])) if p > 1 and not ddp else 0.0,
+        copy_bytes=ps_copy
+        + (sum(t[6] for t in tasks if t[2] > 0 and (t[8] > 1 or t[9])) if p > 1 and not ddp else 0.0),
+        ps_units=ps_units,
         n_calls=float(
             len(tasks) * (p > 1)
             + ag_calls

@@ -50,6 +50,7 @@ _SCALARS = (
     "n_calls",
     "sparse_units",
     "copy_bytes",
+    "ps_units",
 )
 _TASKS = ("task_ready", "suf_ar_calls", "suf_ar_bytes", "suf_red_calls", "suf_red_bytes")
 _SERVERS = ("ps_bytes", "ps_msgs")
@@ -193,7 +194,8 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     gathers = col(b.ag_calls)  # the sparse all-gather path: sizes, then indices and values
     calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
     calls = calls + gathers * prm.gather_peer_overhead * waits + col(b.sparse_units) * prm.sparse_unit_overhead
-    calls = calls + col(b.copy_bytes) * prm.copy_per_byte * opt_slow  # bucket flattens, as busy as the optimizer
+    calls = calls + col(b.ps_units) * prm.ps_unit_overhead
+    calls = calls + col(b.copy_bytes) * prm.copy_per_byte * opt_slow  # flattens and copies, as busy as the optimizer
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

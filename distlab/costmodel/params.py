@@ -43,7 +43,10 @@ class CostParams:
     ``gather_peer_overhead`` the same for the sparse all-gather path's calls (row packing and coalescing
     between them), and ``sparse_unit_overhead`` seconds per step per sparse variable or shard at
     any world size, one rank included (coalescing its rows, packing, unpacking, building the
-    sparse gradient, finding the rows a server's step changed); ``comm_scale`` multiplies the byte (beta) terms
+    sparse gradient, finding the rows a server's step changed), ``ps_unit_overhead`` the same per
+    dense variable or shard on the PS path (its reduce, its server's broadcast and its write-back
+    are each a step of Python per unit; PartitionedPS at one rank measured 0.8-2.8 ms a step over
+    AllReduce on the accuracy grid's models); ``comm_scale`` multiplies the byte (beta) terms
     of every wire time the microbenchmarks predict and ``alpha_scale`` their latency (alpha)
     terms, and ``comm_oversubscription`` adds to both per unit of ranks beyond a host's cores
     (inside a training step bytes move slower than in a lockstep microbenchmark: peers arrive at
@@ -77,6 +80,7 @@ class CostParams:
     gossip_per_byte: float = 0.0
     gossip_tensor_overhead: float = 0.0
     sparse_unit_overhead: float = 0.0
+    ps_unit_overhead: float = 0.0
     comm_scale: float = 1.0
     alpha_scale: float = 1.0
     comm_oversubscription: float = 0.0

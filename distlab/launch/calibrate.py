@@ -39,8 +39,8 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB,
 # no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone; 5: the
 # optimizer and bucket copies out of cache, send/recv as a pairwise exchange; 6: local steps the
-# median step, short training-loop cases in passes)
-CALIBRATION_FORMAT = 6
+# median step, short training-loop cases in passes; 7: the PS path per unit and its copies)
+CALIBRATION_FORMAT = 7
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -317,6 +317,7 @@ def measure_overhead(
                     "calls": c.n_calls,
                     "gather_calls": c.ag_calls,
                     "sparse_units": c.sparse_units,
+                    "ps_units": c.ps_units,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,
                     "gossip_tensors": c.gossip_tensors * c.gossip_degree,
                     "measured": max(r[i] for r in per_rank),

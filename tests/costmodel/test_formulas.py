@@ -372,6 +372,27 @@ def test_sparse_path_work_is_per_table_or_shard_on_any_world_size():
     assert compile_strategy(prof, s).sparse_units == 4  # two shards per table
 
 
+def test_ps_units_and_their_copies_are_charged_on_any_world_size():
+    # v0 and v1 whole on the PS path, v2 (2000 floats) in two shards: 4 units. Every rank divides
+    # each gradient into a fresh tensor for its reduce (world > 1: 16000 bytes in all)
+    # and writes each shard's new value back into v2 (any world: 8000 bytes)
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    vs = (
+        VariablePlan("v0", Sync("ps", server=0)),
+        VariablePlan("v1", Sync("ps", server=0)),
+        VariablePlan("v2", partition=Partition(0, 2), shards=(Sync("ps", server=0), Sync("ps", server=0))),
+    )
+    for world, copied in ((1, 8000), (2, 16000 + 8000)):
+        res = toy_resources(world, cores=2)
+        s = Strategy(vs, res.ranks, batch=BatchConfig(32, 1), builder="toy")
+        c = compile_strategy(prof, s)
+        assert (c.ps_units, c.copy_bytes) == (4, copied)
+        free = exact_model().predict(prof, res, s).step_time
+        per_unit = exact_model(ps_unit_overhead=1e-4).predict(prof, res, s).step_time - free
+        per_byte = exact_model(copy_per_byte=1e-9).predict(prof, res, s).step_time - free
+        assert (per_unit, per_byte) == (pytest.approx(4e-4), pytest.approx(copied * 1e-9))
+
+
 def test_sparse_tables_share_one_packed_exchange_per_server():
     prof, tables = sparse_tables(4)
     res = toy_resources(4)
