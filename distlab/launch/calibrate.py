@@ -295,9 +295,8 @@ def measure_overhead(
             for builder in builders
             if builder != "Gossip" or k > 1  # gossip needs a neighbour
         ]
-        jobs = [
-            (m, s, data, b, *_repeats(cm.predict(p, sub, s).step_time)) for p, s, (m, data, b) in plans
-        ]
+        preds = [cm.predict(p, sub, s) for p, s, _ in plans]
+        jobs = [(m, s, data, b, *_repeats(pred.step_time)) for (_, s, (m, data, b)), pred in zip(plans, preds)]
         try:
             per_rank = lab.run_ranks(overhead_rank, jobs, lab.timeout, world=k)
         except LaunchError as exc:
@@ -306,8 +305,8 @@ def measure_overhead(
         latency_only = cm.with_params(
             cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in cm.params.alpha_beta.items()})
         )
-        for i, (p, s, _) in enumerate(plans):
-            pred, c = cm.predict(p, sub, s), cm.compile(p, s)
+        for i, ((p, s, _), pred) in enumerate(zip(plans, preds)):
+            c = cm.compile(p, s)
             lat = latency_only.predict(p, sub, s)
             rows.append(
                 {
