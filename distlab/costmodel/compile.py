@@ -325,8 +325,9 @@ def compile_strategy(
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
         sparse_units=sparse_units,
-        # runtime/allreduce.py: a bucket of one whole variable is reduced in place; any other is
-        # flattened by torch.cat (one rank launches no bucket at all; DDP's gradients are bucket views)
+        # the PS path's copies (above), and runtime/allreduce.py's: a bucket of one whole variable is
+        # reduced in place; any other is flattened by torch.cat (one rank launches no bucket at all;
+        # DDP's gradients are bucket views)
         copy_bytes=ps_copy
         + (sum(t[6] for t in tasks if t[2] > 0 and (t[8] > 1 or t[9])) if p > 1 and not ddp else 0.0),
         ps_units=ps_units,

@@ -25,8 +25,9 @@ class CostParams:
     core on a host (memory bandwidth, caches); ``thread_efficiency``: how compute scales with the
     threads a rank gets (contention.py).
     ``optimizer_per_byte``: seconds per parameter byte of one optimizer update;
-    ``copy_per_byte``: seconds per byte of the runtime's bucket copies (flattening several
-    gradients into one all-reduce message), both with the bytes out of cache as in a step.
+    ``copy_per_byte``: seconds per byte of the runtime's copies (flattening several gradients
+    into one all-reduce message, the PS path's divided gradients and shard write-backs, gossip's
+    passes over its bytes), both with the bytes out of cache as in a step.
     ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
     count). What a training step costs beyond compute, communication and the optimizer's
     arithmetic, measured by ``Lab.calibrate``: the loop itself (reading the batch, zeroing

@@ -373,7 +373,7 @@ def local_step_worlds(
 
 def _time_local(
     model: Any, data: Any, batch: int, rank: int, k: int, steps: int, lockstep: Any = None
-) -> float:
+) -> list[float]:
     """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
     ``LOCAL_SECONDS``, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
     agree after every step whether to go on, so a step lasts until the slowest rank has taken
