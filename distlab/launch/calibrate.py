@@ -39,8 +39,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB,
 # no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone; 5: the
 # optimizer and bucket copies out of cache, send/recv as a pairwise exchange; 6: local steps the
-# median step, short training-loop cases in passes; 7: the PS path per unit and its copies)
-CALIBRATION_FORMAT = 7
+# median step, short training-loop cases in passes; 7: the PS path per unit and its copies; 8:
+# gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with)
+CALIBRATION_FORMAT = 8
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
