@@ -75,24 +75,35 @@ def measure_grid(
     repeats: int,
     progress: Callable[[str], None] | None = None,
     first_repeat: int = 0,
+    warmup: bool = True,
 ) -> pd.DataFrame:
     """Run every configuration ``repeats`` times, round by round (interleaved), on ``lab``.
 
     Rounds are numbered from ``first_repeat`` (the ``repeat`` column and the data's seed): a
     caller interleaving rounds across Labs (one per world size) calls this once per round.
+    ``warmup``: first run each model once, unrecorded (its first configuration, a quarter of the
+    steps): a fresh Lab's first runs measured 0.3-0.7x the throughput of the same
+    configurations later on this machine.
     """
     import distlab as dl
 
+    def launch(c: dict[str, Any], n: int, seed: int) -> Any:
+        data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=seed)
+        run = lab.launch(
+            c["_model"], strategy=c["_strategy"], steps=n, data=data, batch_size=c["batch"], seed=seed,
+            elastic=False,  # training throughput: no checkpoints written during the measured steps
+        )
+        run.wait(progress=False)
+        return run
+
+    if warmup:
+        for c in {c["model"]: c for c in reversed(configs)}.values():
+            launch(c, max(4, steps // 4), first_repeat)
     rows = []
     for rep in range(first_repeat, first_repeat + repeats):
         order = configs if rep % 2 == 0 else list(reversed(configs))
         for c in order:
-            data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=rep)
-            run = lab.launch(
-                c["_model"], strategy=c["_strategy"], steps=steps, data=data, batch_size=c["batch"], seed=rep,
-                elastic=False,  # training throughput: no checkpoints written during the measured steps
-            )
-            run.wait(progress=False)
+            run = launch(c, steps, rep)
             m = run.metrics
             step_time = float(np.median(m.groupby("step")["step_time"].max().iloc[len(m["step"].unique()) // 4 :]))
             rows.append(
