@@ -118,8 +118,10 @@ def measure_grid(
 def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Per-configuration errors and the headline figures.
 
-    The noise floor is the median relative deviation of repeats from their configuration's
-    median: an error below it cannot be told from re-running. Regret: the throughput lost by
+    The noise floor is the median over pairs of repeats of a configuration of ``|a - b| / (a + b)``
+    (with two repeats: each one's relative deviation from their median; the same figure
+    whatever the number of repeats, which deviations from a median of three are not): an error
+    below it cannot be told from re-running. Regret: the throughput lost by
     running the predicted best strategy instead of the measured best, per (model, world, batch).
     Strategies the model predicts exactly alike (the same work: every builder on one rank, or
     Parallax and AllReduce on a model without sparse variables) are one choice to it: the
@@ -133,8 +135,12 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         predicted=("predicted_throughput", "first"), measured=("measured_throughput", "median")
     )
     g["error"] = (g["predicted"] - g["measured"]).abs() / g["measured"]
-    merged = df.merge(g[keys + ["measured"]], on=keys)
-    noise = (merged["measured_throughput"] - merged["measured"]).abs() / merged["measured"]
+    pairs = []
+    for _, runs in df.groupby(keys)["measured_throughput"]:
+        x = runs.to_numpy(dtype=float)
+        i, j = np.triu_indices(len(x), k=1)
+        pairs.append(np.abs(x[i] - x[j]) / (x[i] + x[j]))
+    noise = np.concatenate(pairs) if pairs else np.zeros(0)
     rhos, regrets = [], []
     for _, part in g.groupby(["model", "world"]):
         if len(part) >= 3 and part["measured"].nunique() > 1:
@@ -151,7 +157,7 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "mape": float(g["error"].mean()),
         "p90_error": float(g["error"].quantile(0.9)),
         "max_error": float(g["error"].max()),
-        "noise_floor": float(noise[noise > 0].median()) if repeats_exist and (noise > 0).any() else float("nan"),
+        "noise_floor": float(np.median(noise[noise > 0])) if repeats_exist and (noise > 0).any() else float("nan"),
         "spearman_median": float(statistics.median(rhos)) if rhos else float("nan"),
         "spearman_min": float(min(rhos)) if rhos else float("nan"),
         "regret_median": float(statistics.median(regrets)) if regrets else float("nan"),

@@ -30,6 +30,20 @@ def test_accuracy_hand_figures():
     assert len(per) == 3
 
 
+def test_noise_floor_is_the_median_relative_difference_of_pairs_of_repeats():
+    # repeats 0.9, 1.0, 1.1 of every configuration: pairs differ by 0.1/1.9, 0.1/2.1 and 0.2/2.0
+    rows = [
+        {"model": "m", "strategy": st, "world": 1, "batch": 8, "repeat": rep,
+         "predicted_throughput": 100.0, "measured_throughput": 100.0 * f}
+        for st in ("A", "B", "C") for rep, f in enumerate((0.9, 1.0, 1.1))
+    ]
+    df = pd.DataFrame(rows)
+    _, three = accuracy(df)
+    assert three["noise_floor"] == pytest.approx(0.1 / 1.9)
+    _, two = accuracy(df[df.repeat != 1])  # 0.9 and 1.1: each 0.1 from their median of 1.0
+    assert two["noise_floor"] == pytest.approx(0.1)
+
+
 def test_a_wrong_ranking_shows_as_regret_and_low_spearman():
     df = grid({"A": 0.5, "B": 1.0, "C": 3.0})  # predicts C best, which is measured worst
     _, s = accuracy(df[df.world == 1])
