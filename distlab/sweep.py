@@ -82,8 +82,8 @@ def measure_grid(
     Rounds are numbered from ``first_repeat`` (the ``repeat`` column and the data's seed): a
     caller interleaving rounds across Labs (one per world size) calls this once per round.
     ``warmup``: first run each model once, unrecorded (its first configuration, a quarter of the
-    steps): a fresh Lab's first runs measured 0.3-0.7x the throughput of the same
-    configurations later on this machine.
+    steps): on this machine a fresh Lab's first runs measured 0.3-0.8x the throughput of the
+    same configurations later.
     """
     import distlab as dl
 
@@ -119,9 +119,9 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Per-configuration errors and the headline figures.
 
     The noise floor is the median over pairs of repeats of a configuration of ``|a - b| / (a + b)``
-    (with two repeats: each one's relative deviation from their median; the same figure
-    whatever the number of repeats, which deviations from a median of three are not): an error
-    below it cannot be told from re-running. Regret: the throughput lost by
+    (with two repeats: each one's relative deviation from their median; comparable whatever
+    the number of repeats, which deviations from a median of three are not: they leave the
+    middle one out): an error below it cannot be told from re-running. Regret: the throughput lost by
     running the predicted best strategy instead of the measured best, per (model, world, batch).
     Strategies the model predicts exactly alike (the same work: every builder on one rank, or
     Parallax and AllReduce on a model without sparse variables) are one choice to it: the
