@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -40,8 +41,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone; 5: the
 # optimizer and bucket copies out of cache, send/recv as a pairwise exchange; 6: local steps the
 # median step, short training-loop cases in passes; 7: the PS path per unit and its copies; 8:
-# gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with)
-CALIBRATION_FORMAT = 8
+# gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with; 9: the
+# training-loop stage's passes over every world size in turn)
+CALIBRATION_FORMAT = 9
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -287,26 +289,45 @@ def measure_overhead(
     from distlab.launch.cluster import sub_resources
     from distlab.runtime.microbench import overhead_rank
 
-    rows = []
+    plans, preds, reps, subs = {}, {}, {}, {}
     for k in worlds:
-        sub = sub_resources(res, list(res.addresses)[:k])
-        plans = [
-            (p, dl.strategy.build(builder, p, sub, batch_size=b), (m, data, b))
+        subs[k] = sub_resources(res, list(res.addresses)[:k])
+        plans[k] = [
+            (p, dl.strategy.build(builder, p, subs[k], batch_size=b), (m, data, b))
             for p, (m, data, b, builders) in zip(profiles, cases)
             for builder in builders
             if builder != "Gossip" or k > 1  # gossip needs a neighbour
         ]
-        preds = [cm.predict(p, sub, s) for p, s, _ in plans]
-        jobs = [(m, s, data, b, *_repeats(pred.step_time)) for (_, s, (m, data, b)), pred in zip(plans, preds)]
-        try:
-            per_rank = lab.run_ranks(overhead_rank, jobs, lab.timeout, world=k)
-        except LaunchError as exc:
-            raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
+        preds[k] = [cm.predict(p, subs[k], s) for p, s, _ in plans[k]]
+        reps[k] = [_repeats(pred.step_time) for pred in preds[k]]
+    # pass after pass over the world sizes (each pass in the other direction), so the passes of a
+    # world size's cases lie apart in time: a slow minute of the machine (back-to-back runs of the
+    # one-rank cases differed up to 2x) hits every world size a little, not one of them wholly
+    steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds}
+    for p in range(max(n for k in worlds for _, n in reps[k])):
+        for k in worlds if p % 2 == 0 else worlds[::-1]:
+            due = [i for i, (_, n) in enumerate(reps[k]) if p < n]
+            if not due:
+                continue
+            jobs = []
+            for i in due:
+                _, strategy, (model, data, batch) = plans[k][i]
+                jobs.append((model, strategy, data, batch, reps[k][i][0], 1))  # one pass now
+            try:
+                per_rank = lab.run_ranks(overhead_rank, jobs, lab.timeout, world=k)
+            except LaunchError as exc:
+                raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
+            for r, lists in enumerate(per_rank):
+                for j, i in enumerate(due):
+                    steps[k][r][i].extend(lists[j])
+    rows = []
+    for k in worlds:
+        sub = subs[k]
         host = sub.ranks[0].host
         latency_only = cm.with_params(
             cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in cm.params.alpha_beta.items()})
         )
-        for i, ((p, s, _), pred) in enumerate(zip(plans, preds)):
+        for i, ((p, s, _), pred) in enumerate(zip(plans[k], preds[k])):
             c = cm.compile(p, s)
             lat = latency_only.predict(p, sub, s)
             rows.append(
@@ -320,7 +341,7 @@ def measure_overhead(
                     "ps_units": c.ps_units,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,
                     "gossip_tensors": c.gossip_tensors * c.gossip_degree,
-                    "measured": max(r[i] for r in per_rank),
+                    "measured": max(statistics.median(r[i]) for r in steps[k]),  # the slowest rank's
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],
                     "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed

@@ -264,21 +264,22 @@ def overhead_rank(
     master_port: int,
     cases: list[tuple[Any, Any, Any, int, int, int]],
     timeout: float,
-) -> list[float]:
+) -> list[list[float]]:
     """(worker) The real training loop (``run_rank``) on each ``(model, strategy, data, batch,
     steps, passes)`` case, ``passes`` times: the cases in turn, pass after pass, so a case's
     passes lie apart in time and a slow moment of the machine hits one of them.
 
-    Returns this rank's median in-step seconds per case over every pass, each pass's first
-    third excluded (warm-up): what the cost model sees of hooks, bucket copies, per-tensor
-    dispatch, data and Python beyond the arithmetic.
+    Returns this rank's in-step seconds per case, every step of every pass but each pass's
+    first third (warm-up): what the cost model sees of hooks, bucket copies, per-tensor
+    dispatch, data and Python beyond the arithmetic. The caller takes the median (and may pool
+    the steps of several calls, made at other moments).
     """
     times: list[list[float]] = [[] for _ in cases]
     for p in range(max((c[5] for c in cases), default=0)):
         for i, case in enumerate(cases):
             if p < case[5]:
                 times[i].extend(_overhead_pass(rank, world, master_addr, master_port, case, f"{i}-{p}", timeout))
-    return [statistics.median(t) for t in times]
+    return times
 
 
 def _overhead_pass(

@@ -1,4 +1,4 @@
-"""sweep.measure_grid on a real Lab: rounds, rows, and the unrecorded warm-up runs."""
+"""Measuring on a real Lab: sweep.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop stage's passes."""
 
 from distlab import sweep
 from distlab.costmodel import CostModel
@@ -23,3 +23,33 @@ def test_measure_grid_warms_each_model_up_once_then_records_every_round(lab):
 
     again = sweep.measure_grid(lab, configs[:1], steps=8, repeats=1, warmup=False)
     assert len(lab.runs) == before + 10 + 1 and len(again) == 1
+
+
+def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
+    import torch
+
+    import distlab as dl
+    from distlab.launch.calibrate import measure_overhead
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    cases = [(model, data, 4, ("AllReduce", "PS"))]
+    profiles = [dl.profile(model, batch_size=4)]
+    calls = []
+    run_ranks = lab.run_ranks
+
+    def spy(fn, jobs, *args, **kw):  # the real call, noted
+        calls.append((kw.get("world"), [j[5] for j in jobs]))
+        return run_ranks(fn, jobs, *args, **kw)
+
+    lab.run_ranks = spy
+    try:
+        rows = measure_overhead(lab, CostModel.default(), lab.resources, cases, profiles, [1, 2])
+    finally:
+        del lab.run_ranks
+    # short cases: three passes, one per call, world sizes 1, 2 then 2, 1 then 1, 2
+    assert [w for w, _ in calls] == [1, 2, 2, 1, 1, 2]
+    assert all(passes == [1, 1] for _, passes in calls)
+    assert [(r["world"], r["builder"]) for r in rows] == [(1, "AllReduce"), (1, "PS"), (2, "AllReduce"), (2, "PS")]
+    assert all(r["measured"] > 0 for r in rows)
