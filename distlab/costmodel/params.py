@@ -27,7 +27,8 @@ class CostParams:
     ``optimizer_per_byte``: seconds per parameter byte of one optimizer update;
     ``copy_per_byte``: seconds per byte of the runtime's copies (flattening several gradients
     into one all-reduce message, the PS path's divided gradients and shard write-backs, gossip's
-    passes over its bytes), both with the bytes out of cache as in a step.
+    passes over its bytes), both measured with the bytes out of cache as in a step (gossip's
+    passes, on bytes the step has just written, are charged at it unslowed by contention).
     ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
     count). What a training step costs beyond compute, communication and the optimizer's
     arithmetic, measured by ``Lab.calibrate``: the loop itself (reading the batch, zeroing

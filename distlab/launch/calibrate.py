@@ -29,8 +29,8 @@ OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 10
 # A run of a few milliseconds a step is at the mercy of the shared machine's moments (the same
 # 2,000-row wide-and-deep reference at one rank measured 1.45 and 2.83 ms a step in two
 # calibrations), a run of 100 ms is not (4-rank PartitionedPS on the 26-tensor MLP: 177 and 172):
-# cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES times, the stage's cases in turn
-# pass after pass, and the longer ones once, with fewer steps (LONG_STEPS), which pays for it.
+# cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES times, pass after pass over every
+# world size in turn (measure_overhead), and the longer ones once, with fewer steps (LONG_STEPS), which pays for it.
 SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
@@ -304,9 +304,9 @@ def measure_overhead(
     # world size's cases lie apart in time: a slow minute of the machine (back-to-back runs of the
     # one-rank cases differed up to 2x) hits every world size a little, not one of them wholly
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds}
-    for p in range(max(n for k in worlds for _, n in reps[k])):
-        for k in worlds if p % 2 == 0 else worlds[::-1]:
-            due = [i for i, (_, n) in enumerate(reps[k]) if p < n]
+    for turn in range(max(n for k in worlds for _, n in reps[k])):
+        for k in worlds if turn % 2 == 0 else worlds[::-1]:
+            due = [i for i, (_, n) in enumerate(reps[k]) if turn < n]
             if not due:
                 continue
             jobs = []

@@ -325,7 +325,7 @@ def test_gossip_passes_over_its_bytes_cost_copies(mode, passes, cores):
     res = toy_resources(5, cores=cores)  # exp2 on 5 ranks: 3 in-neighbours
     s = plan(prof, [Sync("gossip")] * 3, res, gossip=GossipConfig("exp2", dynamic=False, mode=mode))
     slowed = exact_model(contention=0.5)
-    extra = slowed.with_params(slowed.params.with_(copy_per_byte=1e-9)).predict(prof, res, s).step_time - slowed.predict(prof, res, s).step_time
+    extra = exact_model(contention=0.5, copy_per_byte=1e-9).predict(prof, res, s).step_time - slowed.predict(prof, res, s).step_time
     assert extra == pytest.approx(passes * 16000 * 1e-9)
     if cores:  # the optimizer on the same host is slowed: the passes' figure is not by accident
         opt = exact_model(contention=0.5, optimizer_per_byte=1e-9).predict(prof, res, s).breakdown["optimizer"]
