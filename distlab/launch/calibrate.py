@@ -16,7 +16,7 @@ from typing import Any
 from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
-from distlab.runtime.microbench import LOCAL_PASSES, MODEL_PASSES, microbench_worlds
+from distlab.runtime.microbench import MODEL_PASSES, microbench_worlds
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the local-step and training-loop stages: two tiny MLPs (4 and 26 trainable tensors: what a step
@@ -42,8 +42,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # optimizer and bucket copies out of cache, send/recv as a pairwise exchange; 6: local steps the
 # median step, short training-loop cases in passes; 7: the PS path per unit and its copies; 8:
 # gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with; 9: the
-# training-loop stage's passes over every world size in turn)
-CALIBRATION_FORMAT = 9
+# training-loop stage's passes over every world size in turn; 10: the reference models' local
+# steps measured in the training-loop stage's passes, beside the loop)
+CALIBRATION_FORMAT = 10
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -102,7 +103,7 @@ def calibrate_lab(
     todo = [t for t in targets if cm is None or not _measured(cm, t[0], res)]
     if cm is not None and not todo:
         return cm
-    stages = (0 if cm is not None else 4) + (1 if todo else 0)
+    stages = (0 if cm is not None else 2) + (1 if todo else 0)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -118,7 +119,7 @@ def calibrate_lab(
         if cm is None:
             cm = _calibrate_cluster(lab, res, sizes, done)
         if todo:
-            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1), MODEL_PASSES))
+            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1)))
             done("models")
     finally:
         if bar is not None:
@@ -151,13 +152,8 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     cases = _reference_cases()
     profiles = [dl.profile(m, batch_size=b) for m, _, b, _ in cases]
     ref_worlds = sorted({1, min(2, res.world), max(1, res.world - 1), res.world})
-    local = measure_models(
-        lab, [(model_key(p), m, data, (b,)) for p, (m, data, b, _) in zip(profiles, cases)], ref_worlds
-    )
-    cm = cm.with_params(fit_compute(cm.params, _compute_rows(profiles, local)), local_steps=local)
-    done("local steps")
-    cm = cm.with_compute(local)  # the reference models now compute as measured: what remains is the runtime's
-    cm = cm.with_overhead(measure_overhead(lab, cm, res, cases, profiles, ref_worlds))
+    # the reference models compute as measured beside the loop: what remains is the runtime's
+    cm = measure_training_loop(lab, cm, res, cases, profiles, ref_worlds)
     done("training loop")
     reference = {model_key(p) for p in profiles}
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
@@ -219,29 +215,49 @@ def _measured(cm: Any, key: str, res: Any) -> bool:
 
 
 def measure_models(
-    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int]]], worlds: Any, passes: int = LOCAL_PASSES
+    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int]]], worlds: Any, passes: int = MODEL_PASSES
 ) -> list[dict[str, Any]]:
-    """Each target's local step (runtime.microbench.local_step_worlds, ``passes`` passes) at each
-    world size and batch: compute rows."""
-    from distlab.runtime.microbench import LOCAL_STEPS, local_step_worlds
+    """Each target's local step at each world size and batch (runtime.microbench.loop_pass_rank,
+    with every rank of the world busy): compute rows. One call per world size and pass, the
+    world sizes in turn pass after pass (each pass in the other direction), so a slow minute
+    of the machine hits every world size a little; each row the median of its steps over the passes."""
+    from distlab.runtime.microbench import LOCAL_SECONDS, loop_pass_rank
 
     res = lab.resources
     worlds = sorted(set(worlds))
     cases = [(m, data, b) for _, m, data, batches in targets for b in batches]
     keys = [k for k, _, _, batches in targets for _ in batches]
-    threads = {k: lab._threads(res, list(res.addresses)[:k]) for k in worlds}  # as a k-rank run gets
-    try:  # one task per worker for every world size: the models travel once
-        per_rank = lab.run_ranks(
-            local_step_worlds, cases, worlds, threads, LOCAL_STEPS, lab.timeout, passes, world=max(worlds)
-        )
-    except LaunchError as exc:
-        raise CalibrationError(f"calibrate: the local-step stage failed: {exc}") from None
+    steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
+    for turn in range(passes):
+        for k in worlds if turn % 2 == 0 else worlds[::-1]:
+            threads = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
+            try:
+                per_rank = lab.run_ranks(
+                    loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, world=k
+                )
+            except LaunchError as exc:
+                raise CalibrationError(f"calibrate: the local-step stage failed at world {k}: {exc}") from None
+            for r, (own, _) in enumerate(per_rank):
+                for i, seconds in enumerate(own):
+                    steps[k][r][i].extend(seconds)
+    return _local_rows(res, keys, [b for _, _, b in cases], steps)
+
+
+def _local_rows(
+    res: Any, keys: Sequence[str], batches: Sequence[int], steps: dict[int, list[list[list[float]]]]
+) -> list[dict[str, Any]]:
+    """Compute rows from each world size's steps per rank per case (cases with no steps yet left out)."""
     host = res.ranks[0].host
     rows = []
-    for k in worlds:
+    for k, per_rank in steps.items():
+        measured = [i for i in range(len(keys)) if all(r[i] for r in per_rank)]
+        seconds = [[statistics.median(r[i]) for i in measured] for r in per_rank]
         ranks_on_host = sum(1 for r in res.ranks[:k] if r.host == host)
-        seconds = [r[k] for r in per_rank[:k]]
-        rows.extend(compute_rows(keys, [b for _, _, b in cases], seconds, ranks_on_host, res.cores.get(host)))
+        rows.extend(
+            compute_rows(
+                [keys[i] for i in measured], [batches[i] for i in measured], seconds, ranks_on_host, res.cores.get(host)
+            )
+        )
     return rows
 
 
@@ -280,46 +296,70 @@ def _repeats(predicted: float) -> tuple[int, int]:
     return (OVERHEAD_STEPS, OVERHEAD_PASSES) if predicted < SHORT_STEP else (LONG_STEPS, 1)
 
 
-def measure_overhead(
+def measure_training_loop(
     lab: Any, cm: Any, res: Any, cases: Sequence[Any], profiles: Sequence[Any], worlds: Sequence[int]
-) -> list[dict[str, Any]]:
-    """The real training loop on the reference models and builders at ``worlds``: measured in-step
-    seconds against what ``cm`` (microbenchmarks and the models' measured local steps) predicts."""
+) -> Any:
+    """The real training loop on the reference models and builders at ``worlds``, each pass beside
+    the models' own local steps (runtime.microbench.loop_pass_rank); returns ``cm`` fitted to them:
+    compute (fit_compute) and the loop's cost (fit_overhead: the in-step seconds measured against
+    what ``cm`` predicts with each model's local step of the same passes).
+    """
     import distlab as dl
     from distlab.launch.cluster import sub_resources
-    from distlab.runtime.microbench import overhead_rank
+    from distlab.runtime.microbench import loop_pass_rank
 
-    plans, preds, reps, subs = {}, {}, {}, {}
+    plans, subs, threads = {}, {}, {}
     for k in worlds:
         subs[k] = sub_resources(res, list(res.addresses)[:k])
+        threads[k] = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
         plans[k] = [
-            (p, dl.strategy.build(builder, p, subs[k], batch_size=b), (m, data, b))
-            for p, (m, data, b, builders) in zip(profiles, cases)
+            (j, dl.strategy.build(builder, p, subs[k], batch_size=b))
+            for j, (p, (_, _, b, builders)) in enumerate(zip(profiles, cases))
             for builder in builders
             if builder != "Gossip" or k > 1  # gossip needs a neighbour
         ]
-        preds[k] = [cm.predict(p, subs[k], s) for p, s, _ in plans[k]]
-        reps[k] = [_repeats(pred.step_time) for pred in preds[k]]
+
+    def repeats(model: Any) -> dict[int, list[tuple[int, int]]]:
+        return {k: [_repeats(model.predict(profiles[j], subs[k], s).step_time) for j, s in plans[k]] for k in worlds}
+
+    reps = repeats(cm)  # the first pass: every case, its steps from the profiles' compute
+    local: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
+    steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds}
     # pass after pass over the world sizes (each pass in the other direction), so the passes of a
     # world size's cases lie apart in time: a slow minute of the machine (back-to-back runs of the
     # one-rank cases differed up to 2x) hits every world size a little, not one of them wholly
-    steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds}
-    for turn in range(max(n for k in worlds for _, n in reps[k])):
+    turn = 0
+    while turn < max(n for k in worlds for _, n in reps[k]):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
             due = [i for i, (_, n) in enumerate(reps[k]) if turn < n]
             if not due:
                 continue
+            models = sorted({plans[k][i][0] for i in due})
             jobs = []
             for i in due:
-                _, strategy, (model, data, batch) = plans[k][i]
+                j, strategy = plans[k][i]
+                model, data, batch, _ = cases[j]
                 jobs.append((model, strategy, data, batch, reps[k][i][0], 1))  # one pass now
             try:
-                per_rank = lab.run_ranks(overhead_rank, jobs, lab.timeout, world=k)
+                per_rank = lab.run_ranks(
+                    loop_pass_rank,
+                    [cases[j][:3] for j in models],
+                    threads[k],
+                    jobs,
+                    lab.timeout,
+                    world=k,
+                )
             except LaunchError as exc:
                 raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
-            for r, lists in enumerate(per_rank):
-                for j, i in enumerate(due):
-                    steps[k][r][i].extend(lists[j])
+            for r, (own, loop) in enumerate(per_rank):
+                for n, j in enumerate(models):
+                    local[k][r][j].extend(own[n])
+                for n, i in enumerate(due):
+                    steps[k][r][i].extend(loop[n])
+        if turn == 0:  # the later passes: the cases short by the local steps now measured
+            reps = repeats(_with_local(cm, profiles, cases, res, local))
+        turn += 1
+    cm = _with_local(cm, profiles, cases, res, local)
     rows = []
     for k in worlds:
         sub = subs[k]
@@ -327,9 +367,9 @@ def measure_overhead(
         latency_only = cm.with_params(
             cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in cm.params.alpha_beta.items()})
         )
-        for i, ((p, s, _), pred) in enumerate(zip(plans[k], preds[k])):
-            c = cm.compile(p, s)
-            lat = latency_only.predict(p, sub, s)
+        for i, (j, s) in enumerate(plans[k]):
+            p = profiles[j]
+            c, pred, lat = cm.compile(p, s), cm.predict(p, sub, s), latency_only.predict(p, sub, s)
             rows.append(
                 {
                     "world": k,
@@ -350,4 +390,14 @@ def measure_overhead(
                     "cores": sub.cores.get(host),
                 }
             )
-    return rows
+    return cm.with_overhead(rows)
+
+
+def _with_local(
+    cm: Any, profiles: Sequence[Any], cases: Sequence[Any], res: Any, local: dict[int, list[list[list[float]]]]
+) -> Any:
+    """``cm`` with the reference models' local steps measured so far: compute fitted to them
+    (fit_compute) and their own steps in its compute table."""
+    rows = _local_rows(res, [model_key(p) for p in profiles], [c[2] for c in cases], local)
+    params = fit_compute(cm.params, _compute_rows(profiles, rows))
+    return cm.with_params(params, local_steps=rows).with_compute(rows)

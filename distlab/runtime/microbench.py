@@ -4,7 +4,8 @@
 sub-group) on every member rank; every rank returns the same rows, because each measurement is
 reduced with MAX across ranks (a collective is as slow as its slowest rank). The rows feed
 ``CostModel.from_microbenchmarks``; their schema is documented in ``distlab/costmodel/calibrate.py``.
-``overhead_rank`` runs the real training loop on reference models for the training-loop stage.
+``overhead_rank`` runs the real training loop on reference models for the training-loop stage,
+``loop_pass_rank`` a pass of models' local steps (and of that stage) at one world size.
 """
 
 from __future__ import annotations
@@ -310,39 +311,44 @@ def _overhead_pass(
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
 LOCAL_SECONDS, LOCAL_MAX_STEPS = 0.4, 60  # short steps: more of them, for a steady figure
-LOCAL_PASSES = 2  # the reference models' passes (the cluster's stage has a time budget)
 MODEL_PASSES = 4  # a user's model: the figure every strategy's prediction for it starts from
 
 
-def local_step_worlds(
+def loop_pass_rank(
     rank: int,
     world: int,
     master_addr: str,
     master_port: int,
-    cases: list[tuple[Any, Any, int]],
-    worlds: list[int],
-    threads: dict[int, list[int]],
-    steps: int,
+    local: list[tuple[Any, Any, int]],
+    threads: list[int],
+    cases: list[tuple[Any, Any, Any, int, int, int]],
     timeout: float,
-    passes: int = LOCAL_PASSES,
-) -> dict[int, list[float]]:
-    """(worker) Each ``(model, data, batch)``'s own step with ranks 0..k-1 busy at once, for each k in ``worlds``.
+    seconds: float = 0.0,
+) -> tuple[list[list[float]], list[list[float]]]:
+    """(worker) One pass at this world size: each ``(model, data, batch)`` of ``local``'s own step
+    with every rank busy, then the training loop on each of ``cases`` (``overhead_rank``).
 
-    The step is the training loop's (``run_rank``) less the strategy: read the batch, zero the
-    gradients, forward, loss, backward, read the loss; no optimizer step (the cost model has
-    its own term). The ranks of a world size start each case together (a barrier) and the
-    others wait, so each measurement sees exactly ``k`` busy ranks: compute under real
-    contention, each rank running the threads a ``k``-rank run gives it (``threads[k][rank]``).
-    The ``k`` ranks step in lockstep, as a synchronous run does: after each step they agree
-    (one 4-byte all-reduce) whether to go on, so each step waits for the slowest rank. Ranks
-    left to run freely drift out of phase and never wait; on this 2-core machine the lockstep
-    step was 10-50% slower (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in
-    lockstep; a real run 115-119 ms), which a model of synchronous training must include.
-    Every world size is measured ``passes`` times, in turn. Returns ``{k: this rank's
-    seconds per step per case}`` for the worlds it was in: the median of every timed step of
-    every pass, as a run's throughput takes the median step (launch.metrics.throughput). Not a
-    pass's mean, nor the faster pass: a step hit by a slow moment of the shared machine (50x
-    the others has been seen) falls out of a median, and the run's figure to predict is one.
+    The local step is the training loop's (``run_rank``) less the strategy: read the batch, zero
+    the gradients, forward, loss, backward, read the loss; no optimizer step (the cost model has
+    its own term). Every rank of the world takes it at once, with the threads a run of this
+    world size gives it (``threads[rank]``): compute under real contention. The ranks step in
+    lockstep, as a synchronous run does: after each step they agree (one 4-byte all-reduce)
+    whether to go on, so each step waits for the slowest rank. Ranks left to run freely drift
+    out of phase and never wait; on this 2-core machine the lockstep step was 10-50% slower
+    (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in lockstep; a real run
+    115-119 ms), which a model of synchronous training must include. ``LOCAL_STEPS`` steps each,
+    more up to ``seconds`` in all when steps are short.
+
+    One world size a call, as a run of that many ranks is (the world sizes measured in one call,
+    the idle ranks waiting in a barrier, measured one rank 10% slower than alone on
+    transformer_lm); and the local steps beside the loop, at one moment of the machine: the
+    calibration fits the loop's cost as its step less the local step of the same passes, and a
+    model's local step measured in a stage of its own deviated from its mean over nine
+    calibrations by -32 to +20% (per stage and world size), independently of the loop's runs
+    (-24 to +14%). Returns (this rank's local-step seconds per ``local`` case, its in-step
+    seconds per case): every timed step, for the caller to pool over passes and take the
+    median, as a run's throughput takes the median step (launch.metrics.throughput): a step hit
+    by a slow moment of the shared machine (50x the others has been seen) falls out of it.
     """
     from datetime import timedelta
 
@@ -350,33 +356,25 @@ def local_step_worlds(
     from distlab.runtime.process_group import process_group
 
     tune_allocator()
-    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
-    steps_of: dict[tuple[int, int], list[float]] = {}
-    with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
-        for model, _, _ in cases:
-            model.train()
-        # ranks 0..k-1 of each world size, for their lockstep (every rank joins every new_group)
-        groups = {k: dist.new_group(list(range(k))) for k in worlds if 1 < k < world}
-        for _ in range(passes):  # the world sizes in turn, pass after pass: a slow minute hits one
-            for k in worlds:
-                if rank < k:
-                    torch.set_num_threads(int(threads[k][rank]))
-                lockstep = None if k == 1 else groups.get(k, dist.group.WORLD)
-                for i, (model, data, batch) in enumerate(cases):
-                    dist.barrier()
-                    if rank < k:
-                        steps_of.setdefault((k, i), []).extend(
-                            _time_local(model, data, batch, rank, k, steps, lockstep)
-                        )
-        dist.barrier()
-    return {k: [statistics.median(steps_of[(k, i)]) for i in range(len(cases))] for k in worlds if rank < k}
+    own: list[list[float]] = []
+    if local:
+        torch.set_num_threads(int(threads[rank]))
+        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
+        with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
+            lockstep = dist.group.WORLD if world > 1 else None
+            for model, data, batch in local:
+                model.train()
+                dist.barrier()
+                own.append(_time_local(model, data, batch, rank, world, LOCAL_STEPS, lockstep, seconds))
+            dist.barrier()
+    return own, overhead_rank(rank, world, master_addr, master_port, cases, timeout)
 
 
 def _time_local(
-    model: Any, data: Any, batch: int, rank: int, k: int, steps: int, lockstep: Any = None
+    model: Any, data: Any, batch: int, rank: int, k: int, steps: int, lockstep: Any = None, seconds: float = 0.0
 ) -> list[float]:
     """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
-    ``LOCAL_SECONDS``, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
+    ``seconds`` in all, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
     agree after every step whether to go on, so a step lasts until the slowest rank has taken
     it, as in a synchronous run (a rank descheduled while ranks outnumber cores delays the
     step it falls in for all)."""
@@ -389,7 +387,7 @@ def _time_local(
     vote = torch.zeros(1)
     times: list[float] = []
     more, t0 = True, time.perf_counter()
-    end = t0 + LOCAL_SECONDS
+    end = t0 + seconds
     while more:
         step((LOCAL_WARMUP + len(times)) * batch * k)
         n = len(times) + 1

@@ -1,4 +1,4 @@
-"""local_step_worlds and overhead_rank on real gloo processes: lockstep, and figures a slow moment does not move."""
+"""loop_pass_rank and overhead_rank on real gloo processes: lockstep, and figures a slow moment does not move."""
 
 from __future__ import annotations
 
@@ -24,33 +24,34 @@ class RankZeroSleeps(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        if dist.get_rank() == 0:
+        if dist.is_initialized() and dist.get_rank() == 0:
             time.sleep(SLOW)
         return self.fc(x)
 
 
 def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
-    from distlab.runtime.microbench import local_step_worlds
+    from distlab.runtime.microbench import loop_pass_rank
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
-    threads = {k: [1] * k for k in (1, 2, 3)}
-    seconds = local_step_worlds(rank, world, "127.0.0.1", port, [(RankZeroSleeps(), data, 4)], [1, 2, 3], threads, 3, 30.0)
-    out.put((rank, seconds))
+    local, loop = loop_pass_rank(rank, world, "127.0.0.1", port, [(RankZeroSleeps(), data, 4)], [1] * world, [], 30.0)
+    out.put((rank, (local, loop)))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_ranks_of_a_world_size_wait_for_the_slowest_every_step():
-    results = spawn_ranks(_rank_body, 3, "local_step_worlds ranks (a lockstep that never agreed?)")
-    # each rank reports the world sizes it was busy in: rank 0 in 1, 2, 3; rank 2 only in 3
-    assert {r: sorted(s) for r, s in results.items()} == {0: [1, 2, 3], 1: [2, 3], 2: [3]}
-    # alone, rank 0's step is its own sleep; in 2 and 3 ranks (a sub-group, then the whole
-    # group) the others wait for it every step, where ranks running freely would take ~0.1 ms
-    assert results[0][1][0] >= SLOW
-    for k in (2, 3):
-        for r in range(1, k):
-            assert results[r][k][0] >= 0.8 * SLOW, (k, r, results[r][k])
+@pytest.mark.parametrize("world", [1, 3])
+def test_ranks_wait_for_the_slowest_every_local_step(world):
+    from distlab.runtime.microbench import LOCAL_STEPS
+
+    results = spawn_ranks(_rank_body, world, "loop_pass_rank ranks (a lockstep that never agreed?)")
+    assert sorted(results) == list(range(world))
+    for rank, (local, loop) in results.items():
+        # LOCAL_STEPS steps (no more: no seconds asked) and no training-loop case
+        assert loop == [] and len(local) == 1 and len(local[0]) == LOCAL_STEPS
+        # alone, rank 0's step is its own sleep; in 3 ranks the others wait for it every step,
+        # where ranks running freely would take ~0.1 ms
+        assert statistics.median(local[0]) >= 0.8 * SLOW, (rank, local)
 
 
 PAUSE = 0.05  # seconds of a slow moment of the machine, injected into some forwards
@@ -81,13 +82,13 @@ def _first_twelve(n: int) -> bool:
 def _one_rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
     import distlab as dl
     from distlab.resources import ResourceSpec
-    from distlab.runtime.microbench import local_step_worlds, overhead_rank
+    from distlab.runtime.microbench import loop_pass_rank, overhead_rank
     from distlab.strategy.types import RankSpec
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
     # a slow step every fifth: in every pass, so the slower or faster pass cannot hide it
-    local = local_step_worlds(rank, world, "127.0.0.1", port, [(Pauses(_every_fifth), data, 4)], [1], {1: [1]}, 10, 30.0)
+    local, _ = loop_pass_rank(rank, world, "127.0.0.1", port, [(Pauses(_every_fifth), data, 4)], [1], [], 30.0, 0.2)
     # the training loop: every step of a case's first pass slow (the machine busy for a moment)
     one = ResourceSpec((RankSpec(0, "vm"),), cores={"vm": 1})
     cases = []
@@ -106,7 +107,36 @@ def test_a_slow_moment_does_not_become_the_measured_step():
     (local, loop), = spawn_ranks(_one_rank_body, 1, "the one-rank local step and loop").values()
     # the local step is the median step, as a run's throughput is measured: a slow step in
     # five (a pass's mean: >= PAUSE / 5) leaves it at the layer's own fraction of a millisecond
-    assert local[1][0] < PAUSE / 10, local
+    assert statistics.median(local[0]) < PAUSE / 10, local
     # a case run in three passes keeps the two unhurried ones (median of every pass's steps);
     # run once, the slow moment is all there is
     assert statistics.median(loop[0]) < PAUSE / 2 and statistics.median(loop[1]) >= PAUSE, loop
+
+
+def _loop_pass_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
+    import distlab as dl
+    from distlab.resources import ResourceSpec
+    from distlab.runtime.microbench import LOCAL_STEPS, loop_pass_rank
+    from distlab.strategy.types import RankSpec
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    model = RankZeroSleeps()
+    two = ResourceSpec((RankSpec(0, "vm"), RankSpec(1, "vm")), cores={"vm": 2})
+    strategy = dl.strategy.build("AllReduce", dl.profile(model, batch_size=4), two, batch_size=4)
+    local, loop = loop_pass_rank(rank, world, "127.0.0.1", port, [(model, data, 4)], [1, 1], [(model, strategy, data, 4, 9, 1)], 30.0)
+    out.put((rank, (local, loop, LOCAL_STEPS)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_loop_pass_measures_the_local_step_beside_the_loop():
+    results = spawn_ranks(_loop_pass_body, 2, "loop_pass_rank ranks")
+    for rank, (local, loop, steps) in results.items():
+        # the local steps: LOCAL_STEPS of them (no extra steps for short ones), in lockstep: rank 1
+        # waits for rank 0's sleep every step, as it does in the training loop that follows
+        assert len(local) == 1 and len(local[0]) == steps, local
+        assert statistics.median(local[0]) >= 0.8 * SLOW, (rank, local)
+        # the loop: one pass of 9 steps less its first third
+        assert len(loop) == 1 and len(loop[0]) == 6, loop
+        assert statistics.median(loop[0]) >= 0.8 * SLOW, (rank, loop)

@@ -36,7 +36,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     p = cm.params
     loop = (p.step_overhead, p.tensor_overhead, p.runtime_overhead, p.hook_overhead, p.rank_overhead)
     assert min(loop) >= 0 and sum(loop) > 0  # the loop and the runtime's machinery cost something
-    # the local-step stage measured every reference model alone and with both ranks busy; they
+    # the training-loop stage measured every reference model's local step alone and with both ranks busy; they
     # describe no user's model, so the table the model predicts with is empty
     local = cm.fingerprint["local_steps"]
     assert {r["ranks"] for r in local} == {1, 2} and len({r["key"] for r in local}) == 5
@@ -58,7 +58,10 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
         clean_lab, "run_ranks", lambda fn, *a, **k: ran.append(fn.__name__) or real(fn, *a, **k)
     )
     cm = clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8)
-    assert ran == ["local_step_worlds"]
+    # one call per world size and pass, the world sizes in turn (MODEL_PASSES passes)
+    from distlab.runtime.microbench import MODEL_PASSES
+
+    assert ran == ["loop_pass_rank"] * 2 * MODEL_PASSES
     key = model_key(variables_profile(tiny))
     cores = clean_lab.resources.cores[clean_lab.resources.ranks[0].host]
     assert cm.compute.measured(key) == [(1, cores), (2, cores)]

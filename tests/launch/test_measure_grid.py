@@ -1,5 +1,7 @@
 """Measuring on a real Lab: sweep.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop stage's passes."""
 
+import pytest
+
 from distlab import sweep
 from distlab.costmodel import CostModel
 
@@ -29,7 +31,8 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     import torch
 
     import distlab as dl
-    from distlab.launch.calibrate import measure_overhead
+    from distlab.costmodel.compute import model_key
+    from distlab.launch.calibrate import measure_training_loop
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
@@ -39,17 +42,25 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     calls = []
     run_ranks = lab.run_ranks
 
-    def spy(fn, jobs, *args, **kw):  # the real call, noted
-        calls.append((kw.get("world"), [j[5] for j in jobs]))
-        return run_ranks(fn, jobs, *args, **kw)
+    def spy(fn, local, threads, jobs, *args, **kw):  # the real call, noted
+        calls.append((kw.get("world"), len(local), [j[5] for j in jobs]))
+        return run_ranks(fn, local, threads, jobs, *args, **kw)
 
     lab.run_ranks = spy
     try:
-        rows = measure_overhead(lab, CostModel.default(), lab.resources, cases, profiles, [1, 2])
+        cm = measure_training_loop(lab, CostModel.default(), lab.resources, cases, profiles, [1, 2])
     finally:
         del lab.run_ranks
-    # short cases: three passes, one per call, world sizes 1, 2 then 2, 1 then 1, 2
-    assert [w for w, _ in calls] == [1, 2, 2, 1, 1, 2]
-    assert all(passes == [1, 1] for _, passes in calls)
+    # short cases: three passes, one per call, world sizes 1, 2 then 2, 1 then 1, 2; each call
+    # first takes the model's local step, then one pass of each case
+    assert [w for w, _, _ in calls] == [1, 2, 2, 1, 1, 2]
+    assert all(n_local == 1 and passes == [1, 1] for _, n_local, passes in calls)
+    rows = cm.fingerprint["overhead_runs"]
     assert [(r["world"], r["builder"]) for r in rows] == [(1, "AllReduce"), (1, "PS"), (2, "AllReduce"), (2, "PS")]
     assert all(r["measured"] > 0 for r in rows)
+    # the model's local steps of those passes: its compute in the predictions the loop is fitted against
+    local = cm.fingerprint["local_steps"]
+    assert sorted(r["ranks"] for r in local) == [1, 2] and {r["key"] for r in local} == {model_key(profiles[0])}
+    for r in rows:
+        step = next(x["seconds"] for x in local if x["ranks"] == r["world"])
+        assert r["compute"] == pytest.approx(step)
