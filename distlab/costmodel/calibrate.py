@@ -173,7 +173,7 @@ def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[fl
 def fit_compute(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
     """How a model's step in a rank compares with its profile, from local steps of reference models.
 
-    Rows: ``measured`` (a local step, runtime.microbench.local_step_worlds), ``profiled`` (the
+    Rows: ``measured`` (a local step, runtime.microbench.loop_pass_rank), ``profiled`` (the
     profile's forward + backward seconds at that batch), ``tensors``, ``ranks_on_host`` (n),
     ``cores`` (c) and ``profile_threads``. With ``base = profiled x slowdown(n, c)`` under
     ``params`` (contention and thread efficiency from the compute microbenchmark), fits::

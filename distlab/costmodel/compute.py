@@ -3,7 +3,7 @@
 ``Lab.calibrate(models=[...])`` runs each model's local step (data, forward, loss, backward; no
 gradient exchange, no optimizer; the ranks in lockstep, each step waiting for the slowest) on
 every rank of a sub-cluster at once, at each world size and at
-two per-replica batch sizes (``runtime.microbench.local_step_worlds``). The rows, one per
+two per-replica batch sizes (``runtime.microbench.loop_pass_rank``). The rows, one per
 (model, ranks on the host, batch)::
 
     {"key": model_key(...), "ranks": n, "cores": c, "batch": b, "seconds": s}
@@ -116,7 +116,7 @@ def compute_rows(
     ranks: int,
     cores: int | None,
 ) -> list[dict[str, Any]]:
-    """Table rows from ``local_step_worlds``' per-rank seconds per step (the slowest rank bounds a synchronous step)."""
+    """Table rows from ``loop_pass_rank``'s per-rank seconds per step (the slowest rank bounds a synchronous step)."""
     out = []
     for i, (key, batch) in enumerate(zip(keys, batches)):
         out.append(

@@ -19,7 +19,7 @@ from distlab.errors import CalibrationError, LaunchError
 from distlab.runtime.microbench import MODEL_PASSES, microbench_worlds
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
-# the local-step and training-loop stages: two tiny MLPs (4 and 26 trainable tensors: what a step
+# the local steps and training loop: two tiny MLPs (4 and 26 trainable tensors: what a step
 # costs besides arithmetic), a wide MLP (megabytes on the wire), a small convnet (how a real
 # model's compute slows with ranks sharing cores) and a small wide-and-deep model (sparse tables),
 # under the runtime's main paths, at world sizes 1, 2, one less than the whole cluster and the whole
@@ -30,7 +30,7 @@ OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 10
 # 2,000-row wide-and-deep reference at one rank measured 1.45 and 2.83 ms a step in two
 # calibrations), a run of 100 ms is not (4-rank PartitionedPS on the 26-tensor MLP: 177 and 172):
 # cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES times, pass after pass over every
-# world size in turn (measure_overhead), and the longer ones once, with fewer steps (LONG_STEPS), which pays for it.
+# world size in turn (measure_training_loop), and the longer ones once, with fewer steps (LONG_STEPS), which pays for it.
 SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
