@@ -159,7 +159,7 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
 
 
-def _compute_rows(profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _fit_rows(profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Local steps of the reference models beside their profiled forward + backward (fit_compute's rows)."""
     by_key = {model_key(p): p for p in profiles}
     rows = []
@@ -399,5 +399,5 @@ def _with_local(
     """``cm`` with the reference models' local steps measured so far: compute fitted to them
     (fit_compute) and their own steps in its compute table."""
     rows = _local_rows(res, [model_key(p) for p in profiles], [c[2] for c in cases], local)
-    params = fit_compute(cm.params, _compute_rows(profiles, rows))
+    params = fit_compute(cm.params, _fit_rows(profiles, rows))
     return cm.with_params(params, local_steps=rows).with_compute(rows)

@@ -339,9 +339,9 @@ def loop_pass_rank(
     115-119 ms), which a model of synchronous training must include. ``LOCAL_STEPS`` steps each,
     more up to ``seconds`` in all when steps are short.
 
-    One world size a call, as a run of that many ranks is (the world sizes measured in one call,
-    the idle ranks waiting in a barrier, measured one rank 10% slower than alone on
-    transformer_lm); and the local steps beside the loop, at one moment of the machine: the
+    One world size a call, as a run of that many ranks is (measured in one call for every world
+    size, with the idle ranks waiting in a barrier, the one-rank step of transformer_lm, mlp and
+    wide_deep came out about 10% slower than alone); and the local steps beside the loop, at one moment of the machine: the
     calibration fits the loop's cost as its step less the local step of the same passes, and a
     model's local step measured in a stage of its own deviated from its mean over nine
     calibrations by -32 to +20% (per stage and world size), independently of the loop's runs
