@@ -116,7 +116,8 @@ def compute_rows(
     ranks: int,
     cores: int | None,
 ) -> list[dict[str, Any]]:
-    """Table rows from ``loop_pass_rank``'s per-rank seconds per step (the slowest rank bounds a synchronous step)."""
+    """Table rows from seconds per rank per case (the slowest rank bounds a synchronous step; one
+    list when the caller has already taken each step's slowest rank)."""
     out = []
     for i, (key, batch) in enumerate(zip(keys, batches)):
         out.append(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
+from distlab.launch.metrics import slowest_median
 from distlab.runtime.microbench import MODEL_PASSES, microbench_worlds
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
@@ -43,8 +43,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # median step, short training-loop cases in passes; 7: the PS path per unit and its copies; 8:
 # gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with; 9: the
 # training-loop stage's passes over every world size in turn; 10: the reference models' local
-# steps measured in the training-loop stage's passes, beside the loop)
-CALIBRATION_FORMAT = 10
+# steps measured in the training-loop stage's passes, beside the loop; 11: the loop's and the local
+# steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run)
+CALIBRATION_FORMAT = 11
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -246,12 +247,13 @@ def measure_models(
 def _local_rows(
     res: Any, keys: Sequence[str], batches: Sequence[int], steps: dict[int, list[list[list[float]]]]
 ) -> list[dict[str, Any]]:
-    """Compute rows from each world size's steps per rank per case (cases with no steps yet left out)."""
+    """Compute rows from each world size's steps per rank per case (cases with no steps yet left
+    out): each the median over steps of the slowest rank's, as a run's throughput is timed."""
     host = res.ranks[0].host
     rows = []
     for k, per_rank in steps.items():
         measured = [i for i in range(len(keys)) if all(r[i] for r in per_rank)]
-        seconds = [[statistics.median(r[i]) for i in measured] for r in per_rank]
+        seconds = [[slowest_median([r[i] for r in per_rank]) for i in measured]]
         ranks_on_host = sum(1 for r in res.ranks[:k] if r.host == host)
         rows.extend(
             compute_rows(
@@ -381,7 +383,7 @@ def measure_training_loop(
                     "ps_units": c.ps_units,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,
                     "gossip_tensors": c.gossip_tensors * c.gossip_degree,
-                    "measured": max(statistics.median(r[i]) for r in steps[k]),  # the slowest rank's
+                    "measured": slowest_median([r[i] for r in steps[k]]),  # as run.throughput times it
                     "predicted": pred.step_time,
                     "compute": pred.breakdown["compute"],
                     "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed

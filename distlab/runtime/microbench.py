@@ -270,10 +270,12 @@ def overhead_rank(
     steps, passes)`` case, ``passes`` times: the cases in turn, pass after pass, so a case's
     passes lie apart in time and a slow moment of the machine hits one of them.
 
-    Returns this rank's in-step seconds per case, every step of every pass but each pass's
-    first third (warm-up): what the cost model sees of hooks, bucket copies, per-tensor
-    dispatch, data and Python beyond the arithmetic. The caller takes the median (and may pool
-    the steps of several calls, made at other moments).
+    Returns this rank's seconds per step per case (from one step's end to the next, as a run's
+    throughput is timed), every step of every pass but each pass's first third (warm-up): what
+    the cost model sees of hooks, bucket copies, per-tensor dispatch, data and Python beyond the
+    arithmetic. Every rank returns as many steps per case, in the same order, so the caller can
+    take each step's slowest rank and then the median over steps (``launch.metrics.slowest_median``),
+    pooling the steps of several calls made at other moments.
     """
     times: list[list[float]] = [[] for _ in cases]
     for p in range(max((c[5] for c in cases), default=0)):
@@ -286,7 +288,8 @@ def overhead_rank(
 def _overhead_pass(
     rank: int, world: int, master_addr: str, master_port: int, case: tuple[Any, ...], tag: str, timeout: float
 ) -> list[float]:
-    """One pass of an overhead case: its in-step seconds, the first third (warm-up) excluded."""
+    """One pass of an overhead case: each step's seconds from the end of the step before to its
+    own (what ``launch.metrics.throughput`` times of a run), the first third (warm-up) excluded."""
     from distlab.runtime.job import RankJob
     from distlab.runtime.trainer import run_rank
 
@@ -301,12 +304,13 @@ def _overhead_pass(
         steps=steps,
         data=data,
         batch_size=batch,
-        shuffle=False,
+        shuffle=True,  # as lab.launch runs by default
         run_id=f"distlab-overhead-{tag}",
         timeout=timeout,
     )
-    records = run_rank(job)["records"]
-    return [r["step_time"] for r in records[len(records) // 3 :]]
+    ends = [r["wall_time"] for r in run_rank(job)["records"]]
+    skip = max(1, len(ends) // 3)
+    return [b - a for a, b in zip(ends[skip - 1 :], ends[skip:])]
 
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
@@ -345,10 +349,11 @@ def loop_pass_rank(
     calibration fits the loop's cost as its step less the local step of the same passes, and a
     model's local step measured in a stage of its own deviated from its mean over nine
     calibrations by -32 to +20% (per stage and world size), independently of the loop's runs
-    (-24 to +14%). Returns (this rank's local-step seconds per ``local`` case, its in-step
-    seconds per case): every timed step, for the caller to pool over passes and take the
-    median, as a run's throughput takes the median step (launch.metrics.throughput): a step hit
-    by a slow moment of the shared machine (50x the others has been seen) falls out of it.
+    (-24 to +14%). Returns (this rank's local-step seconds per ``local`` case, its seconds per
+    step per case): every timed step, aligned by step across ranks, for the caller to pool over
+    passes and take the median of each step's slowest rank, as a run's throughput does
+    (launch.metrics.slowest_median): a step hit by a slow moment of the shared machine (50x the
+    others has been seen) falls out of it.
     """
     from datetime import timedelta
 

@@ -1,5 +1,7 @@
 """Measuring on a real Lab: sweep.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop stage's passes."""
 
+import statistics
+
 import pytest
 
 from distlab import sweep
@@ -42,9 +44,10 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     calls = []
     run_ranks = lab.run_ranks
 
-    def spy(fn, local, threads, jobs, *args, **kw):  # the real call, noted
-        calls.append((kw.get("world"), len(local), [j[5] for j in jobs]))
-        return run_ranks(fn, local, threads, jobs, *args, **kw)
+    def spy(fn, local, threads, jobs, *args, **kw):  # the real call, noted with what it returned
+        out = run_ranks(fn, local, threads, jobs, *args, **kw)
+        calls.append((kw.get("world"), len(local), [j[5] for j in jobs], out))
+        return out
 
     lab.run_ranks = spy
     try:
@@ -53,11 +56,17 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
         del lab.run_ranks
     # short cases: three passes, one per call, world sizes 1, 2 then 2, 1 then 1, 2; each call
     # first takes the model's local step, then one pass of each case
-    assert [w for w, _, _ in calls] == [1, 2, 2, 1, 1, 2]
-    assert all(n_local == 1 and passes == [1, 1] for _, n_local, passes in calls)
+    assert [c[0] for c in calls] == [1, 2, 2, 1, 1, 2]
+    assert all(n_local == 1 and passes == [1, 1] for _, n_local, passes, _ in calls)
     rows = cm.fingerprint["overhead_runs"]
     assert [(r["world"], r["builder"]) for r in rows] == [(1, "AllReduce"), (1, "PS"), (2, "AllReduce"), (2, "PS")]
-    assert all(r["measured"] > 0 for r in rows)
+    # a case's figure is timed as a run's throughput: its steps pooled over the three passes,
+    # each step's slowest rank, then the median
+    for n, r in enumerate(rows):
+        world, case = r["world"], n % 2
+        per_rank = [[t for c in calls if c[0] == world for t in c[3][rank][1][case]] for rank in range(world)]
+        assert len(per_rank[0]) == 3 * len(calls[0][3][0][1][case]) > 0
+        assert r["measured"] == pytest.approx(statistics.median(max(s) for s in zip(*per_rank)))
     # the model's local steps of those passes: its compute in the predictions the loop is fitted against
     local = cm.fingerprint["local_steps"]
     assert sorted(r["ranks"] for r in local) == [1, 2] and {r["key"] for r in local} == {model_key(profiles[0])}

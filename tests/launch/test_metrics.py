@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -65,3 +66,26 @@ def test_sequence_targets_pass_the_pre_launch_data_check():
 
     model = dl.zoo.get("transformer_lm", layers=1, d_model=32, heads=4, vocab_size=64, seq_len=8)
     check_data(dl.data.synthetic(model, n=16), model, None)
+
+
+def test_slowest_median_is_each_steps_slowest_rank_then_the_median():
+    # rank 0 is slow on steps 0, 3, 6..., rank 1 on steps 1, 4, 7...: each rank's median step is
+    # fast, but two steps in three wait for a slow rank
+    per_rank = [[0.3 if s % 3 == r else 0.1 for s in range(30)] for r in range(2)]
+    assert max(statistics.median(r) for r in per_rank) == pytest.approx(0.1)
+    assert metrics.slowest_median(per_rank) == pytest.approx(0.3)
+    # and it is what throughput() takes of the same run's records
+    recs = []
+    for r, seconds in enumerate(per_rank):
+        for s in range(30):
+            recs.append(
+                {"run_id": "x", "step": s, "rank": r, "loss": 1.0, "samples": (s + 1) * 32, "step_time": seconds[s],
+                 "comm_time": 0.0, "wall_time": 1000.0 + sum(seconds[: s + 1]), "restart": 0, "world": 2}
+            )
+    assert metrics.throughput(metrics.frame(recs)) == pytest.approx(32 / 0.3, rel=1e-6)
+
+
+@pytest.mark.parametrize("per_rank", [[], [[]], [[0.1, 0.2], [0.1]]])
+def test_slowest_median_needs_steps_aligned_across_ranks(per_rank):
+    with pytest.raises(ValueError, match="slowest_median"):
+        metrics.slowest_median(per_rank)
