@@ -29,6 +29,26 @@ def test_measure_grid_warms_each_model_up_once_then_records_every_round(lab):
     assert len(lab.runs) == before + 10 + 1 and len(again) == 1
 
 
+def test_short_configurations_run_for_min_seconds(lab, monkeypatch):
+    from distlab.errors import DistlabError
+
+    configs = sweep.plan_grid(lab.resources, CostModel.default(), MODELS[:1], ["AllReduce"], [8])
+    predicted = configs[0]["predicted_step_time"]
+    configs[0]["predicted_step_time"] = 0.01  # a run of 8 steps would last 0.08 s
+    before = len(lab.runs)
+    df = sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)
+    # enough steps for 0.3 s at the predicted step time; recorded with the row
+    assert list(lab.runs.iloc[before:]["steps"]) == [30] and list(df["steps"]) == [30]
+    configs[0]["predicted_step_time"] = 1.0  # already longer than min_seconds: steps as asked
+    assert list(sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [8]
+    monkeypatch.setattr(sweep, "MAX_STEPS", 40)
+    configs[0]["predicted_step_time"] = 1e-6  # 300,000 steps: capped at MAX_STEPS
+    assert list(sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [40]
+    configs[0]["predicted_step_time"] = predicted
+    with pytest.raises(DistlabError, match="min_seconds"):
+        sweep.measure_grid(lab, configs, steps=8, repeats=1, min_seconds=-1)
+
+
 def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     import torch
 

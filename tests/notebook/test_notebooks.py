@@ -34,7 +34,7 @@ SMALL: dict[str, dict] = {
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/cost-model-accuracy": {
         "models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "worlds": [1, 2], "batches": [8],
-        "steps": 4, "repeats": 2,
+        "steps": 4, "min_seconds": 0.05, "repeats": 2,
     },
 }
 
