@@ -98,6 +98,9 @@ def measure_grid(
     """
     import distlab as dl
 
+    if min_seconds < 0:
+        raise DistlabError(f"measure_grid: min_seconds={min_seconds!r}; expected seconds >= 0 (0: always steps)")
+
     def launch(c: dict[str, Any], n: int, seed: int) -> Any:
         data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=seed)
         run = lab.launch(
@@ -106,9 +109,6 @@ def measure_grid(
         )
         run.wait(progress=False)
         return run
-
-    if min_seconds < 0:
-        raise DistlabError(f"measure_grid: min_seconds={min_seconds!r}; expected seconds >= 0 (0: always steps)")
 
     def steps_of(c: dict[str, Any]) -> int:
         predicted = c.get("predicted_step_time", math.nan)

@@ -33,7 +33,6 @@ def test_short_configurations_run_for_min_seconds(lab, monkeypatch):
     from distlab.errors import DistlabError
 
     configs = sweep.plan_grid(lab.resources, CostModel.default(), MODELS[:1], ["AllReduce"], [8])
-    predicted = configs[0]["predicted_step_time"]
     configs[0]["predicted_step_time"] = 0.01  # a run of 8 steps would last 0.08 s
     before = len(lab.runs)
     df = sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)
@@ -44,7 +43,6 @@ def test_short_configurations_run_for_min_seconds(lab, monkeypatch):
     monkeypatch.setattr(sweep, "MAX_STEPS", 40)
     configs[0]["predicted_step_time"] = 1e-6  # 300,000 steps: capped at MAX_STEPS
     assert list(sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [40]
-    configs[0]["predicted_step_time"] = predicted
     with pytest.raises(DistlabError, match="min_seconds"):
         sweep.measure_grid(lab, configs, steps=8, repeats=1, min_seconds=-1)
 
