@@ -16,7 +16,7 @@ import pandas as pd
 
 from distlab.errors import DistlabError
 
-MAX_STEPS = 500  # measure_grid: the most steps min_seconds makes a run take
+MAX_STEPS = 3000  # measure_grid: the most steps min_seconds makes a run take (3 s of 1 ms steps)
 
 Spec = str | tuple[str, dict[str, Any]]
 
@@ -87,8 +87,9 @@ def measure_grid(
     says they would last under ``min_seconds`` (up to ``MAX_STEPS``): a run of a few
     milliseconds a step is over before a slow moment of a shared machine is (24 steps of the
     2-rank AllReduce of mlp at batch 8: 0.18 coefficient of variation over eight interleaved
-    runs; 150 steps: 0.09; wide_deep at batch 32: 0.10 and 0.07). Only the number of steps
-    depends on the prediction, not what is measured.
+    runs; 150 steps: 0.09; wide_deep at batch 32: 0.10 and 0.07; eight interleaved runs each of
+    1 s and 3 s: mlp at batch 8 on 2 ranks 0.084 and 0.040, wide_deep at batch 32 on 3 ranks
+    0.100 and 0.051). Only the number of steps depends on the prediction, not what is measured.
 
     Rounds are numbered from ``first_repeat`` (the ``repeat`` column and the data's seed): a
     caller interleaving rounds across Labs (one per world size) calls this once per round.

@@ -44,8 +44,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with; 9: the
 # training-loop stage's passes over every world size in turn; 10: the reference models' local
 # steps measured in the training-loop stage's passes, beside the loop; 11: the loop's and the local
-# steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run)
-CALIBRATION_FORMAT = 11
+# steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run;
+# 12: a user's model over twice the passes, each as long as LOCAL_SECONDS allows)
+CALIBRATION_FORMAT = 12
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -222,7 +223,7 @@ def measure_models(
     with every rank of the world busy): compute rows. One call per world size and pass, the
     world sizes in turn pass after pass (each pass in the other direction), so a slow minute
     of the machine hits every world size a little; each row the median of its steps over the passes."""
-    from distlab.runtime.microbench import LOCAL_SECONDS, loop_pass_rank
+    from distlab.runtime.microbench import LOCAL_SECONDS, MODEL_MAX_STEPS, loop_pass_rank
 
     res = lab.resources
     worlds = sorted(set(worlds))
@@ -234,7 +235,7 @@ def measure_models(
             threads = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
             try:
                 per_rank = lab.run_ranks(
-                    loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, world=k
+                    loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, MODEL_MAX_STEPS, world=k
                 )
             except LaunchError as exc:
                 raise CalibrationError(f"calibrate: the local-step stage failed at world {k}: {exc}") from None

@@ -315,7 +315,13 @@ def _overhead_pass(
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
 LOCAL_SECONDS, LOCAL_MAX_STEPS = 0.4, 60  # short steps: more of them, for a steady figure
-MODEL_PASSES = 4  # a user's model: the figure every strategy's prediction for it starts from
+# a user's model (Lab.calibrate(models=...)): the figure every strategy's prediction for it starts
+# from, so more of the machine's moments than the reference models get. On 2 cores at world 2,
+# 88 interleaved passes each: a pass's figure deviated from the median by 17% (mlp, 3.7 ms a step)
+# and 20% (wide_deep, 1.8 ms) with at most 60 steps, 14% and 13% with steps for the whole
+# LOCAL_SECONDS; over 252 passes in 6 minutes, the median of 4 consecutive passes deviated 7-14%
+# (mlp, wide_deep, transformer_lm) from the whole series', of 8 passes 6-12%
+MODEL_PASSES, MODEL_MAX_STEPS = 8, 1000
 
 
 def loop_pass_rank(
@@ -328,6 +334,7 @@ def loop_pass_rank(
     cases: list[tuple[Any, Any, Any, int, int, int]],
     timeout: float,
     seconds: float = 0.0,
+    max_steps: int = LOCAL_MAX_STEPS,
 ) -> tuple[list[list[float]], list[list[float]]]:
     """(worker) One pass at this world size: each ``(model, data, batch)`` of ``local``'s own step
     with every rank busy, then the training loop on each of ``cases`` (``overhead_rank``).
@@ -341,7 +348,7 @@ def loop_pass_rank(
     out of phase and never wait; on this 2-core machine the lockstep step was 10-50% slower
     (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in lockstep; a real run
     115-119 ms), which a model of synchronous training must include. ``LOCAL_STEPS`` steps each,
-    more up to ``seconds`` in all when steps are short.
+    more up to ``seconds`` in all (and at most ``max_steps``) when steps are short.
 
     One world size a call, as a run of that many ranks is (measured in one call for every world
     size, with the idle ranks waiting in a barrier, the one-rank step of transformer_lm, mlp and
@@ -370,16 +377,24 @@ def loop_pass_rank(
             for model, data, batch in local:
                 model.train()
                 dist.barrier()
-                own.append(_time_local(model, data, batch, rank, world, LOCAL_STEPS, lockstep, seconds))
+                own.append(_time_local(model, data, batch, rank, world, LOCAL_STEPS, lockstep, seconds, max_steps))
             dist.barrier()
     return own, overhead_rank(rank, world, master_addr, master_port, cases, timeout)
 
 
 def _time_local(
-    model: Any, data: Any, batch: int, rank: int, k: int, steps: int, lockstep: Any = None, seconds: float = 0.0
+    model: Any,
+    data: Any,
+    batch: int,
+    rank: int,
+    k: int,
+    steps: int,
+    lockstep: Any = None,
+    seconds: float = 0.0,
+    max_steps: int = LOCAL_MAX_STEPS,
 ) -> list[float]:
     """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
-    ``seconds`` in all, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
+    ``seconds`` in all and ``max_steps`` steps, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
     agree after every step whether to go on, so a step lasts until the slowest rank has taken
     it, as in a synchronous run (a rank descheduled while ranks outnumber cores delays the
     step it falls in for all)."""
@@ -396,7 +411,7 @@ def _time_local(
     while more:
         step((LOCAL_WARMUP + len(times)) * batch * k)
         n = len(times) + 1
-        more = n < steps or (time.perf_counter() < end and n < LOCAL_MAX_STEPS)
+        more = n < steps or (time.perf_counter() < end and n < max_steps)
         if lockstep is not None:  # go on while any rank wants to: every rank takes as many steps
             vote[0] = float(more)
             dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=lockstep)

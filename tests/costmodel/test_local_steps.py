@@ -140,3 +140,17 @@ def test_a_loop_pass_measures_the_local_step_beside_the_loop():
         # the loop: one pass of 9 steps less its first third
         assert len(loop) == 1 and len(loop[0]) == 6, loop
         assert statistics.median(loop[0]) >= 0.8 * SLOW, (rank, loop)
+
+
+def test_time_local_takes_steps_until_seconds_or_max_steps():
+    """At least ``steps`` steps; beyond them, more while ``seconds`` last, up to ``max_steps``
+    (a user's model is measured with a higher cap than the reference models)."""
+    from distlab.runtime.microbench import LOCAL_MAX_STEPS, _time_local
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    assert len(_time_local(model, data, 4, 0, 1, 5, seconds=60.0, max_steps=9)) == 9  # the cap, long before 60 s
+    assert len(_time_local(model, data, 4, 0, 1, 5, seconds=60.0)) == LOCAL_MAX_STEPS  # the default cap
+    assert len(_time_local(model, data, 4, 0, 1, 5, seconds=0.0, max_steps=9)) == 5  # no time: steps alone
+    assert len(_time_local(model, data, 4, 0, 1, 12, seconds=60.0, max_steps=9)) == 12  # steps beat the cap

@@ -53,15 +53,19 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     from distlab.costmodel.compute import model_key
     from distlab.launch.validate import variables_profile
 
-    real, ran = clean_lab.run_ranks, []
+    real, ran, caps = clean_lab.run_ranks, [], []
     monkeypatch.setattr(
-        clean_lab, "run_ranks", lambda fn, *a, **k: ran.append(fn.__name__) or real(fn, *a, **k)
+        clean_lab,
+        "run_ranks",
+        lambda fn, *a, **k: ran.append(fn.__name__) or caps.append(a[5]) or real(fn, *a, **k),
     )
     cm = clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8)
-    # one call per world size and pass, the world sizes in turn (MODEL_PASSES passes)
-    from distlab.runtime.microbench import MODEL_PASSES
+    # one call per world size and pass, the world sizes in turn (MODEL_PASSES passes), each
+    # with a user's model's cap on steps (higher than the reference models')
+    from distlab.runtime.microbench import LOCAL_MAX_STEPS, MODEL_MAX_STEPS, MODEL_PASSES
 
     assert ran == ["loop_pass_rank"] * 2 * MODEL_PASSES
+    assert caps == [MODEL_MAX_STEPS] * 2 * MODEL_PASSES and MODEL_MAX_STEPS > LOCAL_MAX_STEPS
     key = model_key(variables_profile(tiny))
     cores = clean_lab.resources.cores[clean_lab.resources.ranks[0].host]
     assert cm.compute.measured(key) == [(1, cores), (2, cores)]
