@@ -394,10 +394,10 @@ def _time_local(
     max_steps: int = LOCAL_MAX_STEPS,
 ) -> list[float]:
     """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
-    ``seconds`` in all and ``max_steps`` steps, when steps are short). ``lockstep``: the group of the ``k`` ranks, which
-    agree after every step whether to go on, so a step lasts until the slowest rank has taken
-    it, as in a synchronous run (a rank descheduled while ranks outnumber cores delays the
-    step it falls in for all)."""
+    ``seconds`` in all and ``max_steps`` steps, when steps are short). ``lockstep``: the group
+    of the ``k`` ranks, which agree after every step whether to go on, so a step lasts until
+    the slowest rank has taken it, as in a synchronous run (a rank descheduled while ranks
+    outnumber cores delays the step it falls in for all)."""
     from distlab.runtime.data import RankBatches
     from distlab.runtime.trainer import default_loss
 
