@@ -230,8 +230,8 @@ def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostPara
     Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
     seconds (predicted by ``params`` without these terms, the reference model's compute taken
     from its measured local step) and, optionally, ``comm`` (the predicted communication on the
-    wire, exposed), ``comm_alpha`` (the same with every beta at 0), ``calls`` (collective calls per step), ``gather_calls`` (those of the sparse
-    all-gather path), ``sparse_units`` (sparse variables or shards), ``ps_units`` (dense
+    wire, exposed), ``comm_alpha`` (the same with every beta at 0), ``calls`` (collective calls per step), ``gather_calls`` (those that gather sparse
+    rows: the all-gather path's and the PS path's to its servers), ``sparse_units`` (sparse variables or shards), ``ps_units`` (dense
     variables or shards on the PS path), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
     and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
     squares on relative residuals (small steps weigh as much as large ones)::

@@ -194,7 +194,11 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
 
     # the runtime's own work around each collective call, and waiting for every peer to reach it
     waits = (p - 1) * sliced
-    gathers = col(b.ag_calls)  # the sparse all-gather path: sizes, then indices and values
+    # the sparse paths' gathers of rows: the all-gather path's (sizes, then indices and values) and
+    # the PS path's to its servers (counts, then per server indices and values), each packing and
+    # coalescing rows between calls (timed at world 3: the PS path's gathers and broadcasts 11.9 ms
+    # a step, the all-gather path's 11.1 ms, on wide_deep)
+    gathers = col(b.ag_calls + b.sps_gather_calls)
     calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
     calls = calls + gathers * prm.gather_peer_overhead * waits + col(b.sparse_units) * prm.sparse_unit_overhead
     calls = calls + col(b.ps_units) * prm.ps_unit_overhead

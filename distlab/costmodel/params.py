@@ -42,8 +42,8 @@ class CostParams:
     one rank makes no calls), and ``peer_call_overhead`` seconds
     per call per peer, times the host's time-slicing (a collective waits for every peer to be
     scheduled and to reach it, which microbenchmarks run in lockstep do not see);
-    ``gather_peer_overhead`` the same for the sparse all-gather path's calls (row packing and coalescing
-    between them), and ``sparse_unit_overhead`` seconds per step per sparse variable or shard at
+    ``gather_peer_overhead`` the same for the calls that gather sparse rows (the all-gather path's
+    and the PS path's gathers to its servers: row packing and coalescing between them), and ``sparse_unit_overhead`` seconds per step per sparse variable or shard at
     any world size, one rank included (coalescing its rows, packing, unpacking, building the
     sparse gradient, finding the rows a server's step changed), ``ps_unit_overhead`` the same per
     dense variable or shard on the PS path (its reduce, its server's broadcast and its write-back

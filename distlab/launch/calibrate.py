@@ -45,8 +45,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # training-loop stage's passes over every world size in turn; 10: the reference models' local
 # steps measured in the training-loop stage's passes, beside the loop; 11: the loop's and the local
 # steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run;
-# 12: a user's model over twice the passes, each as long as LOCAL_SECONDS allows)
-CALIBRATION_FORMAT = 12
+# 12: a user's model over twice the passes, each as long as LOCAL_SECONDS allows; 13: the PS
+# path's gathers of sparse rows wait for peers on the all-gather path's figure)
+CALIBRATION_FORMAT = 13
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -379,7 +380,7 @@ def measure_training_loop(
                     "builder": s.builder,
                     "tensors": len(p.variables),
                     "calls": c.n_calls,
-                    "gather_calls": c.ag_calls,
+                    "gather_calls": c.ag_calls + c.sps_gather_calls,  # the sparse paths' gathers
                     "sparse_units": c.sparse_units,
                     "ps_units": c.ps_units,
                     "gossip_bytes": c.gossip_bytes * c.gossip_degree,

@@ -343,7 +343,14 @@ def test_sparse_gathers_wait_for_peers_on_their_own_figure():
     s = plan(prof, [Sync("allgather")], res)
     base = exact_model().predict(prof, res, s)
     waits = exact_model(gather_peer_overhead=1e-4).predict(prof, res, s)
-    # 3 calls (sizes, indices, values) x 3 peers x 2 ranks per core; a PS gather of rows is an ordinary call
+    # 3 calls (sizes, indices, values) x 3 peers x 2 ranks per core
+    assert waits.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(3 * 3 * 2 * 1e-4)
+    # the PS path's gather of rows to its server: counts, then indices and values, the same figure;
+    # its broadcast of changed rows after the server's step does not pay it
+    ps = plan(prof, [Sync("ps", server=1)], res)
+    assert compile_strategy(prof, ps).sps_gather_calls == 3
+    base = exact_model().predict(prof, res, ps)
+    waits = exact_model(gather_peer_overhead=1e-4).predict(prof, res, ps)
     assert waits.breakdown["comm"] - base.breakdown["comm"] == pytest.approx(3 * 3 * 2 * 1e-4)
 
 

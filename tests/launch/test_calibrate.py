@@ -32,6 +32,11 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert all(r["gossip_bytes"] > 0 for r in runs if r["builder"] == "Gossip")
     assert {r["builder"] for r in runs} == set(BUILDERS)
     assert {r["tensors"] for r in runs if r["builder"] == "PartitionedPS"} == {26, 14}  # MLP-12, wide_deep
+    # wide_deep's sparse rows are gathered (the all-gather path's calls, and the PS path's to its
+    # servers: the same per-peer figure) by every builder at world 2, by none on one rank
+    sparse = [r for r in runs if r["tensors"] == 14]
+    assert {r["builder"] for r in sparse} == set(BUILDERS)
+    assert all((r["gather_calls"] > 0) == (r["world"] == 2) for r in sparse)
     assert all(r["measured"] > 0 and r["predicted"] > 0 for r in runs)
     p = cm.params
     loop = (p.step_overhead, p.tensor_overhead, p.runtime_overhead, p.hook_overhead, p.rank_overhead)
