@@ -189,6 +189,60 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     return g, summary
 
 
+def noise_ceiling(
+    df: pd.DataFrame, draws: int = 200, seed: int = 0, repeats: int | None = None
+) -> dict[str, float]:
+    """What a perfect predictor would score against measurements as noisy as these: the ceiling
+    the machine's run-to-run noise sets on ``accuracy``'s headline figures.
+
+    Each configuration's true throughput is taken to be its measured median. A draw measures
+    every configuration again as many times as it ran (or ``repeats`` times: how many runs
+    would make the targets checkable), each run the truth times a deviation
+    resampled from the runs of the same (model, world) (a run's log deviation from its
+    configuration's mean log, times sqrt(n / (n - 1)) for the mean it was taken from), and scores
+    the truth as the prediction by ``accuracy``'s rules. Returns the median over ``draws`` of
+    MAPE, Spearman (median and minimum) and regret (median and maximum), and the share of draws
+    in which the minimum Spearman reaches 0.9 and the maximum regret stays within 5% (the
+    issue's targets). Optimistic for the predictor: measured medians lie further apart than
+    the truths they estimate, and configurations doing the same work are not tied.
+    """
+    if not isinstance(draws, int) or draws < 1:
+        raise DistlabError(f"noise_ceiling: draws={draws!r}; expected an integer >= 1")
+    if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
+        raise DistlabError(f"noise_ceiling: repeats={repeats!r}; expected an integer >= 1, or None (as measured)")
+    keys = ["model", "strategy", "world", "batch"]
+    runs = df[keys + ["measured_throughput"]].copy()
+    logs = np.log(runs["measured_throughput"].to_numpy(dtype=float))
+    by_config = runs.groupby(keys, sort=False)
+    n = by_config["measured_throughput"].transform("size").to_numpy(dtype=float)
+    if n.max(initial=0) < 2:
+        raise DistlabError("noise_ceiling: every configuration ran once; measure with repeats >= 2 to see the noise")
+    mean = pd.Series(logs, index=runs.index).groupby([runs[k] for k in keys], sort=False).transform("mean").to_numpy()
+    dev = np.where(n > 1, (logs - mean) * np.sqrt(n / np.maximum(n - 1, 1)), np.nan)
+    truth = by_config["measured_throughput"].transform("median").to_numpy(dtype=float)
+    pools = {g: d[~np.isnan(d)] for g, d in pd.Series(dev).groupby([runs["model"].to_numpy(), runs["world"].to_numpy()])}
+    if repeats is not None:  # each configuration once, then ``repeats`` runs of it
+        first = ~runs.duplicated(keys).to_numpy()
+        runs, truth = runs[first].loc[lambda r: r.index.repeat(repeats)], np.repeat(truth[first], repeats)
+    group = list(zip(runs["model"], runs["world"]))
+    rng = np.random.default_rng(seed)
+    figures = []
+    for _ in range(draws):
+        noise = np.array([rng.choice(pools[g]) if len(pools[g]) else 0.0 for g in group])
+        sim = runs[keys].assign(predicted_throughput=truth, measured_throughput=truth * np.exp(noise))
+        figures.append(accuracy(sim)[1])
+    f = pd.DataFrame(figures)
+    return {
+        "ceiling_mape": float(f["mape"].median()),
+        "ceiling_spearman_median": float(f["spearman_median"].median()),
+        "ceiling_spearman_min": float(f["spearman_min"].median()),
+        "ceiling_regret_median": float(f["regret_median"].median()),
+        "ceiling_regret_max": float(f["regret_max"].median()),
+        "ceiling_share_spearman_min_met": float((f["spearman_min"] >= 0.9).mean()),
+        "ceiling_share_regret_max_met": float((f["regret_max"] <= 0.05).mean()),
+    }
+
+
 def leave_one_world_out(
     df: pd.DataFrame, builder: str = "AllReduce", cores_per_node: int | None = None
 ) -> dict[str, float]:

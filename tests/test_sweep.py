@@ -76,3 +76,61 @@ def test_leave_one_world_out_recovers_a_structural_model():
     errs = leave_one_world_out(pd.DataFrame(rows))
     assert set(errs) >= {"m_w3", "m_w4"}
     assert errs["m_w4"] < 0.1 and np.isfinite(list(errs.values())).all()
+
+
+def noisy_grid(truths: list[float], noise: float, repeats: int, seed: int = 0, models: int = 1) -> pd.DataFrame:
+    """``models`` models at one world size, batch 8: each strategy's runs its truth times lognormal noise."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {"model": f"m{m}", "strategy": f"S{i}", "world": 2, "batch": 8, "repeat": rep,
+         "predicted_throughput": 1.0, "measured_throughput": t * float(np.exp(rng.normal(0.0, noise)))}
+        for m in range(models) for i, t in enumerate(truths) for rep in range(repeats)
+    )
+
+
+def test_noise_ceiling_of_noiseless_runs_is_a_perfect_score():
+    df = grid({"A": 1.0, "B": 1.0, "C": 1.0})
+    df["measured_throughput"] = df["measured_throughput"].round(-1)  # both repeats alike
+    from distlab.sweep import noise_ceiling
+
+    c = noise_ceiling(df, draws=5)
+    assert c["ceiling_mape"] == 0.0 and c["ceiling_regret_max"] == 0.0
+    assert c["ceiling_spearman_min"] == pytest.approx(1.0)
+    assert c["ceiling_share_spearman_min_met"] == c["ceiling_share_regret_max_met"] == 1.0
+
+
+def test_noise_ceiling_tells_apart_strategies_far_apart_but_not_within_the_noise():
+    from distlab.sweep import noise_ceiling
+
+    # truths a factor 1.5 apart, 2% noise: a perfect predictor ranks and picks right every draw
+    apart = noise_ceiling(noisy_grid([100.0, 150.0, 225.0, 337.5], 0.02, 3), draws=50)
+    assert apart["ceiling_spearman_min"] == pytest.approx(1.0) and apart["ceiling_regret_max"] == 0.0
+    assert apart["ceiling_share_spearman_min_met"] == 1.0
+    # truths 1% apart, 15% noise, eight models: the measurements cannot show even a perfect
+    # predictor right at every one
+    close = noise_ceiling(noisy_grid([100.0, 101.0, 102.0, 103.0, 104.0], 0.15, 3, models=8), draws=50)
+    assert close["ceiling_spearman_min"] < 0.9 and close["ceiling_regret_max"] > 0.05
+    assert close["ceiling_share_spearman_min_met"] < 0.5 and close["ceiling_share_regret_max_met"] < 0.5
+    assert 0.03 < close["ceiling_mape"] < 0.3
+
+
+def test_noise_ceiling_falls_with_more_repeats():
+    from distlab.sweep import noise_ceiling
+
+    df = noisy_grid([100.0, 110.0, 120.0, 130.0, 140.0], 0.1, 3)
+    one, many = (noise_ceiling(df, draws=100, repeats=r) for r in (1, 15))
+    assert many["ceiling_mape"] < 0.5 * one["ceiling_mape"]
+    assert many["ceiling_spearman_min"] > one["ceiling_spearman_min"]
+
+
+def test_noise_ceiling_names_what_it_needs():
+    from distlab.errors import DistlabError
+    from distlab.sweep import noise_ceiling
+
+    df = noisy_grid([100.0, 110.0, 120.0], 0.1, 3)
+    with pytest.raises(DistlabError, match="repeats >= 2"):
+        noise_ceiling(df[df.repeat == 0])
+    with pytest.raises(DistlabError, match="draws=0"):
+        noise_ceiling(df, draws=0)
+    with pytest.raises(DistlabError, match="repeats=0"):
+        noise_ceiling(df, repeats=0)

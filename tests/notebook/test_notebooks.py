@@ -75,6 +75,10 @@ def test_benchmark_writes_its_figures(name, tmp_path):
     assert result["rows"], f"{name} wrote no rows"
     assert (tmp_path / f"{name}.ipynb").exists()
     assert json.loads((tmp_path / f"{name}.json").read_text()) == result
+    if name == "cost-model-accuracy":  # the headline figures beside the ceiling the noise sets on them
+        summary = result["summary"]
+        assert {"mape", "noise_floor", "spearman_min", "regret_max"} <= set(summary)
+        assert 0.0 <= summary["ceiling_share_regret_max_met"] <= 1.0 and summary["ceiling_mape"] >= 0.0
 
 
 def test_cli_bench_lists_and_rejects_unknown(capsys):
