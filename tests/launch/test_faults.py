@@ -238,3 +238,44 @@ def test_workers_train_with_glibcs_own_malloc_thresholds(clean_lab):
     assert all(v == expected for v in env.values()), env
     if sys.platform.startswith("linux"):
         assert tune_allocator() is True  # and every rank sets them itself, on any cluster
+
+
+def test_workers_wake_dasks_timers_seldom_even_after_a_crash(clean_lab):
+    # Dask's loop tick (20 ms), memory check (100 ms) and system monitor (500 ms) each take a core
+    # from the ranks when they wake, and its profiler samples the training thread: the embedded
+    # cluster's workers run with launch.cluster's figures, and so does a worker its nanny starts
+    # again after a crash (a nanny's own copy of the config is shallow: it used to fall back)
+    from dask.utils import parse_timedelta
+
+    from distlab.launch.cluster import heal_local_cluster
+
+    keys = (
+        "distributed.admin.tick.interval",
+        "distributed.worker.memory.monitor-interval",
+        "distributed.admin.system-monitor.interval",
+    )
+
+    def config() -> dict:
+        return clean_lab.client.run(
+            lambda: (
+                [__import__("dask").config.get(k) for k in keys],
+                __import__("dask").config.get("distributed.worker.profile.enabled"),
+                os.getpid(),
+            )
+        )
+
+    pid = next(iter(config().values()))[2]
+    os.kill(pid, 9)
+    deadline, got = time.monotonic() + 60, {}
+    while time.monotonic() < deadline:  # until the nanny's new worker process has joined
+        heal_local_cluster(clean_lab._cluster, clean_lab.client, within=30)
+        try:
+            got = config()
+        except Exception:  # noqa: BLE001 - the scheduler has not yet seen the dead worker go
+            got = {}
+        if len(got) == 2 and pid not in {v[2] for v in got.values()}:
+            break
+        time.sleep(0.2)
+    assert len(got) == 2 and pid not in {v[2] for v in got.values()}  # one worker is a new process
+    for worker, (values, profiled, _) in got.items():
+        assert [parse_timedelta(v) for v in values] == [0.5, 2.0, 2.0] and profiled is False, (worker, values)
