@@ -222,13 +222,16 @@ def noise_ceiling(
     truth = by_config["measured_throughput"].transform("median").to_numpy(dtype=float)
     pools = {g: d[~np.isnan(d)] for g, d in pd.Series(dev).groupby([runs["model"].to_numpy(), runs["world"].to_numpy()])}
     if repeats is not None:  # each configuration once, then ``repeats`` runs of it
-        first = ~runs.duplicated(keys).to_numpy()
-        runs, truth = runs[first].loc[lambda r: r.index.repeat(repeats)], np.repeat(truth[first], repeats)
-    group = list(zip(runs["model"], runs["world"]))
+        first = np.flatnonzero(~runs.duplicated(keys).to_numpy())
+        runs, truth = runs.iloc[np.repeat(first, repeats)], np.repeat(truth[first], repeats)
+    at = {g: np.flatnonzero((runs["model"].to_numpy() == g[0]) & (runs["world"].to_numpy() == g[1])) for g in pools}
     rng = np.random.default_rng(seed)
     figures = []
     for _ in range(draws):
-        noise = np.array([rng.choice(pools[g]) if len(pools[g]) else 0.0 for g in group])
+        noise = np.zeros(len(runs))
+        for g, rows in at.items():
+            if len(pools[g]):
+                noise[rows] = rng.choice(pools[g], size=len(rows))
         sim = runs[keys].assign(predicted_throughput=truth, measured_throughput=truth * np.exp(noise))
         figures.append(accuracy(sim)[1])
     f = pd.DataFrame(figures)
