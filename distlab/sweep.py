@@ -92,7 +92,7 @@ def measure_grid(
     0.100 and 0.051). Only the number of steps depends on the prediction, not what is measured.
 
     Rounds are numbered from ``first_repeat`` (the ``repeat`` column and the data's seed): a
-    caller interleaving rounds across Labs (one per world size) calls this once per round.
+    caller interleaving rounds across world sizes calls this once per round and world size.
     ``warmup``: first run each model once, unrecorded (its first configuration, a quarter of the
     steps): on this machine a fresh Lab's first runs measured 0.3-0.8x the throughput of the
     same configurations later.
