@@ -211,13 +211,12 @@ def noise_ceiling(
     if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
         raise DistlabError(f"noise_ceiling: repeats={repeats!r}; expected an integer >= 1, or None (as measured)")
     keys = ["model", "strategy", "world", "batch"]
-    runs = df[keys + ["measured_throughput"]].copy()
-    logs = np.log(runs["measured_throughput"].to_numpy(dtype=float))
+    runs = df[keys + ["measured_throughput"]].assign(log=np.log(df["measured_throughput"].to_numpy(dtype=float)))
     by_config = runs.groupby(keys, sort=False)
-    n = by_config["measured_throughput"].transform("size").to_numpy(dtype=float)
+    n = by_config["log"].transform("size").to_numpy(dtype=float)
     if n.max(initial=0) < 2:
         raise DistlabError("noise_ceiling: every configuration ran once; measure with repeats >= 2 to see the noise")
-    mean = pd.Series(logs, index=runs.index).groupby([runs[k] for k in keys], sort=False).transform("mean").to_numpy()
+    logs, mean = runs["log"].to_numpy(), by_config["log"].transform("mean").to_numpy()
     dev = np.where(n > 1, (logs - mean) * np.sqrt(n / np.maximum(n - 1, 1)), np.nan)
     truth = by_config["measured_throughput"].transform("median").to_numpy(dtype=float)
     pools = {g: d[~np.isnan(d)] for g, d in pd.Series(dev).groupby([runs["model"].to_numpy(), runs["world"].to_numpy()])}

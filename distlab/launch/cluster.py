@@ -61,11 +61,12 @@ def start_local_cluster(
     )
     n = workers or _local_cores()
     with dask.config.set(WORKER_CONFIG):
+        config = copy.deepcopy(dask.config.config)  # Nanny(config=): the nannies' own, whole
         if gpus:
-            return _start_cuda_cluster(workers, threads_per_worker, dashboard_address, security)
+            return _start_cuda_cluster(workers, threads_per_worker, dashboard_address, security, config)
         from distributed import LocalCluster
 
-        kwargs: dict[str, Any] = {"config": copy.deepcopy(dask.config.config)}  # Nanny(config=)
+        kwargs: dict[str, Any] = {"config": config}
         if dashboard_address is None:
             # the scheduler always serves HTTP (health, metrics): keep it off the fixed port 8787
             kwargs["scheduler_kwargs"] = {"dashboard_address": "127.0.0.1:0"}
@@ -129,7 +130,7 @@ def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
 
 
 def _start_cuda_cluster(
-    workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any
+    workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any, config: dict
 ) -> Any:
     try:
         from dask_cuda import LocalCUDACluster
@@ -143,13 +144,11 @@ def _start_cuda_cluster(
         raise LaunchError(
             "Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers"
         )
-    import dask
-
     kwargs: dict[str, Any] = {
         "host": "127.0.0.1",
         "dashboard_address": dashboard_address,
         "threads_per_worker": threads_per_worker or 1,
-        "config": copy.deepcopy(dask.config.config),  # as start_local_cluster hands its nannies
+        "config": config,
     }
     if workers:
         kwargs["n_workers"] = workers
