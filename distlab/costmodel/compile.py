@@ -325,11 +325,12 @@ def compile_strategy(
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
         sparse_units=sparse_units,
-        # the PS path's copies (above), and runtime/allreduce.py's: a bucket of one whole variable is
-        # reduced in place; any other is flattened by torch.cat (one rank launches no bucket at all;
-        # DDP's gradients are bucket views)
+        # the PS path's copies (above), and runtime/allreduce.py's: every bucket is divided by the
+        # world in place (a pass over its bytes, as the PS path's division), and a bucket of several
+        # tensors (or a shard) is first flattened by torch.cat, one of a whole variable reduced in
+        # place (one rank launches no bucket at all; DDP's gradients are bucket views, divided by its hook)
         copy_bytes=ps_copy
-        + (sum(t[6] for t in tasks if t[2] > 0 and (t[8] > 1 or t[9])) if p > 1 and not ddp else 0.0),
+        + (sum(t[6] * (1.0 + (t[8] > 1 or t[9])) for t in tasks if t[2] > 0) if p > 1 and not ddp else 0.0),
         ps_units=ps_units,
         n_calls=float(
             len(tasks) * (p > 1)

@@ -46,8 +46,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # steps measured in the training-loop stage's passes, beside the loop; 11: the loop's and the local
 # steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run;
 # 12: a user's model over twice the passes, each as long as LOCAL_SECONDS allows; 13: the PS
-# path's gathers of sparse rows wait for peers on the all-gather path's figure)
-CALIBRATION_FORMAT = 13
+# path's gathers of sparse rows wait for peers on the all-gather path's figure; 14: every
+# all-reduce bucket's division by the world a pass over its bytes, the loop's terms fitted with it)
+CALIBRATION_FORMAT = 14
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 

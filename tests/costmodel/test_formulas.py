@@ -40,19 +40,21 @@ def test_single_bucket_allreduce_is_fully_exposed_ring_cost():
     assert pred.throughput == pytest.approx(4 * 32 / pred.step_time)
 
 
-def test_bucket_copies_are_charged_for_buckets_of_several_tensors_only():
-    # v0..v2 in one group: one bucket of 16000 bytes flattened by torch.cat; in three groups each
-    # variable is its own bucket, reduced in place; one rank launches no bucket at all
+def test_bucket_copies_and_divisions_are_charged_as_the_runtime_makes_them():
+    # v0..v2 in one group: one bucket of 16000 bytes flattened by torch.cat, then divided by the
+    # world in place (two passes); in three groups each variable is its own bucket, reduced in
+    # place but still divided (one pass); one rank launches no bucket at all
     prof = toy_profile()
     res = toy_resources(4)
     cm, free = exact_model(copy_per_byte=1e-9), exact_model()
     one = plan(prof, allreduce(0, 0, 0), res)
     three = plan(prof, allreduce(0, 1, 2), res)
-    assert cm.compile(prof, one).copy_bytes == 4 * 4000
-    assert cm.compile(prof, three).copy_bytes == 0
+    assert cm.compile(prof, one).copy_bytes == 2 * 4 * 4000
+    assert cm.compile(prof, three).copy_bytes == 4 * 4000
     gap = cm.predict(prof, res, one).step_time - free.predict(prof, res, one).step_time
+    assert gap == pytest.approx(2 * 4 * 4000 * 1e-9)
+    gap = cm.predict(prof, res, three).step_time - free.predict(prof, res, three).step_time
     assert gap == pytest.approx(4 * 4000 * 1e-9)
-    assert cm.predict(prof, res, three).step_time == pytest.approx(free.predict(prof, res, three).step_time)
     res1 = toy_resources(1)
     assert cm.compile(prof, plan(prof, allreduce(0, 0, 0), res1)).copy_bytes == 0
 
@@ -89,8 +91,9 @@ def test_uncalibrated_model_follows_resource_spec_links():
     res = ResourceSpec(base.ranks, links={"intra": Link(1e-3, 1e6), "inter": Link(1e-3, 1e6)})
     cm = CostModel.default()
     pred = cm.predict(prof, res, plan(prof, allreduce(0, 0, 0), res))
-    # the one bucket's flatten at the default's figure, slowed as the optimizer is (2 busy ranks)
-    copies = 16000 * cm.params.copy_per_byte * (1 + cm.params.contention)
+    # the one bucket's flatten and its division by the world at the default's figure, slowed as
+    # the optimizer is (2 busy ranks)
+    copies = 2 * 16000 * cm.params.copy_per_byte * (1 + cm.params.contention)
     assert pred.breakdown["comm"] == pytest.approx(2 * 1e-3 + 16000 / 1e6 + copies)
 
 
