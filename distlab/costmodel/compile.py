@@ -330,7 +330,7 @@ def compile_strategy(
         # tensors (or a shard) is first flattened by torch.cat, one of a whole variable reduced in
         # place (one rank launches no bucket at all; DDP's gradients are bucket views, divided by its hook)
         copy_bytes=ps_copy
-        + (sum(t[6] * (1.0 + (t[8] > 1 or t[9])) for t in tasks if t[2] > 0) if p > 1 and not ddp else 0.0),
+        + (sum(t[6] * (2.0 if t[8] > 1 or t[9] else 1.0) for t in tasks if t[2] > 0) if p > 1 and not ddp else 0.0),
         ps_units=ps_units,
         n_calls=float(
             len(tasks) * (p > 1)
