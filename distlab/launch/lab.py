@@ -18,6 +18,9 @@ from distlab.launch import spmd
 from distlab.launch import validate as _v
 from distlab.launch.run import Run
 from distlab.resources import ResourceSpec
+from distlab.strategy.types import Strategy
+
+DEFAULT_BATCH = 32  # per-replica batch of a launch by builder name without batch_size=
 
 
 class Lab:
@@ -188,19 +191,29 @@ class Lab:
         _v.check_model(model)
         self._check_idle()
         res = self.resources
-        profile_cache: dict[str, Any] = {}
+        # the user's data is the truth: the model is checked and profiled on a batch of it, at the
+        # per-replica batch it will train at (a builder name is built for that batch)
+        hint = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
+        batches: dict[int, Any] = {}
+        profiles: dict[int, Any] = {}
 
-        def profile() -> Any:
-            if "p" not in profile_cache:
-                profile_cache["p"] = _profile(model, batch_size)
-            return profile_cache["p"]
+        def batch_of(n: int) -> Any:
+            if n not in batches:
+                batches[n] = _v.check_data(data, model, loss, n)
+            return batches[n]
 
-        st, _ = _v.resolve_strategy(strategy, model, res, profile)
+        def profile(n: int | None = None) -> Any:
+            n = n or hint
+            if n not in profiles:
+                profiles[n] = _profile(model, n, None if data is None else batch_of(n)[0])
+            return profiles[n]
+
+        st, _ = _v.resolve_strategy(strategy, model, res, profile, batch_size=batch_size or hint)
         _v.check_strategy_fits(st, model, res.world)
         b = batch_size or st.batch.per_replica
         if data is None:
-            data = _v.synthetic_data(model, profile(), max(b * st.world * 4, 256), seed)
-        _v.check_data(data, model, loss)
+            data = _v.synthetic_data(model, profile(b), max(b * st.world * 4, 256), seed)
+        batch_of(b)
         workers = list(res.addresses)[: st.world]
         run_id = f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
         if elastic and checkpoint_every is None:
@@ -239,7 +252,7 @@ class Lab:
             self._threads(res, workers),
             elastic=elastic,
             replan=replan,
-            predicted=self._predict(profile, res, st),
+            predicted=self._predict(lambda: profile(b), res, st),
         )
         self._runs.append(run)
         run._start()
@@ -325,13 +338,11 @@ def _warm_torch() -> bool:
     return True
 
 
-def _profile(model: Any, batch_size: int | None) -> Any:
-    """The model's profile (dl.profile), or a variables-only one when the profiler is not installed."""
-    try:
-        from distlab.profile.torch_profiler import profile
-    except ImportError:
-        return _v.variables_profile(model)
-    return profile(model, batch_size=batch_size or 32)
+def _profile(model: Any, batch_size: int, sample_input: Any = None) -> Any:
+    """The model's profile (dl.profile) at ``batch_size``, on ``sample_input`` (a batch of the run's data) when given."""
+    from distlab.profile.torch_profiler import profile
+
+    return profile(model, sample_input=sample_input, batch_size=batch_size)
 
 
 def _replan(st: Any, model: Any, res: ResourceSpec, profile: Callable[[], Any]) -> Any:

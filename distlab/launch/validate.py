@@ -50,9 +50,10 @@ def _sparse_params(model: Any) -> set[str]:
 
 
 def resolve_strategy(
-    strategy: Any, model: Any, resources: ResourceSpec, profile_fn: Any
+    strategy: Any, model: Any, resources: ResourceSpec, profile_fn: Any, batch_size: int | None = None
 ) -> tuple[Strategy, Any]:
-    """A Strategy from a Strategy, a builder name or a JSON path; returns it and the profile used, if any."""
+    """A Strategy from a Strategy, a builder name (built for ``batch_size`` per replica, when
+    given) or a JSON path; returns it and the profile used, if any."""
     profile = None
     if isinstance(strategy, Strategy):
         st = strategy
@@ -69,7 +70,7 @@ def resolve_strategy(
                     f"strategy: builder {text!r} is not known; use one of: {', '.join(known) or 'none installed'}"
                 )
             profile = profile_fn()
-            st = strategies.build(text, profile, resources)
+            st = strategies.build(text, profile, resources, **({"batch_size": batch_size} if batch_size else {}))
     else:
         raise LaunchError(
             f"strategy: expected a Strategy, a builder name or a JSON path, got {type(strategy).__name__}"
@@ -107,10 +108,17 @@ def synthetic_data(model: Any, profile: Any, n: int, seed: int) -> Any:
     return synthetic(profile, n, seed)
 
 
-def check_data(data: Any, model: Any, loss: Any) -> None:
-    """The dataset is map-style, non-empty, yields (input, target) pairs that go through a copy of the model."""
+def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, Any]:
+    """The dataset is map-style, non-empty, yields (input, target) pairs, and a batch of ``batch``
+    samples (as a rank collates them; the input may be a tuple of tensors for a model of several
+    inputs) trains a copy of the model in training mode. Returns that batch.
+
+    A batch, not one sample: BatchNorm cannot train on one value per channel (a ResNet's 1x1
+    final map), and the check runs the model as a rank will, at the per-replica batch.
+    """
     import torch
 
+    from distlab.runtime.data import call_model, first_batch
     from distlab.runtime.trainer import default_loss
 
     try:
@@ -127,11 +135,18 @@ def check_data(data: Any, model: Any, loss: Any) -> None:
         raise LaunchError(f"data[0]: cannot be read ({type(exc).__name__}: {exc})") from None
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
         raise LaunchError(f"data[0]: expected an (input, target) pair, got {type(sample).__name__}")
-    x, y = sample
-    probe = copy.deepcopy(model)
     try:
-        out = probe(torch.as_tensor(x).unsqueeze(0))
-        value = (loss or default_loss)(out, torch.as_tensor(y).unsqueeze(0))
+        x, y = first_batch(data, batch)
+    except Exception as exc:  # noqa: BLE001
+        raise LaunchError(
+            f"data: the first {min(batch, n)} samples do not collate into a batch ({type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0][:200]}); give every sample the same shapes and types"
+        ) from None
+    probe = copy.deepcopy(model)
+    probe.train()
+    try:
+        out = call_model(probe, x)
+        value = (loss or default_loss)(out, y)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise LaunchError(
                 f"loss: must return a scalar tensor, returned {type(value).__name__} of shape {getattr(value, 'shape', '?')}"
@@ -141,6 +156,14 @@ def check_data(data: Any, model: Any, loss: Any) -> None:
     except Exception as exc:  # noqa: BLE001
         first = (str(exc).splitlines() or [""])[0][:200]
         raise LaunchError(
-            f"data: sample 0 (input shape {tuple(torch.as_tensor(x).shape)}) does not fit model {type(model).__name__}: "
+            f"data: a batch of {len(y)} samples (input {shapes_of(x)}) does not fit model {type(model).__name__}: "
             f"{type(exc).__name__}: {first}; make the dataset match the model's input and the loss's target"
         ) from None
+    return x, y
+
+
+def shapes_of(x: Any) -> str:
+    """A batch input's shape, or the shapes of its tensors, for messages."""
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(shapes_of(t) for t in x) + ")"
+    return str(list(getattr(x, "shape", ())))

@@ -7,6 +7,24 @@ from typing import Any
 import torch
 
 
+def to_device(x: Any, device: Any) -> Any:
+    """A batch's tensors on ``device``: one tensor, or a tuple/list of them (a model of several inputs)."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_device(t, device) for t in x)
+    return x.to(device, non_blocking=True) if torch.is_tensor(x) else x
+
+
+def call_model(model: Any, x: Any) -> Any:
+    """``model(x)``, or ``model(*x)`` when the input is a tuple/list: the form ``dl.profile``'s
+    ``sample_input`` takes, so a dataset of ``((ids, dense), target)`` drives ``forward(ids, dense)``."""
+    return model(*x) if isinstance(x, (tuple, list)) else model(x)
+
+
+def first_batch(data: Any, n: int) -> tuple[Any, Any]:
+    """The first ``min(n, len(data))`` samples of a map-style dataset, collated as a rank reads them."""
+    return RankBatches(data, min(n, len(data)), 0, 1, False, 0).get(0)
+
+
 class RankBatches:
     """Rank r's batch at data position ``pos`` (global samples seen before the step).
 

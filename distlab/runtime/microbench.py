@@ -374,10 +374,14 @@ def loop_pass_rank(
         store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
         with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
             lockstep = dist.group.WORLD if world > 1 else None
-            for model, data, batch in local:
+            for model, data, batch, *loss in local:  # (model, data, batch[, loss])
                 model.train()
                 dist.barrier()
-                own.append(_time_local(model, data, batch, rank, world, LOCAL_STEPS, lockstep, seconds, max_steps))
+                own.append(
+                    _time_local(
+                        model, data, batch, rank, world, LOCAL_STEPS, lockstep, seconds, max_steps, *loss[:1]
+                    )
+                )
             dist.barrier()
     return own, overhead_rank(rank, world, master_addr, master_port, cases, timeout)
 
@@ -392,6 +396,7 @@ def _time_local(
     lockstep: Any = None,
     seconds: float = 0.0,
     max_steps: int = LOCAL_MAX_STEPS,
+    loss: Any = None,
 ) -> list[float]:
     """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
     ``seconds`` in all and ``max_steps`` steps, when steps are short). ``lockstep``: the group
@@ -401,7 +406,7 @@ def _time_local(
     from distlab.runtime.data import RankBatches
     from distlab.runtime.trainer import default_loss
 
-    step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), default_loss)
+    step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), loss or default_loss)
     for i in range(LOCAL_WARMUP):
         step(i * batch * k)
     vote = torch.zeros(1)
@@ -424,13 +429,15 @@ def _time_local(
 
 def _local_step(model: Any, batches: Any, loss_fn: Any) -> Any:
     """One step of ``model`` at data position ``pos``: the training loop less synchronisation and optimizer."""
+    from distlab.runtime.data import call_model
+
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step(pos: int) -> None:
         x, y = batches.get(pos)
         for p in params:
             p.grad = None
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(call_model(model, x), y)
         loss.backward()
         float(loss.detach())
 

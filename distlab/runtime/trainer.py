@@ -15,7 +15,7 @@ from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
 from distlab.runtime.allocator import tune_allocator
 from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
-from distlab.runtime.data import RankBatches
+from distlab.runtime.data import RankBatches, call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer, ddp_applies
 from distlab.runtime.gossip import resolve_topology
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
@@ -177,10 +177,10 @@ def _train(
             progress["step"] = step
             t0 = time.perf_counter()
             x, y = data.get(pos)
-            x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
+            x, y = to_device(x, job.device), to_device(y, job.device)
             sync.zero_grad()
             sync.begin(step)
-            loss = loss_fn(forward(x), y)
+            loss = loss_fn(call_model(forward, x), y)
             loss.backward()
             t_bwd = time.perf_counter()
             sync.step(step)

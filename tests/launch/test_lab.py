@@ -189,3 +189,77 @@ def test_unreachable_address_is_a_clear_error():
 
     with pytest.raises(LaunchError, match="cannot reach the scheduler"):
         Lab(address="tcp://127.0.0.1:9", timeout=2)
+
+
+class IdsAndDense(torch.nn.Module):
+    """A recommender-shaped model of two inputs: category ids and dense features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 8)
+        self.dense = torch.nn.Linear(3, 8)
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.emb(ids).mean(1), self.dense(dense)], dim=1))
+
+
+class IdsDenseData(torch.utils.data.Dataset):
+    """((ids, dense), label) samples."""
+
+    def __init__(self, n: int = 64) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, 50, (n, 4), generator=g)
+        self.dense = torch.randn(n, 3, generator=g)
+        self.y = torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return (self.ids[i], self.dense[i]), self.y[i]
+
+
+def test_a_builder_name_with_data_whose_input_mixes_ids_and_dense_features(clean_lab):
+    """The launch profiles and checks the model on a batch of the user's data, not on an input it guesses."""
+    model = IdsAndDense()
+    run = clean_lab.launch(
+        model, strategy="AllReduce", data=IdsDenseData(), steps=4, batch_size=8, elastic=False, block=True
+    )
+    assert run.status == "finished" and run.world == 2 and len(run.metrics) == 8
+    assert run.strategy.batch.per_replica == 8  # built for the batch it trains at
+
+
+class BNTo1x1(torch.nn.Module):
+    """Conv + BatchNorm down to a 1x1 final map, then BatchNorm on it: one sample cannot train it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 3, stride=2, padding=1),
+            torch.nn.BatchNorm2d(4),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.BatchNorm2d(4),
+        )
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).flatten(1))
+
+
+def test_a_batchnorm_model_with_a_1x1_final_map_passes_the_pre_launch_check(clean_lab):
+    from distlab.launch.validate import check_data
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 3, (32,), generator=g))
+    x, y = check_data(data, BNTo1x1(), None, 4)
+    assert x.shape == (4, 1, 8, 8) and y.shape == (4,)  # the check ran a batch, as a rank will
+    run = clean_lab.launch(BNTo1x1(), strategy="AllReduce", data=data, steps=3, batch_size=4, elastic=False, block=True)
+    assert run.status == "finished"
+
+
+def test_data_that_does_not_fit_the_model_is_one_line_naming_the_batch(clean_lab):
+    bad = torch.utils.data.TensorDataset(torch.randn(16, 5), torch.randint(0, 2, (16,)))
+    with pytest.raises(LaunchError, match=r"a batch of 8 samples \(input \[8, 5\]\) does not fit model IdsAndDense"):
+        clean_lab.launch(IdsAndDense(), strategy="AllReduce", data=bad, steps=2, batch_size=8)
