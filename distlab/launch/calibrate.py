@@ -47,8 +47,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run;
 # 12: a user's model over twice the passes, each as long as LOCAL_SECONDS allows; 13: the PS
 # path's gathers of sparse rows wait for peers on the all-gather path's figure; 14: every
-# all-reduce bucket's division by the world a pass over its bytes, the loop's terms fitted with it)
-CALIBRATION_FORMAT = 14
+# all-reduce bucket's division by the world a pass over its bytes, the loop's terms fitted with it;
+# 15: never cached when other programs used the cores meanwhile, so no earlier cache is trusted)
+CALIBRATION_FORMAT = 15
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 
@@ -77,20 +78,22 @@ def calibrate_lab(
     progress: bool = True,
     models: Sequence[Any] = (),
     batch_size: int = MODEL_BATCH,
+    passes: int = MODEL_PASSES,
 ) -> Any:
     """Run the microbenchmarks on ``lab`` (or read the cached result) and fit a CostModel.
 
-    ``models``: nn.Modules (or ``(module, dataset)`` pairs) whose own step is measured at every
-    world size the Lab allows, at per-replica batches ``batch_size`` and ``batch_size // 4``,
-    with every rank busy (compute.py); a model measured before on this cluster is read from the cache.
+    ``models``: nn.Modules, or ``(module, dataset)`` / ``(module, dataset, loss)`` tuples, whose
+    own step is measured at every world size the Lab allows, at per-replica batches
+    ``batch_size`` and ``batch_size // 4``, with every rank busy (compute.py), over ``passes``
+    passes; a model measured before on this cluster is read from the cache.
+
+    The host's CPU accounting is watched meanwhile (launch/load.py): a calibration during which
+    other programs used the cores is returned for this session with a ``CalibrationWarning``
+    naming them, marked ``fingerprint["disturbed"]``, and never cached.
     """
-    try:
-        from distlab.costmodel import CostModel
-        from distlab.runtime import microbench  # noqa: F401
-    except ImportError as exc:
-        raise CalibrationError(
-            f"calibration needs distlab.costmodel and distlab.runtime.microbench ({exc})"
-        ) from None
+    from distlab.costmodel import CostModel
+    from distlab.launch.load import LoadMonitor, warn_disturbed
+
     res = lab.resources
     if res.world < 2:
         raise CalibrationError(
@@ -119,16 +122,29 @@ def calibrate_lab(
             bar.set_postfix_str(stage)
             bar.update(1)
 
+    monitor = LoadMonitor(lab.client).start()
     try:
         if cm is None:
             cm = _calibrate_cluster(lab, res, sizes, done)
         if todo:
-            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1)))
+            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1), passes))
             done("models")
     finally:
         if bar is not None:
             bar.close()
-    if cache:
+    loads = monitor.stop()
+    disturbed = warn_disturbed(
+        "calibrate",
+        loads,
+        "these measurements describe that load, not the cluster, so this calibration is used for this "
+        "session only and not cached; stop those programs and run lab.calibrate() again",
+    )
+    cm = cm.with_params(
+        cm.params,
+        disturbed=disturbed,
+        load=[{"host": h.host, "cores": h.cores, "foreign": round(h.foreign, 3), "seconds": round(h.seconds, 1)} for h in loads],
+    )
+    if cache and not disturbed:
         path.parent.mkdir(parents=True, exist_ok=True)
         cm.save(path)
     return cm
@@ -182,9 +198,8 @@ def _fit_rows(profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[
     return rows
 
 
-def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any, Any, tuple[int, ...]]]:
-    """(key, module, data, batches) for each model to measure; a clear error for anything else."""
-    import distlab as dl
+def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any, Any, tuple[int, ...], Any]]:
+    """(key, module, data, batches, loss) for each model to measure; a clear error for anything else."""
     from distlab.launch.validate import variables_profile
 
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -196,20 +211,49 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
     batches = tuple(sorted({batch_size, max(1, batch_size // 4)}))
     out = []
     for i, item in enumerate(models):
-        module, data = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+        module, data, loss = (*item, None)[:3] if isinstance(item, tuple) and 2 <= len(item) <= 3 else (item, None, None)
         if not hasattr(module, "named_parameters"):
             raise CalibrationError(
-                f"calibrate: models[{i}] is a {type(module).__name__}; give torch nn.Modules or (module, dataset) pairs"
+                f"calibrate: models[{i}] is a {type(module).__name__}; give torch nn.Modules, or "
+                "(module, dataset) or (module, dataset, loss) tuples"
             )
         if data is None:
-            try:
-                data = dl.data.synthetic(module, n=max(256, 4 * max(batches)), seed=0)
-            except Exception as exc:  # noqa: BLE001 - an input distlab cannot infer
-                raise CalibrationError(
-                    f"calibrate: models[{i}] ({type(module).__name__}): {exc}; pass (module, dataset) instead"
-                ) from None
-        out.append((model_key(variables_profile(module)), module, data, batches))
+            data = _synthetic_for(module, max(256, 4 * max(batches)), f"models[{i}]")
+        out.append((model_key(variables_profile(module)), module, data, batches, loss))
     return out
+
+
+def _synthetic_for(module: Any, n: int, where: str) -> Any:
+    """Random data a model accepts: from its input/target specs (zoo models), else from the
+    input its first layer fixes and the shape of its output (class indices over the last dim)."""
+    import torch
+
+    import distlab as dl
+    from distlab.data import from_spec
+    from distlab.profile.torch_inputs import infer_input_spec, tensor_from_spec
+
+    cls = type(module).__name__
+    try:
+        return dl.data.synthetic(module, n=n, seed=0)
+    except Exception:  # noqa: BLE001 - no specs: infer them below
+        pass
+    try:
+        spec = infer_input_spec(module)
+        with torch.no_grad():
+            was = module.training
+            module.eval()
+            try:
+                out = module(tensor_from_spec(spec, 2, torch.Generator().manual_seed(0)))
+            finally:
+                module.train(was)
+        target = {"shape": list(out.shape[1:-1]), "dtype": "int64", "high": int(out.shape[-1])}
+        return from_spec(spec, target, n, seed=0)
+    except Exception as exc:  # noqa: BLE001 - an input distlab cannot infer
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise CalibrationError(
+            f"calibrate: {where} ({cls}): cannot make data it accepts ({first}); "
+            f"pass ({cls.lower()}, dataset) or ({cls.lower()}, dataset, loss) with a few batches of your data"
+        ) from None
 
 
 def _measured(cm: Any, key: str, res: Any) -> bool:
@@ -229,8 +273,8 @@ def measure_models(
 
     res = lab.resources
     worlds = sorted(set(worlds))
-    cases = [(m, data, b) for _, m, data, batches in targets for b in batches]
-    keys = [k for k, _, _, batches in targets for _ in batches]
+    cases = [(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
+    keys = [k for k, _, _, batches, _ in targets for _ in batches]
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     for turn in range(passes):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
@@ -244,7 +288,7 @@ def measure_models(
             for r, (own, _) in enumerate(per_rank):
                 for i, seconds in enumerate(own):
                     steps[k][r][i].extend(seconds)
-    return _local_rows(res, keys, [b for _, _, b in cases], steps)
+    return _local_rows(res, keys, [c[2] for c in cases], steps)
 
 
 def _local_rows(

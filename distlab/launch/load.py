@@ -1,0 +1,189 @@
+"""Whether the cores were the cluster's own: CPU time other programs used on each host while distlab measured.
+
+A measurement taken while other programs compete for the cores (a build, a browser, another
+notebook's training) describes that moment, not the cluster: a calibration taken beside one busy
+process per core predicted the same models 2.6-4.5x off. ``LoadMonitor`` reads each host's CPU
+accounting (``/proc/stat``) and the CPU time of the cluster's own processes (the Dask workers,
+their nannies and children, and the notebook's process when it shares the host) at the start
+and the end of a measurement; what the host's cores spent on anything else is the foreign load.
+Where ``/proc`` is not readable (not Linux), nothing is known and nothing is flagged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# foreign load at or above this many cores (or this share of the host's cores, whichever is
+# larger) disturbs a measurement: an idle desktop's daemons, a terminal and a notebook server
+# use a few hundredths of a core
+DISTURBED_CORES, DISTURBED_SHARE = 0.25, 0.15
+
+
+class CalibrationWarning(UserWarning):
+    """A calibration measured under load from other programs: used for this session, not cached."""
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """CPU use of one host over a measurement: ``foreign`` cores busy with other programs on average."""
+
+    host: str
+    cores: int
+    seconds: float
+    foreign: float
+    ours: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (pid, command, cores) of the busiest other programs
+
+    @property
+    def disturbed(self) -> bool:
+        return self.foreign >= max(DISTURBED_CORES, DISTURBED_SHARE * self.cores)
+
+    def describe(self) -> str:
+        who = ", ".join(f"{cmd} (pid {pid}, {cores:.1f} cores)" for pid, cmd, cores in self.top[:3])
+        return (
+            f"other programs used {self.foreign:.1f} of host {self.host}'s {self.cores} cores"
+            + (f": {who}" if who else "")
+        )
+
+
+def _proc_ticks(pid: int) -> tuple[int, int, str] | None:
+    """(parent pid, utime + stime ticks, command) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    name = raw[raw.find("(") + 1 : raw.rfind(")")]
+    rest = raw[raw.rfind(")") + 2 :].split()
+    return int(rest[1]), int(rest[11]) + int(rest[12]), name  # ppid, utime, stime (fields 4, 14, 15)
+
+
+def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, Any]:
+    """(worker) This host's CPU ticks, and each process's, split into ours (``roots`` and their
+    descendants, and ``alone`` without theirs) and everyone else's. Cheap: one read of
+    ``/proc`` per process."""
+    import socket
+
+    with open("/proc/stat") as f:
+        lines = f.read().splitlines()
+    fields = [int(x) for x in lines[0].split()[1:]]
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit()) or 1
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    procs = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            got = _proc_ticks(int(entry))
+            if got is not None:
+                procs[int(entry)] = got
+    ours = {int(r) for r in roots if int(r) in procs}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = list(ours)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in ours:
+                ours.add(child)
+                todo.append(child)
+    ours |= {int(p) for p in alone if int(p) in procs}
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return {
+        "host": socket.gethostname(),
+        "time": time.monotonic(),
+        "busy": sum(fields) - idle,
+        "total": sum(fields),
+        "cpus": cpus,
+        "cores": cores,
+        "ticks": {pid: t for pid, (_, t, _) in procs.items()},
+        "names": {pid: name for pid, (_, _, name) in procs.items()},
+        "ours": sorted(ours),
+    }
+
+
+def _pid_info() -> tuple[str, int, int]:
+    import socket
+
+    return socket.gethostname(), os.getpid(), os.getppid()
+
+
+def host_load(before: dict[str, Any], after: dict[str, Any]) -> HostLoad:
+    """The foreign load between two samples of one host (``host_sample``)."""
+    total = max(after["total"] - before["total"], 1)
+    cpus = after["cpus"]
+    seconds = max(after["time"] - before["time"], 1e-9)
+    ours = set(before["ours"]) | set(after["ours"])
+    delta = {
+        pid: t - before["ticks"].get(pid, 0)
+        for pid, t in after["ticks"].items()
+        if pid in before["ticks"] or pid not in ours
+    }
+    busy = after["busy"] - before["busy"]
+    own = sum(d for pid, d in delta.items() if pid in ours)
+    # ticks are per CPU: a busy share of all CPUs' ticks times the CPUs is cores in use
+    per_core = cpus / total
+    foreign = max(busy - own, 0) * per_core
+    others = sorted(((d, pid) for pid, d in delta.items() if pid not in ours and d > 0), reverse=True)
+    top = tuple((pid, after["names"].get(pid, "?"), d * per_core) for d, pid in others[:3] if d * per_core >= 0.05)
+    return HostLoad(after["host"], int(after["cores"]), seconds, foreign, own * per_core, top)
+
+
+class LoadMonitor:
+    """Foreign CPU load on every host of a Dask cluster between ``start()`` and ``stop()``.
+
+    Samples run through ``client.run`` on one worker per host (a read of ``/proc``, milliseconds),
+    so a remote cluster's hosts are watched where they are. ``stop()`` returns one ``HostLoad``
+    per host, empty when the hosts cannot be read.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._probe: dict[str, str] = {}  # host -> the worker that samples it
+        self._roots: dict[str, list[int]] = {}
+        self._alone: dict[str, list[int]] = {}
+        self._before: dict[str, dict[str, Any]] = {}
+
+    def start(self) -> LoadMonitor:
+        import socket
+
+        try:
+            info = self.client.run(_pid_info)
+        except Exception:  # noqa: BLE001 - a cluster that cannot tell: nothing is flagged
+            return self
+        for addr, (host, pid, ppid) in sorted(info.items()):
+            self._probe.setdefault(host, addr)
+            self._roots.setdefault(host, []).append(pid)  # a worker and what it starts (DataLoader workers)
+            self._alone.setdefault(host, []).append(ppid)  # its nanny's process, which may be the notebook's
+        here = socket.gethostname()
+        if here in self._roots:  # the notebook's process (and an embedded scheduler) share this host;
+            self._alone[here].append(os.getpid())  # its other children (the user's programs) are not ours
+        self._before = self._sample()
+        return self
+
+    def _sample(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for host, addr in self._probe.items():
+            try:
+                out[host] = self.client.run(host_sample, self._roots[host], self._alone.get(host, []), workers=[addr])[addr]
+            except Exception:  # noqa: BLE001 - no /proc there (not Linux) or the worker is gone
+                continue
+        return out
+
+    def stop(self) -> list[HostLoad]:
+        after = self._sample()
+        return [host_load(self._before[h], after[h]) for h in after if h in self._before]
+
+
+def warn_disturbed(what: str, loads: list[HostLoad], consequence: str) -> bool:
+    """Warn once (a ``CalibrationWarning`` line) when any host was disturbed; True if one was."""
+    bad = [h for h in loads if h.disturbed]
+    if bad:
+        warnings.warn(f"{what}: {'; '.join(h.describe() for h in bad)}; {consequence}", CalibrationWarning, stacklevel=3)
+    return bool(bad)

@@ -1,0 +1,91 @@
+"""Calibration under background load: the host's CPU accounting names other programs, and a disturbed calibration is not cached."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+
+def _sample(t, busy, total, ticks, ours, names=None):
+    return {"host": "h", "time": t, "busy": busy, "total": total, "cpus": 2, "cores": 2,
+            "ticks": ticks, "names": names or {p: f"p{p}" for p in ticks}, "ours": ours}
+
+
+def test_host_load_counts_what_other_programs_used():
+    from distlab.launch.load import host_load
+
+    # 10 s on 2 CPUs = 2000 ticks: 1500 busy, of which our worker (pid 10) 400, pid 20 900, the rest unattributed
+    before = _sample(0.0, 0, 0, {10: 0, 20: 0, 30: 0}, [10])
+    after = _sample(10.0, 1500, 2000, {10: 400, 20: 900, 30: 10}, [10])
+    load = host_load(before, after)
+    assert load.ours == pytest.approx(0.4) and load.foreign == pytest.approx(1.1)
+    assert load.disturbed and load.top[0][:2] == (20, "p20")
+    assert "other programs used 1.1 of host h's 2 cores: p20 (pid 20, 0.9 cores)" in load.describe()
+    quiet = host_load(before, _sample(10.0, 450, 2000, {10: 400, 20: 20, 30: 10}, [10]))
+    assert quiet.foreign == pytest.approx(0.05) and not quiet.disturbed
+
+
+def test_host_sample_counts_a_workers_children_as_its_own_and_the_notebooks_children_as_others():
+    from distlab.launch.load import host_sample
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import os
+
+        mine = host_sample([os.getpid()])  # this process as a worker: its child is ours
+        alone = host_sample([], [os.getpid()])  # this process as the notebook: its child is not
+        assert child.pid in mine["ours"] and child.pid not in alone["ours"] and os.getpid() in alone["ours"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _hogs(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_monitor_sees_one_busy_process_per_core(clean_lab):
+    from distlab.launch.load import LoadMonitor
+
+    hogs = _hogs(2)
+    try:
+        time.sleep(0.5)
+        busy = LoadMonitor(clean_lab.client).start()
+        time.sleep(1.5)
+        (b,) = busy.stop()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    # the notebook's own children are other programs; the two hogs are named among the busiest
+    assert b.disturbed and b.foreign >= 1.5 and b.ours < 0.5
+    assert {pid for pid, _, _ in b.top} & {h.pid for h in hogs}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_calibration_beside_busy_processes_warns_and_is_not_cached(clean_lab, tmp_path):
+    from distlab.launch.load import CalibrationWarning
+
+    clean_lab.cache_dir = tmp_path
+    hogs = _hogs(2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cm = clean_lab.calibrate(progress=False, sizes=[4096, 65536])
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    said = [str(w.message) for w in caught if issubclass(w.category, CalibrationWarning)]
+    assert len(said) == 1 and "not cached" in said[0] and "run lab.calibrate() again" in said[0]
+    assert "other programs used" in said[0] and "\n" not in said[0]
+    assert cm.fingerprint["disturbed"] is True and cm.fingerprint["load"][0]["foreign"] >= 1.0
+    assert clean_lab.cost_model is cm  # usable in this session
+    assert list(tmp_path.glob("calibration-*.json")) == []  # nothing poisoned is cached
