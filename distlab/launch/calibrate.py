@@ -150,6 +150,78 @@ def calibrate_lab(
     return cm
 
 
+QUICK_PASSES = 2  # a model's step measured before a launch or a simulation: seconds, not a minute
+
+
+def measure_model_lab(
+    lab: Any,
+    cm: Any,
+    model: Any,
+    data: Any = None,
+    loss: Any = None,
+    batch_size: int = MODEL_BATCH,
+    passes: int = QUICK_PASSES,
+    progress: bool = True,
+) -> Any:
+    """``cm`` (or the default model) plus ``model``'s own local step on ``lab``'s workers, alone and
+    with every rank busy at each world size, at ``batch_size`` and a quarter of it.
+
+    Cached per model (its variables) and cluster in ``lab.cache_dir``: a model measured before is
+    not measured again. Under load from other programs the rows serve this call only, with a
+    ``CalibrationWarning``, and are not cached.
+    """
+    from distlab.costmodel import CostModel
+    from distlab.launch.load import LoadMonitor, warn_disturbed
+
+    res = lab.resources
+    base = cm if cm is not None else CostModel.default()
+    targets = _model_cases([(model, data, loss)], batch_size)
+    key = targets[0][0]
+    if _measured(base, key, res):
+        return base
+    path = Path(lab.cache_dir) / f"local-steps-{cache_key(res, None)}.json"
+    cached = _read_rows(path)
+    batches = set(targets[0][3])
+    mine = [r for r in cached if r["key"] == key and int(r["batch"]) in batches]
+    if mine and _measured(base.with_compute(mine), key, res):
+        return base.with_compute(mine)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=1, desc=f"measuring {type(model).__name__}'s step on {res.world} ranks", leave=False)
+    monitor = LoadMonitor(lab.client).start()
+    try:
+        rows = measure_models(lab, targets, range(1, res.world + 1), passes)
+    finally:
+        if bar is not None:
+            bar.close()
+    disturbed = warn_disturbed(
+        f"measuring {type(model).__name__}'s step",
+        monitor.stop(),
+        "its figures describe that load and are used for this prediction only, not cached; "
+        "stop those programs for predictions of the quiet cluster",
+    )
+    if not disturbed:
+        _write_rows(path, [r for r in cached if r["key"] != key] + rows)
+    return base.with_compute(rows)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(path.read_text())
+        return [r for r in rows if isinstance(r, dict) and {"key", "ranks", "batch", "seconds"} <= set(r)]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows))
+    tmp.replace(path)
+
+
 def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
     import distlab as dl

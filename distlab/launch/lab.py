@@ -214,6 +214,10 @@ class Lab:
         if data is None:
             data = _v.synthetic_data(model, profile(b), max(b * st.world * 4, 256), seed)
         batch_of(b)
+        if self.cost_model is not None:  # predict with the model's own step on these workers
+            from distlab.launch.calibrate import measure_model_lab
+
+            self.cost_model = measure_model_lab(self, self.cost_model, model, data, loss, b)
         workers = list(res.addresses)[: st.world]
         run_id = f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
         if elastic and checkpoint_every is None:
@@ -309,6 +313,24 @@ class Lab:
         self._check_idle()
         self.cost_model = calibrate_lab(
             self, sizes=sizes, cache=cache, progress=progress, models=models, batch_size=batch_size
+        )
+        return self.cost_model
+
+    def measure_model(
+        self, model: Any, data: Any = None, loss: Any = None, batch_size: int = 32, progress: bool = True
+    ) -> Any:
+        """Measure ``model``'s own step on the workers (seconds; cached per model and cluster) and
+        return ``lab.cost_model`` (the default model when not calibrated) predicting with it.
+
+        ``lab.launch``, ``%distlab simulate``, ``%distlab pick`` and the picker do this for the
+        model they plan, so its compute is what a rank measures, not the profile scaled.
+        """
+        from distlab.launch.calibrate import measure_model_lab
+
+        _v.check_model(model)
+        self._check_idle()
+        self.cost_model = measure_model_lab(
+            self, self.cost_model, model, data, loss, _v.check_positive("batch_size", batch_size), progress=progress
         )
         return self.cost_model
 

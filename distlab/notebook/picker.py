@@ -43,6 +43,11 @@ class StrategyPicker(w.VBox):
             raise DistlabError("StrategyPicker: second argument must be a Lab or a ResourceSpec")
         self.cost_model = cost_model if cost_model is not None else CostModel.default()
         self.model = model
+        if self.lab is not None and model is not None and hasattr(model, "named_parameters"):
+            from distlab.launch.calibrate import measure_model_lab
+
+            # with a cluster, the model's compute is its own step on the workers (cached)
+            self.cost_model = measure_model_lab(self.lab, self.cost_model, model, batch_size=profile.batch_size)
         self.top = top
         self._busy = False
         self._ranked: Any = None

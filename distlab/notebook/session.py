@@ -88,6 +88,7 @@ class NotebookSession:
 
         prof = self.profile(var, model)
         res = self.resources(workers)
+        self._measure(model, prof)
         cands = distlab.strategy.candidates(prof, res)
         if not cands:
             raise DistlabError(f"simulate: no candidate strategy for {var} on {res.world} ranks")
@@ -98,7 +99,18 @@ class NotebookSession:
 
         prof = self.profile(var, model)
         lab = self.lab()
+        self._measure(model, prof)
         return StrategyPicker(prof, lab, self.model_cost(), model=model)
+
+    def _measure(self, model: Any, prof: Any) -> None:
+        """With a cluster, the model's compute comes from its own step on the workers (cached)."""
+        from distlab.profile.model_profile import ModelProfile
+
+        if self.current_lab is None or isinstance(model, ModelProfile):
+            return
+        if self.current_lab.cost_model is None and self.cost_model is not None:
+            self.current_lab.cost_model = self.cost_model
+        self.cost_model = self.current_lab.measure_model(model, batch_size=prof.batch_size)
 
     # -- runs ------------------------------------------------------------------------------------
     def launch(self, var: str, model: Any, strategy: Any, steps: int) -> Any:
