@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,12 @@ from distlab.costmodel.compile import (
     compile_strategy,
     profile_timing,
 )
-from distlab.costmodel.compute import ComputeTable
+from distlab.costmodel.compute import ComputeTable, model_key
 from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
+from distlab.costmodel.refit import HALFLIFE, PRIOR, Correction, apply, fit_corrections
 from distlab.errors import CalibrationError, StrategyError
 from distlab.profile.model_profile import ModelProfile
 from distlab.resources import Link, ResourceSpec
@@ -39,7 +40,9 @@ class CostModel:
     ``params`` holds the calibrated numbers; ``fingerprint`` says what they were calibrated on;
     ``throughput_fit`` holds the structural model ``CostModel.fit`` learned from job logs;
     ``compute_runs`` the local steps ``Lab.calibrate(models=...)`` measured (compute.py): a
-    model found there computes as measured on the cluster, the others as profiled and scaled.
+    model found there computes as measured on the cluster, the others as profiled and scaled;
+    ``refits`` the per-model factors ``refit`` fitted to finished runs (refit.py), applied to
+    every prediction of those models.
     """
 
     def __init__(
@@ -48,11 +51,13 @@ class CostModel:
         fingerprint: dict[str, Any] | None = None,
         throughput_fit: dict[str, float] | None = None,
         compute_runs: Sequence[dict[str, Any]] = (),
+        refits: Mapping[str, Correction] | None = None,
     ) -> None:
         self.params = params or CostParams()
         self.fingerprint: dict[str, Any] = dict(fingerprint or {"calibrated": False})
         self.throughput_fit = dict(throughput_fit) if throughput_fit else None
         self.compute = ComputeTable(compute_runs)
+        self.refits: dict[str, Correction] = dict(refits or {})
         self._compiled: dict[tuple[Any, ...], tuple[Any, Any, CompiledStrategy]] = {}
         self._timings: dict[int, tuple[Any, ProfileTiming]] = {}
         self._batches: dict[
@@ -194,8 +199,16 @@ class CostModel:
             env = self._env(batch, resources)
             ref = weakref.ref(resources) if resources is not None else None
             batch.env_cache = {id(resources): (sig, ref, env)}
-        out = evaluate(batch, env)
-        return {k: v[:, 0] for k, v in out.items()}
+        out = {k: v[:, 0] for k, v in evaluate(batch, env).items()}
+        if self.refits:
+            fixes = [self.refits.get(c.model_key) for c in items]
+            if any(fixes):
+                out = apply(
+                    out,
+                    np.array([f.compute if f else 1.0 for f in fixes]),
+                    np.array([f.comm if f else 1.0 for f in fixes]),
+                )
+        return out
 
     def predict(
         self,
@@ -286,7 +299,41 @@ class CostModel:
         """What-if: each strategy at each world size and bottleneck bandwidth; see ``whatif.sweep_frame``."""
         from distlab.costmodel.whatif import sweep_frame
 
-        return sweep_frame(self, profile, resources, strategies, worlds, bandwidths)
+        df = sweep_frame(self, profile, resources, strategies, worlds, bandwidths)
+        fix = self.refits.get(model_key(profile)) if self.refits else None
+        if fix is None or not len(df):
+            return df
+        cols = ("throughput", "step_time", "compute", "comm", "optimizer")
+        fixed = apply({k: df[k].to_numpy() for k in cols}, np.full(len(df), fix.compute), np.full(len(df), fix.comm))
+        return df.assign(**fixed)
+
+    # -- refit from runs ----------------------------------------------------------------
+    def refit(self, runs: Any, prior: float = PRIOR, halflife: float | None = HALFLIFE) -> CostModel:
+        """A new model whose predictions of each model in ``runs`` are corrected toward what its runs measured.
+
+        ``runs``: ``lab.runs`` or any table with, per run in the order they ran, ``model_key``
+        (compute.model_key of the profile), ``measured_step`` (s) and the uncorrected prediction
+        made before it, ``predicted_compute``, ``predicted_comm``, ``predicted_optimizer`` (s);
+        unfinished runs and rows with missing figures are skipped. Per model, predicted compute
+        is multiplied by one fitted factor and comm and optimizer by another, pulled toward 1
+        by ``prior``, recent runs weighing more (``halflife`` runs; refit.fit_corrections);
+        step time and throughput follow. Models without runs keep this model's correction, if
+        any; the others' are refitted from ``runs`` alone, so pass every run so far
+        (``lab.runs`` holds them all): refitting a refitted model with all the runs gives the
+        model refitted once with them. Pure: this model is unchanged.
+        """
+        fresh = fit_corrections(runs, prior=prior, halflife=halflife)
+        return type(self)(
+            self.params,
+            dict(self.fingerprint),
+            self.throughput_fit,
+            self.compute.to_rows(),
+            {**self.refits, **fresh},
+        )
+
+    def without_refit(self) -> CostModel:
+        """This model without its refit corrections: the predictions a run's row should record for ``refit``."""
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, self.compute.to_rows())
 
     # -- calibration ------------------------------------------------------------------
     @classmethod
@@ -311,6 +358,7 @@ class CostModel:
             {**self.fingerprint, "overhead_runs": list(runs)},
             self.throughput_fit,
             self.compute.to_rows(),
+            self.refits,
         )
 
     def with_compute(self, runs: Sequence[dict[str, Any]]) -> CostModel:
@@ -322,18 +370,18 @@ class CostModel:
             for r in self.compute.to_rows()
             if (r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) not in fresh
         ]
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, kept + new)
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, kept + new, self.refits)
 
     def without_compute(self, keys: Any) -> CostModel:
         """This model less the measured local steps of the models ``keys`` (compute.model_key)."""
         drop = set(keys)
         rows = [r for r in self.compute.to_rows() if r["key"] not in drop]
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, rows)
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, rows, self.refits)
 
     def with_params(self, params: CostParams, **fingerprint: Any) -> CostModel:
         """This model with other params (the fingerprint gains ``fingerprint``'s entries)."""
         return type(self)(
-            params, {**self.fingerprint, **fingerprint}, self.throughput_fit, self.compute.to_rows()
+            params, {**self.fingerprint, **fingerprint}, self.throughput_fit, self.compute.to_rows(), self.refits
         )
 
     @classmethod
@@ -364,6 +412,7 @@ class CostModel:
             "fingerprint": self.fingerprint,
             "throughput_fit": self.throughput_fit,
             "compute_runs": self.compute.to_rows(),
+            "refit": {k: c.to_dict() for k, c in sorted(self.refits.items())},
         }
 
     def save(self, path: str | Path) -> Path:
@@ -395,6 +444,7 @@ class CostModel:
             d.get("fingerprint"),
             d.get("throughput_fit"),
             d.get("compute_runs") or (),
+            {str(k): Correction.from_dict(c) for k, c in (d.get("refit") or {}).items()},
         )
 
     def __repr__(self) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import math
 import shutil
 import tempfile
 import uuid
@@ -16,11 +15,13 @@ from distlab.errors import LaunchError
 from distlab.launch import cluster as _cluster
 from distlab.launch import spmd
 from distlab.launch import validate as _v
-from distlab.launch.run import Run
+from distlab.launch.run import Forecast, Run
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import Strategy
 
 DEFAULT_BATCH = 32  # per-replica batch of a launch by builder name without batch_size=
+# runs this many in a row all measured more than this factor off their predictions: say so
+DRIFT_RUNS, DRIFT_RATIO = 2, 1.3
 
 
 class Lab:
@@ -60,6 +61,7 @@ class Lab:
             Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="distlab-ckpt-"))
         )
         self._runs: list[Run] = []
+        self._note: str | None = None
         self._facts: dict[str, dict[str, Any]] = {}
         self._cluster = None
         self._own_client = client is None
@@ -256,7 +258,7 @@ class Lab:
             self._threads(res, workers),
             elastic=elastic,
             replan=replan,
-            predicted=self._predict(lambda: profile(b), res, st),
+            forecast=self._forecast(profile(b), res, st),
         )
         self._runs.append(run)
         run._start()
@@ -264,18 +266,55 @@ class Lab:
             run.wait()
         return run
 
-    def _predict(self, profile: Callable[[], Any], res: ResourceSpec, st: Any) -> float:
+    def _forecast(self, profile: Any, res: ResourceSpec, st: Any) -> Forecast | None:
         if self.cost_model is None:
-            return math.nan
+            return None
+        from distlab.costmodel.compute import model_key
+
         try:
             sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
-            return float(self.cost_model.predict(profile(), sub, st).throughput)
+            return Forecast(
+                self.cost_model.predict(profile, sub, st),
+                self.cost_model.without_refit().predict(profile, sub, st),
+                profile,
+                sub,
+                model_key(profile),
+            )
         except Exception:  # noqa: BLE001 - a prediction is a bonus column, never a reason not to run
-            return math.nan
+            return None
+
+    def _after_run(self, run: Run) -> None:
+        """(driver thread) Refit the cost model on every run so far (Pollux refits online), predict
+        each run again with it, and note when the latest runs all landed far from their predictions."""
+        if self.cost_model is None or run.forecast is None:
+            return
+        self.cost_model = self.cost_model.refit(self.runs)
+        for r in self._runs:
+            if r.forecast is not None:
+                f = r.forecast
+                r.refitted_throughput = float(self.cost_model.predict(f.profile, f.resources, r.strategy).throughput)
+        done = [r for r in self._runs if r.status == "finished" and r.forecast is not None][-DRIFT_RUNS:]
+        ratios = [r.throughput / r.predicted_throughput for r in done]
+        if len(ratios) == DRIFT_RUNS and all(x == x for x in ratios) and (
+            min(ratios) > DRIFT_RATIO or max(ratios) < 1 / DRIFT_RATIO
+        ):
+            self._note = (
+                f"lab: the last {DRIFT_RUNS} runs measured {min(ratios):.2f}-{max(ratios):.2f}x their predicted "
+                "throughput; lab.cost_model was refitted to every run so far (lab.runs shows both predictions); "
+                "if other programs were busy when it was calibrated, run lab.calibrate(cache=False) on a quiet machine"
+            )
+
+    def _take_note(self) -> str | None:
+        note, self._note = self._note, None
+        return note
 
     @property
     def runs(self) -> Any:
-        """One row per run: run_id, model, strategy, world, batch, steps, status, measured and predicted throughput."""
+        """One row per run: run_id, model, strategy, world, batch, steps, status, restarts;
+        ``measured_throughput``; ``predicted_throughput`` (made before the run, by the cost model
+        refitted on the runs before it); ``refitted_throughput`` (refitted on every run so far);
+        and what ``CostModel.refit`` reads: ``model_key``, ``per_replica``, ``measured_step`` and
+        the calibration's own ``predicted_compute``/``comm``/``optimizer`` seconds."""
         import pandas as pd
 
         cols = [
@@ -289,6 +328,13 @@ class Lab:
             "restarts",
             "measured_throughput",
             "predicted_throughput",
+            "refitted_throughput",
+            "model_key",
+            "per_replica",
+            "measured_step",
+            "predicted_compute",
+            "predicted_comm",
+            "predicted_optimizer",
         ]
         return pd.DataFrame([r.row() for r in self._runs], columns=cols)
 

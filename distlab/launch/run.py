@@ -23,6 +23,23 @@ LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worke
 CANCEL_WITHIN = 10.0  # seconds: every rank stops within this after cancel()
 
 
+class PredictionDriftWarning(UserWarning):
+    """Runs keep landing far from their predictions: the Lab refitted its cost model to them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Forecast:
+    """What the Lab predicted for a run before it started: ``prediction`` as shown (refitted on the
+    runs before it), ``base`` the calibration's own (what ``CostModel.refit`` fits), and the
+    profile and resources to predict it again after a refit."""
+
+    prediction: Any
+    base: Any
+    profile: Any
+    resources: Any
+    model_key: str
+
+
 class Run:
     """A launched training job: status, live records, measured throughput, the trained model.
 
@@ -44,6 +61,7 @@ class Run:
         elastic: bool,
         replan: Callable[[list[str]], Any],
         predicted: float = math.nan,
+        forecast: Forecast | None = None,
     ) -> None:
         self.id = run_id
         self.lab = lab
@@ -51,7 +69,9 @@ class Run:
         self.steps = job.steps
         self.batch_size = job.batch_size or strategy.batch.per_replica
         self.elastic = elastic
-        self.predicted_throughput = predicted
+        self.forecast = forecast
+        self.predicted_throughput = forecast.prediction.throughput if forecast is not None else predicted
+        self.refitted_throughput = math.nan  # the Lab's prediction for this run refitted on every run so far
         self.on_record: list[Callable[[dict[str, Any]], None]] = []
         self.error: DistlabError | None = None
         self.traceback = ""
@@ -219,6 +239,10 @@ class Run:
             path = self._runtime[1](self._job.checkpoint_dir)
             self.checkpoint = str(path) if path else None
         self._status = "finished"
+        try:
+            self.lab._after_run(self)
+        except Exception:  # noqa: BLE001 - a refit is a bonus, never a reason to fail a finished run
+            pass
 
     # -- public ----------------------------------------------------------------------------------
     @property
@@ -255,6 +279,11 @@ class Run:
                 bar.close()
         if self._status == "failed" and self.error is not None:
             raise self.error
+        note = self.lab._take_note() if hasattr(self.lab, "_take_note") else None
+        if note:
+            import warnings
+
+            warnings.warn(note, PredictionDriftWarning, stacklevel=2)
         return self
 
     def _last_step(self) -> int:
@@ -309,6 +338,8 @@ class Run:
         return self.strategy.world if self.strategy is not None else len(self._workers)
 
     def row(self) -> dict[str, Any]:
+        tp = self.throughput
+        base = self.forecast.base if self.forecast is not None else None
         return {
             "run_id": self.id,
             "model": type(self._model0).__name__,
@@ -318,8 +349,15 @@ class Run:
             "steps": self.steps,
             "status": self.status,
             "restarts": self.restarts,
-            "measured_throughput": self.throughput,
+            "measured_throughput": tp,
             "predicted_throughput": self.predicted_throughput,
+            "refitted_throughput": self.refitted_throughput,
+            "model_key": self.forecast.model_key if self.forecast is not None else None,
+            "per_replica": self.batch_size,
+            "measured_step": self.batch_size * self.world / tp if tp and tp == tp else math.nan,
+            "predicted_compute": base.breakdown["compute"] if base is not None else math.nan,
+            "predicted_comm": base.breakdown["comm"] if base is not None else math.nan,
+            "predicted_optimizer": base.breakdown["optimizer"] if base is not None else math.nan,
         }
 
     def __repr__(self) -> str:

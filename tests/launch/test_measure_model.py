@@ -26,10 +26,9 @@ class GRULM(torch.nn.Module):
 
 
 def test_a_model_outside_the_zoo_is_measured_once_then_read_from_the_cache(clean_lab, tmp_path, monkeypatch):
+    import distlab as dl
     from distlab.costmodel.compute import model_key
     from distlab.launch.validate import variables_profile
-
-    import distlab as dl
 
     clean_lab.cache_dir = tmp_path
     clean_lab.cost_model = None
