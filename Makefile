@@ -10,7 +10,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -e ".[dev]"
+	$(PIP) -e ".[dev,bench]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	$(BIN)/jupyter kernelspec install --sys-prefix kernels/distlab >/dev/null
 	touch $(STAMP)

@@ -1,7 +1,9 @@
 """Grids of (model, strategy, world, batch) runs: predict every one first, then measure, then score.
 
-``run_grid`` is what ``notebooks/bench/sweep.ipynb`` and ``cost-model-accuracy.ipynb`` call; the
-scoring functions (``accuracy``, ``leave_one_world_out``) are pure and work on its tidy table.
+``plan_grid`` / ``plan_configs`` predict a grid before anything runs and ``measure_grid`` runs
+it (``notebooks/bench/sweep.ipynb`` and ``cost-model-accuracy.ipynb``); the scoring functions
+(``accuracy``, ``accuracy_by_model``, ``noise_ceiling``, ``leave_one_world_out``) are pure and
+work on its tidy table.
 """
 
 from __future__ import annotations
@@ -41,17 +43,37 @@ def plan_grid(
     import distlab as dl
     from distlab import zoo
 
+    built = {}
+    for model_spec in models:
+        mname, mopts = _spec(model_spec)
+        model = zoo.get(mname, **mopts)
+        key = f"{mname}{sorted(mopts.items())}@{max(batches or [0])}"
+        prof = (profiles or {}).get(key) or dl.profile(model, batch_size=max(batches or [1]))
+        if profiles is not None:
+            profiles[key] = prof
+        built[mname] = (model, prof, None, None)
+    return plan_configs(resources, cost_model, built, strategies, batches)
+
+
+def plan_configs(
+    resources: Any,
+    cost_model: Any,
+    built: dict[str, tuple[Any, Any, Any, Any]],
+    strategies: Sequence[Spec],
+    batches: Sequence[int],
+) -> list[dict[str, Any]]:
+    """Build and predict every configuration of models already built and profiled (pure).
+
+    ``built``: ``{name: (model, profile, data, loss)}``; ``data`` and ``loss`` (None: synthetic
+    data from the model, the default loss) are what ``measure_grid`` trains on.
+    """
+    import distlab as dl
+
     res, world = resources, resources.world
     if not batches:
         raise DistlabError("plan_grid: batches is empty; give at least one per-replica batch size")
     configs = []
-    for model_spec in models:
-        mname, mopts = _spec(model_spec)
-        model = zoo.get(mname, **mopts)
-        key = f"{mname}{sorted(mopts.items())}@{max(batches)}"
-        prof = (profiles or {}).get(key) or dl.profile(model, batch_size=max(batches))
-        if profiles is not None:
-            profiles[key] = prof
+    for mname, (model, prof, data, loss) in built.items():
         for strat_spec in strategies:
             bname, bopts = _spec(strat_spec)
             for batch in batches:
@@ -65,6 +87,7 @@ def plan_grid(
                         "model": mname, "strategy": s.name, "builder": bname, "world": world, "batch": batch,
                         "predicted_throughput": pred.throughput, "predicted_step_time": pred.step_time,
                         "grad_bytes": prof.param_bytes, "_model": model, "_strategy": s, "_profile": prof,
+                        "_data": data, "_loss": loss,
                     }
                 )
     return configs
@@ -103,10 +126,12 @@ def measure_grid(
         raise DistlabError(f"measure_grid: min_seconds={min_seconds!r}; expected seconds >= 0 (0: always steps)")
 
     def launch(c: dict[str, Any], n: int, seed: int) -> Any:
-        data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=seed)
+        data = c.get("_data")
+        if data is None:
+            data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=seed)
         run = lab.launch(
-            c["_model"], strategy=c["_strategy"], steps=n, data=data, batch_size=c["batch"], seed=seed,
-            elastic=False,  # training throughput: no checkpoints written during the measured steps
+            c["_model"], strategy=c["_strategy"], steps=n, data=data, loss=c.get("_loss"), batch_size=c["batch"],
+            seed=seed, elastic=False,  # training throughput: no checkpoints written during the measured steps
         )
         run.wait(progress=False)
         return run
@@ -187,6 +212,12 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "regret_first_max": float(max(first)) if first else float("nan"),
     }
     return g, summary
+
+
+def accuracy_by_model(df: pd.DataFrame) -> pd.DataFrame:
+    """``accuracy``'s headline figures per model (one row each), beside its run-to-run noise floor."""
+    rows = [{"model": m, **accuracy(part)[1]} for m, part in df.groupby("model", sort=True)]
+    return pd.DataFrame(rows).set_index("model")
 
 
 def noise_ceiling(

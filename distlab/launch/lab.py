@@ -7,6 +7,7 @@ import html
 import shutil
 import tempfile
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class Lab:
         )
         self._runs: list[Run] = []
         self._note: str | None = None
+        self._profiles: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
         self._facts: dict[str, dict[str, Any]] = {}
         self._cluster = None
         self._own_client = client is None
@@ -207,7 +209,13 @@ class Lab:
         def profile(n: int | None = None) -> Any:
             n = n or hint
             if n not in profiles:
-                profiles[n] = _profile(model, n, None if data is None else batch_of(n)[0])
+                key = (id(model), n, id(data))  # a relaunch of the same model and data: profiled once
+                hit = self._profiles.get(key)
+                if hit is not None and hit[0]() is model and hit[1]() is data:
+                    profiles[n] = hit[2]
+                else:
+                    profiles[n] = _profile(model, n, None if data is None else batch_of(n)[0])
+                    self._profiles[key] = (weakref.ref(model), _ref(data), profiles[n])
             return profiles[n]
 
         st, _ = _v.resolve_strategy(strategy, model, res, profile, batch_size=batch_size or hint)
@@ -404,6 +412,14 @@ def _warm_torch() -> bool:
     import torch.distributed  # noqa: F401
 
     return True
+
+
+def _ref(obj: Any) -> Callable[[], Any]:
+    """A weak reference where the object allows one (None and tuples do not: held strongly)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _profile(model: Any, batch_size: int, sample_input: Any = None) -> Any:

@@ -86,6 +86,7 @@ class Run:
             replan,
         )
         self._status = "pending"
+        self._throughput: float | None = None
         self._records: dict[tuple[int, int, int], dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -320,7 +321,12 @@ class Run:
     @property
     def throughput(self) -> float:
         """Steady-state samples/s, warm-up excluded (see ``distlab.launch.metrics.throughput``)."""
-        return _metrics.throughput(self.metrics)
+        if self._throughput is not None:
+            return self._throughput
+        tp = _metrics.throughput(self.metrics)
+        if self.done:  # its records are final: lab.runs reads it once per run, not once per refit
+            self._throughput = tp
+        return tp
 
     @property
     def model(self) -> Any:

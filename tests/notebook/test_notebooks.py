@@ -33,8 +33,8 @@ SMALL: dict[str, dict] = {
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/cost-model-accuracy": {
-        "models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "worlds": [1, 2], "batches": [8],
-        "steps": 4, "min_seconds": 0.05, "repeats": 2,
+        "models": ["gru_lm"], "strategies": ["AllReduce", "PS"], "worlds": [1, 2], "batches": [8],
+        "steps": 4, "min_seconds": 0.05, "repeats": 2, "load_processes": 0,
     },
 }
 
@@ -79,6 +79,7 @@ def test_benchmark_writes_its_figures(name, tmp_path):
         summary = result["summary"]
         assert {"mape", "noise_floor", "spearman_min", "regret_max"} <= set(summary)
         assert 0.0 <= summary["ceiling_share_regret_max_met"] <= 1.0 and summary["ceiling_mape"] >= 0.0
+        assert summary["gru_lm_mape"] == summary["mape"]  # per model, beside the overall figures
 
 
 def test_cli_bench_lists_and_rejects_unknown(capsys):
