@@ -282,7 +282,8 @@ def compile_strategy(
     # (end_last = max_k ready_k + suffix_k, and suffixes only grow towards the front)
     ready = col(0)
     keep = ready > np.concatenate([[-np.inf], np.maximum.accumulate(ready)[:-1]]) if len(ready) else ready > 0
-    scale = per_replica / profile.batch_size
+    fwd_bwd = timing.fwd + timing.bwd
+    scale = profile.compute_time_at(per_replica) / fwd_bwd if fwd_bwd > 0 else 0.0  # fwd : bwd kept
     degree = strategy_in_degree(strategy) if gossip_msgs else 0.0
     return CompiledStrategy(
         name=strategy.name,

@@ -17,10 +17,7 @@ term's share of the run's step, so a run moves mostly the term that dominates it
 the other near 1 (a run without communication leaves ``comm`` at exactly 1); the more runs,
 the less the prior weighs.
 
-Fitted on the first half of each recorded accuracy grid's runs of a model (in run order; the
-grids record the predicted step only, split here as their calibrations predict it) and scored
-on the second half, the refit lowered the held-back runs' median error from 12.0% to 10.5%
-(mean over the 14 grids and four models); plain least squares with every run alike, to 11.2%.
+Evidence for these settings: docs/cost-model.md, "Online refit".
 """
 
 from __future__ import annotations

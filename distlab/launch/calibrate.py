@@ -260,7 +260,7 @@ def _fit_rows(profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[
         rows.append(
             {
                 "measured": r["seconds"],
-                "profiled": p.compute_time * r["batch"] / p.batch_size,
+                "profiled": p.compute_time_at(r["batch"]),
                 "tensors": len(p.variables),
                 "ranks_on_host": r["ranks"],
                 "cores": r["cores"],

@@ -194,6 +194,31 @@ class ModelProfile:
             return self.step_time
         return sum(layer.time_fwd + layer.time_bwd for layer in self.layers)
 
+    def compute_time_at(self, batch: float) -> float:
+        """Forward + backward seconds at a per-replica ``batch``; ``compute_time`` at ``batch_size``.
+
+        With ``meta["step_fit"]`` (``dl.profile`` measures steps at two batches and fits
+        ``alpha + beta * batch``), the fitted line scaled to pass through ``compute_time`` at
+        ``batch_size``; without it, ``compute_time`` scaled linearly with the batch.
+        """
+        try:
+            b = float(batch)
+        except (TypeError, ValueError):
+            b = math.nan
+        if not (math.isfinite(b) and b > 0):
+            raise ProfileError(f"compute_time_at: batch must be a positive number, got {batch!r}")
+        total = self.compute_time
+        fit = self.meta.get("step_fit")
+        if isinstance(fit, dict):
+            try:
+                alpha, beta = float(fit["alpha"]), float(fit["beta"])
+            except (KeyError, TypeError, ValueError):
+                alpha = beta = -1.0
+            at_profiled = alpha + beta * self.batch_size
+            if alpha >= 0 and beta >= 0 and at_profiled > 0:
+                return total * ((alpha + beta * b) / at_profiled)
+        return total * (b / self.batch_size)
+
     def variable(self, name: str) -> VariableProfile:
         for v in self.variables:
             if v.name == name:

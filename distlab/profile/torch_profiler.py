@@ -17,10 +17,13 @@ from distlab.profile.model_profile import LayerProfile, ModelProfile, VariablePr
 from distlab.profile.torch_inputs import Batch, diagnose, dtype_name, make_batcher
 from distlab.profile.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
 
-TARGET_STEP_SECONDS = 0.25  # timed passes run at the largest micro-batch that keeps one step near this
-COLD_PASS_MAX = 10.0  # a first pass slower than this is not repeated to size the micro-batch
-CLEAN_STEP_BELOW = 0.2  # steps shorter than this are also timed without the per-op meter
-CLEAN_PASSES_MAX, CLEAN_PASSES_SECONDS = 15, 0.6  # more clean passes when they fit in this time
+STEP_SECONDS = 1.5  # plain steps at batch_size stop once stable or after this long (at least MIN_STEPS)
+FIT_SECONDS = 0.75  # the same for the second batch of the compute fit
+MIN_STEPS, STABLE_STEPS, MAX_STEPS = 3, 5, 100  # timed steps per batch: least, least before "stable", most
+STABLE_WITHIN = 0.02  # stable: the median moved less than this (relative) over the last two steps
+SETTLE_SHARE = 0.2  # ... judged once this share of the budget is spent too: fast steps take more
+METER_STEP_SECONDS = 0.25  # per-op metered passes run at batch_size if a plain step there is this fast
+METER_SECONDS = 1.0  # metered passes stop after this long (at least one)
 
 
 def profile(
@@ -39,15 +42,40 @@ def profile(
     to the sizes profiled. It may be omitted for zoo models (they carry ``input_spec``) and
     for models whose first layer is Linear, Embedding or Conv with known channels.
 
+    A step is forward plus backward, driven by a gradient of ones on every trainable output
+    (the loss itself is not part of the profile), then the gradients are dropped.
+
+    ``step_time`` is measured at ``batch_size`` itself, never scaled from another batch: it
+    is the median of plain steps (no hooks, no per-op timing) taken after ``warmup`` untimed
+    passes (at least one: the first pass, which carries hooks to check the model and record
+    the gradient-ready order, always runs and counts as one). Steps are repeated until their
+    median moves less than 2% over the last two steps (judged once at least 5 steps and
+    0.3 s are spent) or 1.5 s is spent, with at least ``max(3, repeats)`` and at most 100
+    steps (``meta["step_time_method"]``, ``meta["step_repeats"]``; ``meta["time_batch"]`` is
+    ``batch_size``).
+
+    Compute as a function of the batch: plain steps are timed the same way at a second
+    batch, after one untimed pass there (none if ``warmup=0``) and with half the time (0.75 s
+    at most, stability judged after 0.15 s). The second batch is ``batch_size // 2``, at
+    least 2 for models with BatchNorm, or ``2 * batch_size`` where that is not below
+    ``batch_size``. ``seconds = alpha + beta * batch`` is fitted through the two medians
+    (``meta["step_fit"]``: ``alpha``, ``beta``, ``batches`` and ``seconds``, batch_size
+    first); a negative ``alpha`` becomes 0 with ``beta = step_time / batch_size``, a negative
+    ``beta`` becomes 0 with ``alpha = step_time``. :meth:`ModelProfile.compute_time_at` uses it.
+
+    Per-layer times are shares of ``step_time``: ``repeats`` passes (fewer once they have
+    taken 1 s) time every aten op under a dispatch mode and attribute it to its layer; per
+    layer and phase the median is taken and scaled so that all add up to ``step_time``
+    (``meta["layer_time_scale"]``): the metering's own per-op cost skews the shares towards
+    layers of many small ops, but is not added to any time. These passes run at
+    ``batch_size`` when a plain step there takes at most 0.25 s, else at the largest batch
+    the fit puts at 0.25 s or less, or at ``micro_batch`` when given; never above
+    ``batch_size``, nor below 2 for models with BatchNorm unless ``batch_size`` is 1
+    (``meta["meter_batch"]``, ``meta["meter_passes"]``).
+
     FLOPs and activation bytes are exact at ``batch_size``: they are counted on fake tensors
-    (shapes only, no arithmetic). Times are measured on real tensors at a micro-batch (the
-    largest that keeps a step near 0.25 s, or ``micro_batch``) and scaled linearly to
-    ``batch_size``; ``meta["time_batch"]`` says which. Each time is the median of
-    ``repeats`` passes after ``warmup`` passes. Backward is driven by a gradient of ones on
-    every output, so the loss itself is not part of the profile. ``step_time`` is the median
-    of plain passes or, for steps over 0.2 s, of the per-op timed passes themselves
-    (``meta["step_time_method"]``); per-layer times are scaled so that they add up to it
-    (``meta["layer_time_scale"]``).
+    (shapes only, no arithmetic). Where fake tensors cannot run the model, the first metered
+    pass's count is scaled linearly to ``batch_size`` (``meta["flops_method"]``).
 
     The model's training mode, gradients, buffers and the global RNG state are restored.
     """
@@ -215,6 +243,10 @@ class _TorchProfiler:
             args = self.batch(m)
             with meter:
                 self._step(args)
+        except ProfileError:
+            raise
+        except Exception as exc:
+            raise self._failed_at(m, exc) from None
         finally:
             for h in handles:
                 h.remove()
@@ -248,66 +280,105 @@ class _TorchProfiler:
     # -- the whole thing ------------------------------------------------------------------------
     def run(self) -> ModelProfile:
         bs = self.batch_size
-        # batch norm cannot train on one sample
-        least = min(
-            bs, 2 if any(isinstance(x, nn.modules.batchnorm._BatchNorm) for _, x in self.modules) else 1
-        )
-        m = first_m = max(least, min(self.micro_batch or 1, bs))
-        cold, order = self._checked_step(m)  # also the first warm-up pass
-        warmed = 1
-        # a cold pass may be slow from first-use setup (seconds, for a model of milliseconds): size
-        # the micro-batch on a warm one, else a step's fixed cost is scaled up with the batch
-        if self.micro_batch is None and m < bs and cold < COLD_PASS_MAX:
-            warm = self._timed_step(m)
-            warmed += 1
-            m = max(least, min(bs, int(TARGET_STEP_SECONDS * m / max(warm, 1e-6))))
-            warmed = warmed if m == first_m else 0
-        for _ in range(max(self.warmup - warmed, 0)):
-            self._step(self.batch(m))
-        meters, walls = [], []
+        # batch norm cannot train on one sample: no batch this profiler picks is below 2
+        least = 2 if any(isinstance(x, nn.modules.batchnorm._BatchNorm) for _, x in self.modules) else 1
+        second = max(least, bs // 2)
+        if second >= bs:
+            second = 2 * bs
+        _, order = self._checked_step(bs)  # also the first warm-up pass
+        for _ in range(self.warmup - 1):
+            self._plain_step(bs)
+        steps = self._time_steps(bs, STEP_SECONDS)
+        step_time = statistics.median(steps)
+        if self.warmup:
+            self._plain_step(second)
+        second_time = statistics.median(self._time_steps(second, FIT_SECONDS))
+        fit = _fit_line(bs, step_time, second, second_time)
+
+        if self.micro_batch is not None:
+            mb = max(min(least, bs), min(self.micro_batch, bs))
+        elif step_time <= METER_STEP_SECONDS or fit["beta"] <= 0:
+            mb = bs
+        else:
+            fits = int((METER_STEP_SECONDS - fit["alpha"]) / fit["beta"])
+            mb = max(min(least, bs), min(bs, fits))
+        # a dispatch mode's first use in a process sets up for ~1 s: not inside the metered passes' budget
+        with LayerMeter(self._attribution(), count_flops=False, time_ops=False):
+            torch.ones(1, device=self.device).add_(1)
+        meters, started = [], time.perf_counter()
         for i in range(self.repeats):
-            t0 = time.perf_counter()
-            meters.append(self._timed_layers(m, count_flops=(i == 0)))
-            walls.append(time.perf_counter() - t0)
-        if statistics.median(walls) < CLEAN_STEP_BELOW:
-            # clean passes are cheap: take enough for a steady median (a shared machine is noisy)
-            n = max(
-                self.repeats,
-                min(CLEAN_PASSES_MAX, int(CLEAN_PASSES_SECONDS / max(statistics.median(walls), 1e-6))),
-            )
-            steps, step_method = [self._timed_step(m) for _ in range(n)], f"median of {n} clean passes"
-        else:  # per-op timing overhead is negligible against a step this long: reuse the timed passes
-            steps, step_method = walls, "timed passes"
-        scale = bs / m
+            if i and time.perf_counter() - started > METER_SECONDS:
+                break
+            meters.append(self._timed_layers(mb, count_flops=(i == 0)))
         try:
             fake, act_bytes = self._fake_count()
             flops = {k: float(v) for k, v in fake.flops.items()}
             flops_method = "fake tensors at batch_size"
         except Exception as exc:
             # an op fake tensors cannot run (data-dependent): scale the real count, exact for batch-linear ops
+            scale = bs / mb
             flops = {k: v * scale for k, v in meters[0].flops.items()}
             act_bytes = {k: int(v * scale) for k, v in meters[0].attr.outputs_bytes.items()}
             flops_method = (
-                f"counted at micro-batch {m}, scaled to batch_size ({type(exc).__name__} on fake tensors)"
+                f"counted at micro-batch {mb}, scaled to batch_size ({type(exc).__name__} on fake tensors)"
             )
         keys = {k for mt in meters for k in mt.seconds}
-        seconds = {k: statistics.median(mt.seconds.get(k, 0.0) for mt in meters) * scale for k in keys}
-        step_time = statistics.median(steps) * scale
-        prof = self._assemble(order, flops, seconds, act_bytes, step_time, m, flops_method)
-        prof.meta["step_time_method"] = step_method
+        seconds = {k: statistics.median(mt.seconds.get(k, 0.0) for mt in meters) for k in keys}
+        prof = self._assemble(order, flops, seconds, act_bytes, step_time, flops_method)
+        prof.meta.update(
+            {
+                "step_time_method": f"median of {len(steps)} plain steps at batch {bs}",
+                "step_repeats": len(steps),
+                "step_fit": fit,
+                "meter_batch": mb,
+                "meter_passes": len(meters),
+            }
+        )
         return prof
 
-    def _timed_step(self, m: int) -> float:
+    def _time_steps(self, m: int, budget: float) -> list[float]:
+        """Plain steps at batch ``m`` until their median is stable, ``budget`` seconds are spent or MAX_STEPS."""
+        least = max(MIN_STEPS, self.repeats)
+        times: list[float] = []
+        started = time.perf_counter()
+        while len(times) < MAX_STEPS:
+            times.append(self._plain_step(m))
+            n = len(times)
+            if n < least:
+                continue
+            spent = time.perf_counter() - started
+            if n >= max(STABLE_STEPS, least) and spent >= SETTLE_SHARE * budget:
+                medians = [statistics.median(times[:k]) for k in (n - 2, n - 1, n)]
+                if max(medians) <= (1 + STABLE_WITHIN) * min(medians):
+                    break
+            if spent >= budget:
+                break
+        return times
+
+    def _plain_step(self, m: int) -> float:
+        """Seconds of one step at batch ``m`` (inputs built before the clock starts)."""
         args = self.batch(m)
         if self.cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        self._step(args)
+        try:
+            self._step(args)
+        except ProfileError:
+            raise
+        except Exception as exc:  # the first pass, at batch_size, ran: this batch is the cause
+            raise self._failed_at(m, exc) from None
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def _assemble(self, order, flops, seconds, act_bytes, step_time, m, flops_method) -> ModelProfile:
+    def _failed_at(self, m: int, exc: Exception) -> ProfileError:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return ProfileError(
+            f"profile: a training step of {type(self.model).__name__} at batch {m} failed: "
+            f"{type(exc).__name__}: {msg}"[:400]
+        )
+
+    def _assemble(self, order, flops, seconds, act_bytes, step_time, flops_method) -> ModelProfile:
         own_flops = defaultdict(float)
         for (name, _), v in flops.items():
             own_flops[name] += v
@@ -342,7 +413,7 @@ class _TorchProfiler:
         ready = list(dict.fromkeys(order)) + [n for n in reversed(names) if n not in set(order)]
         cls = type(self.model).__name__
         meta = {
-            "time_batch": m,
+            "time_batch": self.batch_size,
             "repeats": self.repeats,
             "warmup": self.warmup,
             "flops_method": flops_method,
@@ -386,3 +457,14 @@ class _TorchProfiler:
             layer=layer,
             touched_rows=touched,
         )
+
+
+def _fit_line(b1: int, t1: float, b2: int, t2: float) -> dict[str, Any]:
+    """``seconds = alpha + beta * batch`` through two measured steps, with ``alpha, beta >= 0``."""
+    beta = (t1 - t2) / (b1 - b2)
+    alpha = t1 - beta * b1
+    if alpha < 0:
+        alpha, beta = 0.0, t1 / b1
+    elif beta < 0:
+        alpha, beta = t1, 0.0
+    return {"alpha": alpha, "beta": beta, "batches": [b1, b2], "seconds": [t1, t2]}

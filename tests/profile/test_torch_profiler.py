@@ -33,9 +33,10 @@ def test_linear_flops_match_hand_count():
     assert prof.flops == sum(x.flops_fwd + x.flops_bwd for x in prof.layers)
 
 
-def test_flops_are_exact_at_the_requested_batch_not_the_timed_micro_batch():
+def test_flops_are_exact_at_the_requested_batch_not_the_metered_micro_batch():
     prof = dl.profile(mlp3(), batch_size=7, micro_batch=2, **FAST)
-    assert prof.meta["time_batch"] == 2
+    assert prof.meta["meter_batch"] == 2  # micro_batch only sizes the per-op metered passes
+    assert prof.meta["time_batch"] == 7 and prof.meta["step_fit"]["batches"][0] == 7
     assert layer(prof, "2").flops_fwd == 2 * 7 * 30 * 40
     assert prof.flops_per_sample == pytest.approx(prof.flops / 7)
 
