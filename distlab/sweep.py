@@ -107,18 +107,15 @@ def measure_grid(
     """Run every configuration ``repeats`` times, round by round (interleaved), on ``lab``.
 
     Each run takes ``steps`` steps, or more where the configuration's ``predicted_step_time``
-    says they would last under ``min_seconds`` (up to ``MAX_STEPS``): a run of a few
-    milliseconds a step is over before a slow moment of a shared machine is (24 steps of the
-    2-rank AllReduce of mlp at batch 8: 0.18 coefficient of variation over eight interleaved
-    runs; 150 steps: 0.09; wide_deep at batch 32: 0.10 and 0.07; eight interleaved runs each of
-    1 s and 3 s: mlp at batch 8 on 2 ranks 0.084 and 0.040, wide_deep at batch 32 on 3 ranks
-    0.100 and 0.051). Only the number of steps depends on the prediction, not what is measured.
+    says they would last under ``min_seconds`` (up to ``MAX_STEPS``), because a run of a few
+    milliseconds a step is over before a slow moment of a shared machine is. Only the number of
+    steps depends on the prediction, not what is measured.
 
     Rounds are numbered from ``first_repeat`` (the ``repeat`` column and the data's seed): a
     caller interleaving rounds across world sizes calls this once per round and world size.
     ``warmup``: first run each model once, unrecorded (its first configuration, a quarter of the
-    steps): on this machine a fresh Lab's first runs measured 0.3-0.8x the throughput of the
-    same configurations later.
+    steps), because a fresh Lab's first runs are slower than its later ones. Evidence for both:
+    docs/cost-model.md §History and evidence.
     """
     import distlab as dl
 

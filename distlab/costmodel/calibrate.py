@@ -1,37 +1,227 @@
-"""Fit the cost model to what calibration measured: microbenchmarks, local steps, training-loop runs.
+"""Fit the cost model to what calibration measured: the rows each stage hands over, and the fits that read them.
 
-Rows come from ``distlab.runtime.microbench.microbench_rank`` (one dict per measurement):
-``collective`` (allreduce, reduce, broadcast, allgather, sendrecv, compute, optimizer, copy),
-``world``, ``nbytes`` (per rank contribution for allgather), ``seconds`` (median), ``link``
-(intra/inter); compute rows add ``alone``, ``ranks_on_host``, ``cores`` and ``threads``; optimizer
-and copy rows ``alone`` (one rank at a time).
+The stages (docs/cost-model.md, ``Lab.calibrate()``) hand over typed rows: ``CollectiveRow``
+(microbenchmarks, ``fit_microbenchmarks``), ``LocalStep`` (a model's measured local step: the
+compute table's rows, compute.py), ``ComputeFitRow`` (a reference model's local step beside its
+profile, ``fit_compute``) and ``LoopRun`` (a training-loop run beside its prediction,
+``fit_overhead``; its features from ``overhead_features``). Each row's ``to_dict`` is the form
+calibrations store and cache; every fit also takes those dicts.
+
 Each collective follows ``a(p) alpha + b(p) n beta`` with the Thakur et al. (2005) factors of
 ``collectives.py``, so one (alpha, beta) per collective and link explains every world size and
-carries to world sizes not measured. The regression is robust (soft-L1 loss) against the
-outliers a shared machine produces. ``fit_compute`` (local steps of reference models against
-their profiles) and ``fit_overhead`` (the runtime's training loop against the prediction) fit the
-rest; docs/cost-model.md lists every term.
+carries to world sizes not measured. The regressions are robust (soft-L1 loss) against the
+outliers a shared machine produces. ``fit_compute`` and ``fit_overhead`` are linear fits over a
+table of named terms (``COMPUTE_TERMS``, ``OVERHEAD_TERMS``): a term's column, lower bound and
+``CostParams`` field are one entry, and the fits' docstrings are written from the tables.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES, factors
-from distlab.costmodel.params import CostParams
+from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.errors import CalibrationError
+
+if TYPE_CHECKING:  # params.py imports compile.py, which imports compute.py, which imports this module
+    from distlab.costmodel.model import CostModel
+    from distlab.costmodel.params import CostParams
+    from distlab.profile.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+    from distlab.strategy.types import Strategy
 
 _A_UNIT, _B_UNIT = 1e-6, 1e-9  # fit alpha in microseconds and beta in ns/byte: well-scaled unknowns
 
+R = TypeVar("R", bound="_Row")
 
+
+# -- rows ---------------------------------------------------------------------------------
+class _Row:
+    """The dict form of a row type (what calibrations store) and the one way back from it."""
+
+    __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
+    LABEL: ClassVar[str]  # how an error names a list of these rows
+    SOURCE: ClassVar[str]  # what makes them, for the error's fix
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls: type[R], d: Mapping[str, Any], where: str | None = None) -> R:
+        """A row from its dict form: keys it does not know are ignored, optional ones default;
+        values are kept as they are, so ``to_dict`` gives the stored dict back."""
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in d]
+        if missing:
+            raise CalibrationError(f"{where or cls.LABEL}: missing {missing}; rows come from {cls.SOURCE}")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def as_rows(cls: type[R], rows: Iterable[R | Mapping[str, Any]]) -> list[R]:
+    """``rows`` as ``cls``: dicts (a cached calibration, an older caller) converted, an error naming the first bad one."""
+    return [r if isinstance(r, cls) else cls.from_dict(r, f"{cls.LABEL}[{i}]") for i, r in enumerate(rows)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveRow(_Row):
+    """One microbenchmark (runtime.microbench.microbench_rank returns these as dicts: the runtime
+    does not import the cost model). Every rank reports the slowest rank's figure."""
+
+    LABEL: ClassVar[str] = "microbenchmarks"
+    SOURCE: ClassVar[str] = "microbench_rank()"
+
+    collective: str
+    """allreduce, reduce, broadcast, allgather, sendrecv; or compute, optimizer, copy."""
+    world: int
+    """Ranks taking part."""
+    nbytes: int = 0
+    """Message bytes (allgather: contributed per rank; sendrecv: sent and received by each rank at
+    once); optimizer: parameter bytes updated; copy: bytes flattened; compute: 0."""
+    seconds: float
+    """Median over repeats of the slowest rank; compute and optimizer: every rank busy at once."""
+    link: str = "intra"
+    """intra (one host) or inter."""
+    repeats: int | None = None
+    threads: int | None = None
+    """Threads each rank ran (compute rows: thread efficiency is fitted across them)."""
+    alone: float | None = None
+    """compute, optimizer, copy: the same work with one rank at a time (median)."""
+    contention: float | None = None
+    """compute: ``seconds / alone``."""
+    flops: float | None = None
+    """compute: floating-point operations of the workload."""
+    ranks_on_host: int | None = None
+    cores: int | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalStep(_Row):
+    """A model's local step measured on the cluster: a row of the compute table (compute.py)."""
+
+    LABEL: ClassVar[str] = "compute runs"
+    SOURCE: ClassVar[str] = "Lab.calibrate(models=...)"
+
+    key: str
+    """compute.model_key of the model."""
+    ranks: int
+    """Ranks on the host, every one of them busy."""
+    cores: int | None = None
+    """The host's cores."""
+    batch: int
+    """Per-replica batch."""
+    seconds: float
+    """Median over steps of each step's slowest rank."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeFitRow(_Row):
+    """A reference model's local step beside its profile: what ``fit_compute`` fits."""
+
+    LABEL: ClassVar[str] = "local steps"
+    SOURCE: ClassVar[str] = "Lab.calibrate()"
+
+    measured: float
+    """The local step (``LocalStep.seconds``)."""
+    profiled: float
+    """The profile's forward + backward seconds at that batch."""
+    tensors: int
+    """Trainable tensors."""
+    ranks_on_host: int | None = None
+    cores: int | None = None
+    profile_threads: int | None = None
+    """Threads the profile ran."""
+
+    @classmethod
+    def of(cls, step: LocalStep, profile: ModelProfile) -> ComputeFitRow:
+        """``step`` beside ``profile``, the model's profile."""
+        return cls(
+            measured=step.seconds,
+            profiled=profile.compute_time_at(step.batch),
+            tensors=len(profile.variables),
+            ranks_on_host=step.ranks,
+            cores=step.cores,
+            profile_threads=profile.meta.get("threads"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopRun(_Row):
+    """A training-loop run of a reference model beside its prediction: what ``fit_overhead`` fits.
+    Every field but ``measured`` comes from ``overhead_features``."""
+
+    LABEL: ClassVar[str] = "overhead runs"
+    SOURCE: ClassVar[str] = "Lab.calibrate()"
+
+    world: int
+    builder: str | None = None
+    tensors: int
+    """Trainable tensors."""
+    calls: float = 0.0
+    """Collective calls per step."""
+    gather_calls: int = 0
+    """Of those, the calls that gather sparse rows (the all-gather path's, the PS path's to its servers)."""
+    sparse_units: int = 0
+    """Sparse variables or shards."""
+    ps_units: int = 0
+    """Dense variables or shards on the PS path."""
+    gossip_bytes: float = 0.0
+    """Bytes gossiped per step, times the in-degree (recorded, not fitted)."""
+    gossip_tensors: float = 0.0
+    """Tensors gossiped per step, times the in-degree."""
+    measured: float
+    """Seconds a step, as a run's throughput times it."""
+    predicted: float
+    """Seconds a step predicted without the terms fitted here, compute from the model's local step."""
+    compute: float = 0.0
+    comm: float = 0.0
+    """Predicted communication on the wire, exposed."""
+    comm_alpha: float = 0.0
+    """The part of ``comm`` that latencies make (``comm`` predicted with every beta at 0)."""
+    ranks_on_host: int | None = None
+    cores: int | None = None
+
+
+def overhead_features(
+    cm: CostModel, profile: ModelProfile, resources: ResourceSpec, strategy: Strategy
+) -> dict[str, Any]:
+    """Every ``LoopRun`` field but ``measured`` for ``strategy`` on ``profile`` at ``resources``
+    (the run's own ranks), as ``cm`` compiles and predicts it."""
+    host = resources.ranks[0].host
+    ab = cm.params.alpha_beta
+    latency_only = cm.with_params(cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in ab.items()}))
+    c = cm.compile(profile, strategy)
+    pred, lat = cm.predict(profile, resources, strategy), latency_only.predict(profile, resources, strategy)
+    return {
+        "world": resources.world,
+        "builder": strategy.builder,
+        "tensors": len(profile.variables),
+        "calls": c.n_calls,
+        "gather_calls": c.ag_calls + c.sps_gather_calls,  # the sparse paths' gathers
+        "sparse_units": c.sparse_units,
+        "ps_units": c.ps_units,
+        "gossip_bytes": c.gossip_bytes * c.gossip_degree,
+        "gossip_tensors": c.gossip_tensors * c.gossip_degree,
+        "predicted": pred.step_time,
+        "compute": pred.breakdown["compute"],
+        "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed
+        "comm_alpha": lat.breakdown["comm"] - lat.detail["calls"],  # of which latencies
+        "ranks_on_host": len(resources.ranks_on(host)),
+        "cores": resources.cores.get(host),
+    }
+
+
+# -- microbenchmarks ----------------------------------------------------------------------
 def fit_alpha_beta(
     world: np.ndarray, nbytes: np.ndarray, seconds: np.ndarray, collective: str
 ) -> tuple[float, float, float]:
     """Robust fit of ``seconds = a(p) alpha + b(p) n beta``; returns (alpha, beta, median relative error)."""
+    from scipy.optimize import least_squares
+
     a, b = factors(collective, world)
     X = np.column_stack([a * _A_UNIT, b * nbytes * _B_UNIT])
     if np.linalg.matrix_rank(X) < 2:
@@ -45,30 +235,31 @@ def fit_alpha_beta(
     return float(res.x[0] * _A_UNIT), float(res.x[1] * _B_UNIT), float(np.median(rel))
 
 
-def fit_contention(rows: Sequence[dict[str, Any]]) -> float | None:
+def fit_contention(rows: Sequence[CollectiveRow | Mapping[str, Any]]) -> float | None:
     """Interference per extra busy core from compute rows (contention.py).
 
     Each row's all-busy over alone time, divided by time-slicing ``max(1, n t / c)``, is
     ``1 + contention (min(n, c) - 1)``; the median over rows is robust to a noisy one.
     """
     ks = []
-    for r in rows:
-        n = int(r.get("ranks_on_host") or r.get("world") or 1)
-        c = int(r.get("cores") or n)
-        t = int(r.get("threads") or 1)
-        busy, alone = float(r["seconds"]), float(r.get("alone") or 0)
+    for r in as_rows(CollectiveRow, rows):
+        n = int(r.ranks_on_host or r.world or 1)
+        c = int(r.cores or n)
+        t = int(r.threads or 1)
+        busy, alone = float(r.seconds), float(r.alone or 0)
         if alone <= 0 or min(n, c) < 2:
             continue
         ks.append((busy / alone / max(1.0, n * t / c) - 1.0) / (min(n, c) - 1))
     return max(0.0, float(np.median(ks))) if ks else None
 
 
-def fit_thread_efficiency(rows: Sequence[dict[str, Any]]) -> float | None:
+def fit_thread_efficiency(rows: Sequence[CollectiveRow | Mapping[str, Any]]) -> float | None:
     """Exponent e of ``time ~ threads ** -e`` from compute rows measured alone at different thread counts."""
     by_threads: dict[int, list[float]] = {}
-    for r in rows:
-        if r.get("threads") and float(r.get("alone") or 0) > 0:
-            by_threads.setdefault(int(r["threads"]), []).append(float(r["alone"]))
+    for r in as_rows(CollectiveRow, rows):
+        alone = float(r.alone or 0)
+        if r.threads and alone > 0:
+            by_threads.setdefault(int(r.threads), []).append(alone)
     if len(by_threads) < 2:
         return None
     t = np.array(sorted(by_threads), dtype=float)
@@ -78,7 +269,7 @@ def fit_thread_efficiency(rows: Sequence[dict[str, Any]]) -> float | None:
 
 
 def fit_microbenchmarks(
-    rows: Sequence[dict[str, Any]], base: CostParams
+    rows: Sequence[CollectiveRow | Mapping[str, Any]], base: CostParams
 ) -> tuple[CostParams, dict[str, Any]]:
     """All of the above: a new CostParams (unmeasured entries keep ``base``) and what was fitted."""
     rows = list(rows)
@@ -86,30 +277,22 @@ def fit_microbenchmarks(
         raise CalibrationError(
             "microbenchmarks: no rows; run lab.calibrate() on a cluster with at least 2 workers"
         )
-    for i, r in enumerate(rows):
-        missing = [k for k in ("collective", "world", "seconds") if k not in r]
-        if missing:
-            raise CalibrationError(
-                f"microbenchmarks[{i}]: missing {missing}; rows come from microbench_rank()"
-            )
+    rs = as_rows(CollectiveRow, rows)
     ab = dict(base.alpha_beta)
     errors: dict[str, float] = {}
     for coll in COLLECTIVES:
         for link in LINK_CLASSES:
             sel = [
                 r
-                for r in rows
-                if r["collective"] == coll
-                and r.get("link", "intra") == link
-                and int(r["world"]) >= 2
-                and float(r["seconds"]) > 0
+                for r in rs
+                if r.collective == coll and r.link == link and int(r.world) >= 2 and float(r.seconds) > 0
             ]
             if len(sel) < 2:
                 continue
             alpha, beta, err = fit_alpha_beta(
-                np.array([float(r["world"]) for r in sel]),
-                np.array([float(r["nbytes"]) for r in sel]),
-                np.array([float(r["seconds"]) for r in sel]),
+                np.array([float(r.world) for r in sel]),
+                np.array([float(r.nbytes) for r in sel]),
+                np.array([float(r.seconds) for r in sel]),
                 coll,
             )
             ab[f"{coll}/{link}"] = (alpha, beta)
@@ -118,9 +301,9 @@ def fit_microbenchmarks(
         raise CalibrationError(
             "microbenchmarks: no collective measured at a world size >= 2; calibrate needs 2 or more ranks"
         )
-    compute = [r for r in rows if r["collective"] == "compute"]
+    compute = [r for r in rs if r.collective == "compute"]
     kappa, eff = fit_contention(compute), fit_thread_efficiency(compute)
-    opt, copy = _per_byte(rows, "optimizer"), _per_byte(rows, "copy")
+    opt, copy = _per_byte(rs, "optimizer"), _per_byte(rs, "copy")
     params = base.with_(
         alpha_beta=ab,
         contention=base.contention if kappa is None else kappa,
@@ -128,24 +311,72 @@ def fit_microbenchmarks(
         optimizer_per_byte=float(np.median(opt)) if opt else base.optimizer_per_byte,
         copy_per_byte=float(np.median(copy)) if copy else base.copy_per_byte,
     )
-    info: dict[str, Any] = {"worlds": sorted({int(r["world"]) for r in rows}), "fit_error": errors}
-    comp = [r for r in rows if r["collective"] == "compute" and r.get("flops") and float(r["seconds"]) > 0]
+    info: dict[str, Any] = {"worlds": sorted({int(r.world) for r in rs}), "fit_error": errors}
+    comp = [r for r in compute if r.flops and float(r.seconds) > 0]
     if comp:  # compute speed per rank, alone and with every rank busy (largest world measured)
-        last = max(comp, key=lambda r: int(r["world"]))
-        info["flops_per_s_busy"] = float(last["flops"]) / float(last["seconds"])
-        if float(last.get("alone") or 0) > 0:
-            info["flops_per_s_alone"] = float(last["flops"]) / float(last["alone"])
+        last = max(comp, key=lambda r: int(r.world))
+        flops, alone = float(last.flops or 0), float(last.alone or 0)
+        info["flops_per_s_busy"] = flops / float(last.seconds)
+        if alone > 0:
+            info["flops_per_s_alone"] = flops / alone
     return params, info
 
 
-def _per_byte(rows: Sequence[dict[str, Any]], collective: str) -> list[float]:
+def _per_byte(rows: Sequence[CollectiveRow], collective: str) -> list[float]:
     """Seconds per byte of each ``collective`` row, one rank alone where measured (the model
     applies the contention of the world it predicts)."""
     return [
-        float(r.get("alone") or r["seconds"]) / float(r["nbytes"])
+        float(r.alone or r.seconds) / float(r.nbytes)
         for r in rows
-        if r["collective"] == collective and float(r.get("nbytes", 0)) > 0
+        if r.collective == collective and float(r.nbytes) > 0
     ]
+
+
+# -- linear fits over named terms ---------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One unknown of a linear calibration fit: the CostParams field it fits, its regressor (a
+    column of the fit: how the formula writes it, and how a row computes it), its lower bound,
+    and how the fitted coefficient meets the field's value before the fit: ``set`` replaces it,
+    ``add`` adds to it (``d_field`` in the formula), ``scale`` multiplies it by ``1 + coefficient``
+    (``(field - 1)``: the factor less one)."""
+
+    param: str
+    regressor: str
+    column: Callable[[Any], float]
+    lower: float = 0.0
+    combine: Literal["set", "add", "scale"] = "set"
+
+    @property
+    def coefficient(self) -> str:
+        return {"set": self.param, "add": f"d_{self.param}", "scale": f"({self.param} - 1)"}[self.combine]
+
+    def apply(self, before: float, coef: float) -> float:
+        if self.combine == "add":
+            return before + coef
+        if self.combine == "scale":
+            return before * (1.0 + coef)
+        return coef
+
+
+def formula(lhs: str, terms: Sequence[Term], indent: int = 8) -> str:
+    """``lhs = term + term + ...``, wrapped for a docstring: lines after the first indented by ``indent``."""
+    parts = [f"{t.coefficient} {t.regressor}".strip() for t in terms]
+    lines, line = [], f"{lhs} = {parts[0]}"
+    for p in parts[1:]:
+        if len(line) + len(p) + 3 > 96:
+            lines.append(line)
+            line = " " * (len(lhs) + 1) + "+ " + p
+        else:
+            line += " + " + p
+    lines.append(line)
+    return ("\n" + " " * indent).join(lines)
+
+
+def bounds(terms: Sequence[Term]) -> str:
+    """The terms' lower bounds in words."""
+    free = [f"``{t.coefficient} >= {t.lower:g}``" for t in terms if t.lower != 0.0]
+    return f"every coefficient >= 0 but {', '.join(free)}" if free else "every coefficient >= 0"
 
 
 def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[float]) -> np.ndarray:
@@ -156,7 +387,7 @@ def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[fl
     reference run hit by a slow moment of a shared machine then moves the fit much less. A term
     no row exercises (an all-zero column) is left at 0.
     """
-    from scipy.optimize import lsq_linear
+    from scipy.optimize import least_squares, lsq_linear
 
     scale = np.abs(X).max(axis=0)  # unknowns of very different sizes (seconds per step, per byte): normalise
     used = scale > 0
@@ -170,133 +401,134 @@ def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[fl
     return coef
 
 
-def fit_compute(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
+def _fit_terms(
+    params: CostParams,
+    terms: Sequence[Term],
+    points: Sequence[Any],
+    y: Sequence[float],
+    measured: Sequence[float],
+) -> CostParams:
+    """``params`` with ``terms`` fitted to ``y`` by ``_bounded_fit`` on relative residuals (each
+    point weighs ``1 / measured``: small steps as much as large ones)."""
+    X = np.array([[t.column(p) for t in terms] for p in points])
+    w = np.array([1.0 / max(m, 1e-9) for m in measured])
+    coef = _bounded_fit(X, np.array(y), w, [t.lower for t in terms])
+    return params.with_(**{t.param: t.apply(getattr(params, t.param), float(c)) for t, c in zip(terms, coef)})
+
+
+class _StepPoint(NamedTuple):
+    """A ComputeFitRow with what its terms share."""
+
+    row: ComputeFitRow
+    base: float  # profiled x slowdown(n, c) under the params before the fit
+    m: int  # busy cores: min(n, c)
+    sliced: float  # ranks taking turns per core: n t / c
+    contention: float  # the params' contention before the fit
+
+
+COMPUTE_TERMS: tuple[Term, ...] = (
+    Term("step_overhead", "", lambda p: 1.0),
+    Term("tensor_overhead", "tensors", lambda p: float(p.row.tensors)),
+    Term("compute_scale", "base", lambda p: p.base, lower=-0.95, combine="scale"),
+    Term(
+        "contention",
+        "(m - 1) base / (1 + contention (m - 1))",
+        lambda p: (p.m - 1) * p.base / (1.0 + p.contention * (p.m - 1)),
+        combine="add",
+    ),
+    Term("oversubscription", "(n t / c - 1) base", lambda p: (p.sliced - 1.0) * p.base),
+)
+
+
+def fit_compute(params: CostParams, rows: Sequence[ComputeFitRow | Mapping[str, Any]]) -> CostParams:
     """How a model's step in a rank compares with its profile, from local steps of reference models.
 
-    Rows: ``measured`` (a local step, runtime.microbench.loop_pass_rank), ``profiled`` (the
-    profile's forward + backward seconds at that batch), ``tensors``, ``ranks_on_host`` (n),
-    ``cores`` (c) and ``profile_threads``. With ``base = profiled x slowdown(n, c)`` under
-    ``params`` (contention and thread efficiency from the compute microbenchmark), fits::
+    With ``base = profiled x slowdown(n, c)`` under ``params`` (contention and thread efficiency
+    from the compute microbenchmark), ``n`` ranks on ``c`` cores and ``m = min(n, c)``, fits
+    ``COMPUTE_TERMS``::
 
-        measured - base = step_overhead + tensor_overhead tensors + (compute_scale - 1) base
-                          + d_contention (m - 1) base / (1 + contention (m - 1))
-                          + oversubscription (n t / c - 1) base
+        {formula}
 
-    (``m = min(n, c)``) by bounded least squares on relative residuals: the profile may be
-    faster or slower than a rank (compute_scale free above 0), the loop and the extra
-    interference only cost. Models without measured local steps compute by these figures.
+    by bounded least squares on relative residuals: the profile may be faster or slower than a
+    rank, the loop and the extra interference only cost. Models without measured local steps
+    compute by these figures.
+    Bounds: {bounds}.
     """
-    from distlab.costmodel.contention import slowdown, time_slicing
-
-    rows = list(rows)
-    if not rows:
+    rs = as_rows(ComputeFitRow, rows)
+    if not rs:
         return params
-    X, y, w = [], [], []
-    for i, r in enumerate(rows):
-        missing = [k for k in ("measured", "profiled", "tensors") if k not in r]
-        if missing:
-            raise CalibrationError(f"local steps[{i}]: missing {missing}; rows come from Lab.calibrate()")
-        n = int(r.get("ranks_on_host") or 1)
-        c = int(r.get("cores") or n)
-        m, sliced = min(n, c), time_slicing(n, c)
-        threads = int(r["profile_threads"]) if r.get("profile_threads") else None
-        base = float(r["profiled"]) * slowdown(
-            n, c, params.contention, threads, params.thread_efficiency, 0.0
-        )
-        X.append(
-            [
-                1.0,
-                float(r["tensors"]),
-                base,
-                (m - 1) * base / (1.0 + params.contention * (m - 1)),
-                (sliced - 1.0) * base,
-            ]
-        )
-        y.append(float(r["measured"]) - base)
-        w.append(1.0 / max(float(r["measured"]), 1e-9))
-    coef = _bounded_fit(np.array(X), np.array(y), np.array(w), [0.0, 0.0, -0.95, 0.0, 0.0])
-    return params.with_(
-        step_overhead=float(coef[0]),
-        tensor_overhead=float(coef[1]),
-        compute_scale=params.compute_scale * (1.0 + float(coef[2])),
-        contention=params.contention + float(coef[3]),
-        oversubscription=float(coef[4]),
+    points = []
+    for r in rs:
+        n = int(r.ranks_on_host or 1)
+        c = int(r.cores or n)
+        threads = int(r.profile_threads) if r.profile_threads else None
+        base = float(r.profiled) * slowdown(n, c, params.contention, threads, params.thread_efficiency, 0.0)
+        points.append(_StepPoint(r, base, min(n, c), time_slicing(n, c), params.contention))
+    measured = [float(r.measured) for r in rs]
+    return _fit_terms(params, COMPUTE_TERMS, points, [m - p.base for m, p in zip(measured, points)], measured)
+
+
+class _LoopPoint(NamedTuple):
+    """A LoopRun with what its terms share."""
+
+    run: LoopRun
+    peers: float  # world - 1
+    sliced: float  # ranks taking turns per core: n t / c
+    comm: float
+    comm_alpha: float  # at most comm
+
+
+OVERHEAD_TERMS: tuple[Term, ...] = (
+    Term("runtime_overhead", "", lambda p: 1.0),
+    Term("rank_overhead", "(world - 1)", lambda p: p.peers),
+    Term("hook_overhead", "tensors", lambda p: float(p.run.tensors)),
+    # a wire faster in training than measured: comm_scale and alpha_scale down to 0.1
+    Term("comm_scale", "(comm - comm_alpha)", lambda p: p.comm - p.comm_alpha, lower=-0.9, combine="add"),
+    Term("comm_oversubscription", "(s - 1) comm", lambda p: p.comm * (p.sliced - 1.0), combine="add"),
+    Term("call_overhead", "calls", lambda p: float(p.run.calls or 0.0)),
+    Term(
+        "peer_call_overhead", "calls (world - 1) s", lambda p: float(p.run.calls or 0.0) * p.peers * p.sliced
+    ),
+    Term("sparse_unit_overhead", "sparse_units", lambda p: float(p.run.sparse_units or 0.0)),
+    Term(
+        "gather_peer_overhead",
+        "gather_calls (world - 1) s",
+        lambda p: float(p.run.gather_calls or 0.0) * p.peers * p.sliced,
+    ),
+    Term("gossip_tensor_overhead", "gossip_tensors", lambda p: float(p.run.gossip_tensors or 0.0)),
+    Term("alpha_scale", "comm_alpha", lambda p: p.comm_alpha, lower=-0.9, combine="add"),
+    Term("ps_unit_overhead", "ps_units", lambda p: float(p.run.ps_units or 0.0)),
+)
+
+
+def fit_overhead(params: CostParams, rows: Sequence[LoopRun | Mapping[str, Any]]) -> CostParams:
+    """What the strategy's machinery costs in the training loop, from reference runs (``LoopRun``).
+
+    With ``s = n t / c`` (ranks taking turns per core), fits ``OVERHEAD_TERMS``::
+
+        {formula}
+
+    by bounded least squares on relative residuals, small steps weighing as much as large ones.
+    Bounds: {bounds}.
+    """
+    rs = as_rows(LoopRun, rows)
+    if not rs:
+        return params
+    points = []
+    for r in rs:
+        n = int(r.ranks_on_host or r.world)
+        c = int(r.cores or n)
+        comm = float(r.comm or 0.0)
+        comm_alpha = min(float(r.comm_alpha or 0.0), comm)
+        points.append(_LoopPoint(r, float(r.world) - 1.0, time_slicing(n, c), comm, comm_alpha))
+    y = [float(r.measured) - float(r.predicted) for r in rs]
+    return _fit_terms(params, OVERHEAD_TERMS, points, y, [float(r.measured) for r in rs])
+
+
+if fit_compute.__doc__ and fit_overhead.__doc__:  # the formulas from the tables (absent under python -OO)
+    fit_compute.__doc__ = fit_compute.__doc__.format(
+        formula=formula("measured - base", COMPUTE_TERMS), bounds=bounds(COMPUTE_TERMS)
     )
-
-
-def fit_overhead(params: CostParams, rows: Sequence[dict[str, Any]]) -> CostParams:
-    """What the strategy's machinery costs in the training loop, from reference runs.
-
-    Rows: ``world``, ``tensors`` (trainable tensors), ``measured`` and ``predicted`` step
-    seconds (predicted by ``params`` without these terms, the reference model's compute taken
-    from its measured local step) and, optionally, ``comm`` (the predicted communication on the
-    wire, exposed), ``comm_alpha`` (the same with every beta at 0), ``calls`` (collective calls per step), ``gather_calls`` (those that gather sparse
-    rows: the all-gather path's and the PS path's to its servers), ``sparse_units`` (sparse variables or shards), ``ps_units`` (dense
-    variables or shards on the PS path), ``gossip_tensors`` (tensors gossiped per step, times the in-degree), ``ranks_on_host``
-    and ``cores``. With ``s = n t / c`` (ranks taking turns per core), fits by bounded least
-    squares on relative residuals (small steps weigh as much as large ones)::
-
-        measured - predicted = runtime_overhead + rank_overhead (world - 1) + hook_overhead tensors
-                               + (comm_scale - 1) (comm - comm_alpha) + (alpha_scale - 1) comm_alpha
-                               + comm_oversubscription (s - 1) comm
-                               + call_overhead calls + peer_call_overhead calls (world - 1) s
-                               + sparse_unit_overhead sparse_units + ps_unit_overhead ps_units
-                               + gather_peer_overhead gather_calls (world - 1) s
-                               + gossip_tensor_overhead gossip_tensors
-
-    every term non-negative except ``comm_scale`` and ``alpha_scale`` (a wire faster in training
-    than measured), where ``comm_alpha`` is the part of ``comm`` that the latency terms make
-    (``comm`` predicted with every beta at 0).
-    """
-    from distlab.costmodel.contention import time_slicing
-
-    rows = list(rows)
-    if not rows:
-        return params
-    X, y, w = [], [], []
-    for i, r in enumerate(rows):
-        missing = [k for k in ("world", "tensors", "measured", "predicted") if k not in r]
-        if missing:
-            raise CalibrationError(f"overhead runs[{i}]: missing {missing}; rows come from Lab.calibrate()")
-        n = int(r.get("ranks_on_host") or r["world"])
-        c = int(r.get("cores") or n)
-        sliced = time_slicing(n, c)
-        peers = float(r["world"]) - 1.0
-        comm = float(r.get("comm") or 0.0)
-        comm_alpha = min(float(r.get("comm_alpha") or 0.0), comm)
-        gathers = float(r.get("gather_calls") or 0.0)
-        X.append(
-            [
-                1.0,
-                peers,
-                float(r["tensors"]),
-                comm - comm_alpha,
-                comm * (sliced - 1.0),
-                float(r.get("calls") or 0.0),
-                float(r.get("calls") or 0.0) * peers * sliced,
-                float(r.get("sparse_units") or 0.0),
-                gathers * peers * sliced,
-                float(r.get("gossip_tensors") or 0.0),
-                comm_alpha,
-                float(r.get("ps_units") or 0.0),
-            ]
-        )
-        y.append(float(r["measured"]) - float(r["predicted"]))
-        w.append(1.0 / max(float(r["measured"]), 1e-9))
-    lower = [0.0] * 12
-    lower[3] = lower[10] = -0.9  # comm_scale and alpha_scale down to 0.1
-    coef = _bounded_fit(np.array(X), np.array(y), np.array(w), lower)
-    return params.with_(
-        runtime_overhead=float(coef[0]),
-        rank_overhead=float(coef[1]),
-        hook_overhead=float(coef[2]),
-        comm_scale=params.comm_scale + float(coef[3]),
-        alpha_scale=params.alpha_scale + float(coef[10]),
-        comm_oversubscription=params.comm_oversubscription + float(coef[4]),
-        call_overhead=float(coef[5]),
-        peer_call_overhead=float(coef[6]),
-        sparse_unit_overhead=float(coef[7]),
-        gather_peer_overhead=float(coef[8]),
-        gossip_tensor_overhead=float(coef[9]),
-        ps_unit_overhead=float(coef[11]),
+    fit_overhead.__doc__ = fit_overhead.__doc__.format(
+        formula=formula("measured - predicted", OVERHEAD_TERMS), bounds=bounds(OVERHEAD_TERMS)
     )

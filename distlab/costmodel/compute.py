@@ -2,31 +2,27 @@
 
 ``Lab.calibrate(models=[...])`` runs each model's local step (data, forward, loss, backward; no
 gradient exchange, no optimizer; the ranks in lockstep, each step waiting for the slowest) on
-every rank of a sub-cluster at once, at each world size and at
-two per-replica batch sizes (``runtime.microbench.loop_pass_rank``). The rows, one per
-(model, ranks on the host, batch)::
-
-    {"key": model_key(...), "ranks": n, "cores": c, "batch": b, "seconds": s}
-
-replace the profile's compute, scaled by the contention model, wherever they apply: a model's
-step in a rank is slower than the profile measured it in the notebook's process (thread pools,
-allocator, caches shared with the other ranks), and by how much depends on the model. Between
-the batch sizes measured, compute is linear in the batch (``a + s b`` per world size); a world
-size not measured is scaled from the nearest one measured by the contention model.
+every rank of a sub-cluster at once, at each world size and at two per-replica batch sizes
+(``runtime.microbench.loop_pass_rank``). The rows (``calibrate.LocalStep``, one per model, ranks
+on the host, cores and batch) replace the profile's compute, scaled by the contention model,
+wherever they apply: a model's step in a rank is slower than the profile measured it in the
+notebook's process (thread pools, allocator, caches shared with the other ranks), and by how
+much depends on the model. Between the batch sizes measured, compute is linear in the batch
+(``a + s b`` per world size); a world size not measured is scaled from the nearest one measured
+by the contention model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from distlab.costmodel.calibrate import LocalStep, as_rows
 from distlab.errors import CalibrationError
-
-ROW_KEYS = ("key", "ranks", "batch", "seconds")
 
 
 def model_key(profile: Any) -> str:
@@ -38,24 +34,19 @@ def model_key(profile: Any) -> str:
 class ComputeTable:
     """Measured local steps, fitted to ``seconds = a + s * batch`` per (model, ranks on host, cores)."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
-        self.rows = [dict(r) for r in rows]
+    def __init__(self, rows: Iterable[LocalStep | Mapping[str, Any]] = ()) -> None:
+        self.rows = as_rows(LocalStep, rows)
         for i, r in enumerate(self.rows):
-            missing = [k for k in ROW_KEYS if k not in r]
-            if missing:
+            if not float(r.seconds) > 0 or int(r.batch) < 1 or int(r.ranks) < 1:
                 raise CalibrationError(
-                    f"compute runs[{i}]: missing {missing}; rows come from Lab.calibrate(models=...)"
-                )
-            if not float(r["seconds"]) > 0 or int(r["batch"]) < 1 or int(r["ranks"]) < 1:
-                raise CalibrationError(
-                    f"compute runs[{i}]: seconds, batch and ranks must be positive, got {r!r}"
+                    f"compute runs[{i}]: seconds, batch and ranks must be positive, got {r.to_dict()!r}"
                 )
         points: dict[tuple[str, int, int | None], dict[int, list[float]]] = {}
         for r in self.rows:
-            cores = int(r["cores"]) if r.get("cores") else None
-            points.setdefault((str(r["key"]), int(r["ranks"]), cores), {}).setdefault(
-                int(r["batch"]), []
-            ).append(float(r["seconds"]))
+            cores = int(r.cores) if r.cores else None
+            points.setdefault((str(r.key), int(r.ranks), cores), {}).setdefault(int(r.batch), []).append(
+                float(r.seconds)
+            )
         self._lines: dict[tuple[str, int, int | None], tuple[float, float]] = {}
         for k, by_batch in points.items():
             b = np.array(sorted(by_batch), dtype=float)
@@ -106,7 +97,8 @@ class ComputeTable:
         return seconds
 
     def to_rows(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.rows]
+        """The rows in their stored form."""
+        return [r.to_dict() for r in self.rows]
 
 
 def compute_rows(
@@ -115,18 +107,16 @@ def compute_rows(
     per_rank: Sequence[Sequence[float]],
     ranks: int,
     cores: int | None,
-) -> list[dict[str, Any]]:
+) -> list[LocalStep]:
     """Table rows from seconds per rank per case (the slowest rank bounds a synchronous step; one
     list when the caller has already taken each step's slowest rank)."""
-    out = []
-    for i, (key, batch) in enumerate(zip(keys, batches)):
-        out.append(
-            {
-                "key": key,
-                "ranks": int(ranks),
-                "cores": cores,
-                "batch": int(batch),
-                "seconds": float(max(r[i] for r in per_rank)),
-            }
+    return [
+        LocalStep(
+            key=key,
+            ranks=int(ranks),
+            cores=cores,
+            batch=int(batch),
+            seconds=float(max(r[i] for r in per_rank)),
         )
-    return out
+        for i, (key, batch) in enumerate(zip(keys, batches))
+    ]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from distlab.adaptive.goodput import statistical_efficiency
+from distlab.costmodel.calibrate import CollectiveRow, LocalStep, LoopRun, fit_microbenchmarks, fit_overhead
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
     CompiledStrategy,
@@ -50,7 +51,7 @@ class CostModel:
         params: CostParams | None = None,
         fingerprint: dict[str, Any] | None = None,
         throughput_fit: dict[str, float] | None = None,
-        compute_runs: Sequence[dict[str, Any]] = (),
+        compute_runs: Sequence[LocalStep | Mapping[str, Any]] = (),
         refits: Mapping[str, Correction] | None = None,
     ) -> None:
         self.params = params or CostParams()
@@ -338,30 +339,28 @@ class CostModel:
     # -- calibration ------------------------------------------------------------------
     @classmethod
     def from_microbenchmarks(
-        cls, rows: Sequence[dict[str, Any]], resources: ResourceSpec | None = None
+        cls, rows: Sequence[CollectiveRow | Mapping[str, Any]], resources: ResourceSpec | None = None
     ) -> CostModel:
         """Fit alpha, beta per collective and link class and the contention factor (see calibrate.py)."""
-        from distlab.costmodel.calibrate import fit_microbenchmarks
-
         params, info = fit_microbenchmarks(rows, CostParams())
         return cls(
             params, fingerprint_of(resources, {"calibrated": True, "source": "microbenchmarks", **info})
         )
 
-    def with_overhead(self, runs: Sequence[dict[str, Any]]) -> CostModel:
-        """This model plus the training loop's own cost, fitted to reference runs (calibrate.fit_overhead)."""
-        from distlab.costmodel.calibrate import fit_overhead
-
+    def with_overhead(self, runs: Sequence[LoopRun | Mapping[str, Any]]) -> CostModel:
+        """This model plus the training loop's own cost, fitted to reference runs (calibrate.fit_overhead);
+        the runs are kept, in their stored form, in ``fingerprint["overhead_runs"]``."""
         params = fit_overhead(self.params, runs)
+        stored = [r.to_dict() if isinstance(r, LoopRun) else r for r in runs]
         return type(self)(
             params,
-            {**self.fingerprint, "overhead_runs": list(runs)},
+            {**self.fingerprint, "overhead_runs": stored},
             self.throughput_fit,
             self.compute.to_rows(),
             self.refits,
         )
 
-    def with_compute(self, runs: Sequence[dict[str, Any]]) -> CostModel:
+    def with_compute(self, runs: Sequence[LocalStep | Mapping[str, Any]]) -> CostModel:
         """This model plus measured local steps (compute.py); a new row replaces one for the same model, ranks, cores and batch."""
         new = ComputeTable(runs).to_rows()
         fresh = {(r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) for r in new}

@@ -47,8 +47,8 @@ class CostParams:
     any world size, one rank included (coalescing its rows, packing, unpacking, building the
     sparse gradient, finding the rows a server's step changed), ``ps_unit_overhead`` the same per
     dense variable or shard on the PS path (its reduce, its server's broadcast and its write-back
-    are each a step of Python per unit; PartitionedPS at one rank measured 0.8-2.8 ms a step over
-    AllReduce on the accuracy grid's models); ``comm_scale`` multiplies the byte (beta) terms
+    are each a step of Python per unit; evidence: docs/cost-model.md §History and evidence);
+    ``comm_scale`` multiplies the byte (beta) terms
     of every wire time the microbenchmarks predict and ``alpha_scale`` their latency (alpha)
     terms, and ``comm_oversubscription`` adds to both per unit of ranks beyond a host's cores
     (inside a training step bytes move slower than in a lockstep microbenchmark: peers arrive at

@@ -12,11 +12,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from distlab.costmodel.calibrate import fit_compute
+from distlab.costmodel.calibrate import ComputeFitRow, LocalStep, LoopRun, fit_compute, overhead_features
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
 from distlab.launch.metrics import slowest_median
-from distlab.runtime.microbench import MODEL_PASSES, microbench_worlds
+from distlab.runtime.microbench import LocalCase, LoopCase, loop_pass_rank, microbench_worlds
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the local steps and training loop: two tiny MLPs (4 and 26 trainable tensors: what a step
@@ -26,31 +26,23 @@ CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <
 # cluster (on 2 cores: 1 and 2 ranks fit the cores, 3 and 4 take turns, each in its own way)
 OVERHEAD_LAYERS = (1, 12)
 OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 10
-# A run of a few milliseconds a step is at the mercy of the shared machine's moments (the same
-# 2,000-row wide-and-deep reference at one rank measured 1.45 and 2.83 ms a step in two
-# calibrations), a run of 100 ms is not (4-rank PartitionedPS on the 26-tensor MLP: 177 and 172):
-# cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES times, pass after pass over every
-# world size in turn (measure_training_loop), and the longer ones once, with fewer steps (LONG_STEPS), which pays for it.
+# cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES passes over every world size in turn,
+# the longer ones one pass of LONG_STEPS: a step of a few milliseconds is at the mercy of a shared
+# machine's moments, one of 100 ms is not (evidence: docs/cost-model.md §History and evidence)
 SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 WIDE_WIDTH = 768  # an MLP of 4.8 MB of gradients in 5 tensors: collectives that move bytes
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
-# what the cached stages hold (2: local steps split from the runtime's overhead; 3: sizes to 32 MiB,
-# no calls on one rank; 4: local steps in lockstep, sizes to 8 MiB, the optimizer alone; 5: the
-# optimizer and bucket copies out of cache, send/recv as a pairwise exchange; 6: local steps the
-# median step, short training-loop cases in passes; 7: the PS path per unit and its copies; 8:
-# gossip's passes unslowed, which the training-loop stage's gossip cases are fitted with; 9: the
-# training-loop stage's passes over every world size in turn; 10: the reference models' local
-# steps measured in the training-loop stage's passes, beside the loop; 11: the loop's and the local
-# steps' figures each step's slowest rank, then the median over steps, as run.throughput times a run;
-# 12: a user's model over twice the passes, each as long as LOCAL_SECONDS allows; 13: the PS
-# path's gathers of sparse rows wait for peers on the all-gather path's figure; 14: every
-# all-reduce bucket's division by the world a pass over its bytes, the loop's terms fitted with it;
-# 15: never cached when other programs used the cores meanwhile, so no earlier cache is trusted)
+# bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
 CALIBRATION_FORMAT = 15
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
+# a user's model's local step is the figure every prediction for it starts from, so it gets more of
+# the machine's moments than a reference model's: MODEL_PASSES passes over the world sizes, each
+# stepping for LOCAL_SECONDS, at most MODEL_MAX_STEPS steps (evidence: docs/cost-model.md
+# §History and evidence)
+MODEL_PASSES, LOCAL_SECONDS, MODEL_MAX_STEPS = 8, 0.4, 1000
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -203,7 +195,7 @@ def measure_model_lab(
         "stop those programs for predictions of the quiet cluster",
     )
     if not disturbed:
-        _write_rows(path, [r for r in cached if r["key"] != key] + rows)
+        _write_rows(path, [r for r in cached if r["key"] != key] + [r.to_dict() for r in rows])
     return base.with_compute(rows)
 
 
@@ -251,23 +243,10 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
 
 
-def _fit_rows(profiles: Sequence[Any], local: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Local steps of the reference models beside their profiled forward + backward (fit_compute's rows)."""
+def _fit_rows(profiles: Sequence[Any], local: Sequence[LocalStep]) -> list[ComputeFitRow]:
+    """Local steps of the reference models beside their profiles (fit_compute's rows)."""
     by_key = {model_key(p): p for p in profiles}
-    rows = []
-    for r in local:
-        p = by_key[r["key"]]
-        rows.append(
-            {
-                "measured": r["seconds"],
-                "profiled": p.compute_time_at(r["batch"]),
-                "tensors": len(p.variables),
-                "ranks_on_host": r["ranks"],
-                "cores": r["cores"],
-                "profile_threads": p.meta.get("threads"),
-            }
-        )
-    return rows
+    return [ComputeFitRow.of(r, by_key[r.key]) for r in local]
 
 
 def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any, Any, tuple[int, ...], Any]]:
@@ -335,17 +314,15 @@ def _measured(cm: Any, key: str, res: Any) -> bool:
 
 
 def measure_models(
-    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int]]], worlds: Any, passes: int = MODEL_PASSES
-) -> list[dict[str, Any]]:
+    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]], worlds: Any, passes: int = MODEL_PASSES
+) -> list[LocalStep]:
     """Each target's local step at each world size and batch (runtime.microbench.loop_pass_rank,
     with every rank of the world busy): compute rows. One call per world size and pass, the
     world sizes in turn pass after pass (each pass in the other direction), so a slow minute
     of the machine hits every world size a little; each row the median of its steps over the passes."""
-    from distlab.runtime.microbench import LOCAL_SECONDS, MODEL_MAX_STEPS, loop_pass_rank
-
     res = lab.resources
     worlds = sorted(set(worlds))
-    cases = [(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
+    cases = [LocalCase(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
     keys = [k for k, _, _, batches, _ in targets for _ in batches]
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     for turn in range(passes):
@@ -360,12 +337,12 @@ def measure_models(
             for r, (own, _) in enumerate(per_rank):
                 for i, seconds in enumerate(own):
                     steps[k][r][i].extend(seconds)
-    return _local_rows(res, keys, [c[2] for c in cases], steps)
+    return _local_rows(res, keys, [c.batch for c in cases], steps)
 
 
 def _local_rows(
     res: Any, keys: Sequence[str], batches: Sequence[int], steps: dict[int, list[list[list[float]]]]
-) -> list[dict[str, Any]]:
+) -> list[LocalStep]:
     """Compute rows from each world size's steps per rank per case (cases with no steps yet left
     out): each the median over steps of the slowest rank's, as a run's throughput is timed."""
     host = res.ranks[0].host
@@ -427,7 +404,6 @@ def measure_training_loop(
     """
     import distlab as dl
     from distlab.launch.cluster import sub_resources
-    from distlab.runtime.microbench import loop_pass_rank
 
     plans, subs, threads = {}, {}, {}
     for k in worlds:
@@ -447,8 +423,8 @@ def measure_training_loop(
     local: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds}
     # pass after pass over the world sizes (each pass in the other direction), so the passes of a
-    # world size's cases lie apart in time: a slow minute of the machine (back-to-back runs of the
-    # one-rank cases differed up to 2x) hits every world size a little, not one of them wholly
+    # world size's cases lie apart in time and a slow minute of the machine hits every world size
+    # a little, not one of them wholly (evidence: docs/cost-model.md §History and evidence)
     turn = 0
     while turn < max(n for k in worlds for _, n in reps[k]):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
@@ -460,11 +436,11 @@ def measure_training_loop(
             for i in due:
                 j, strategy = plans[k][i]
                 model, data, batch, _ = cases[j]
-                jobs.append((model, strategy, data, batch, reps[k][i][0], 1))  # one pass now
+                jobs.append(LoopCase(model, strategy, data, batch, reps[k][i][0], 1))  # one pass now
             try:
                 per_rank = lab.run_ranks(
                     loop_pass_rank,
-                    [cases[j][:3] for j in models],
+                    [LocalCase(*cases[j][:3]) for j in models],
                     threads[k],
                     jobs,
                     lab.timeout,
@@ -481,36 +457,14 @@ def measure_training_loop(
             reps = repeats(_with_local(cm, profiles, cases, res, local))
         turn += 1
     cm = _with_local(cm, profiles, cases, res, local)
-    rows = []
-    for k in worlds:
-        sub = subs[k]
-        host = sub.ranks[0].host
-        latency_only = cm.with_params(
-            cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in cm.params.alpha_beta.items()})
+    rows = [
+        LoopRun(
+            **overhead_features(cm, profiles[j], subs[k], s),
+            measured=slowest_median([r[i] for r in steps[k]]),  # as run.throughput times it
         )
-        for i, (j, s) in enumerate(plans[k]):
-            p = profiles[j]
-            c, pred, lat = cm.compile(p, s), cm.predict(p, sub, s), latency_only.predict(p, sub, s)
-            rows.append(
-                {
-                    "world": k,
-                    "builder": s.builder,
-                    "tensors": len(p.variables),
-                    "calls": c.n_calls,
-                    "gather_calls": c.ag_calls + c.sps_gather_calls,  # the sparse paths' gathers
-                    "sparse_units": c.sparse_units,
-                    "ps_units": c.ps_units,
-                    "gossip_bytes": c.gossip_bytes * c.gossip_degree,
-                    "gossip_tensors": c.gossip_tensors * c.gossip_degree,
-                    "measured": slowest_median([r[i] for r in steps[k]]),  # as run.throughput times it
-                    "predicted": pred.step_time,
-                    "compute": pred.breakdown["compute"],
-                    "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed
-                    "comm_alpha": lat.breakdown["comm"] - lat.detail["calls"],  # of which latencies
-                    "ranks_on_host": len(sub.ranks_on(host)),
-                    "cores": sub.cores.get(host),
-                }
-            )
+        for k in worlds
+        for i, (j, s) in enumerate(plans[k])
+    ]
     return cm.with_overhead(rows)
 
 
@@ -521,4 +475,4 @@ def _with_local(
     (fit_compute) and their own steps in its compute table."""
     rows = _local_rows(res, [model_key(p) for p in profiles], [c[2] for c in cases], local)
     params = fit_compute(cm.params, _fit_rows(profiles, rows))
-    return cm.with_params(params, local_steps=rows).with_compute(rows)
+    return cm.with_params(params, local_steps=[r.to_dict() for r in rows]).with_compute(rows)

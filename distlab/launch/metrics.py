@@ -74,10 +74,8 @@ def slowest_median(per_rank: Sequence[Sequence[float]]) -> float:
 
     ``per_rank``: each rank's seconds per step, aligned by step (every rank took the same steps).
     A synchronous step lasts as long as its slowest rank, and which rank is slowest changes from
-    step to step on a shared machine, so this is not the slowest rank's median. AllReduce at
-    batch 8 on mlp, wide_deep and transformer_lm at 3 and 4 ranks on 2 cores, six interleaved
-    pairs each: the slowest rank's median came to 0.86-0.99x of ``lab.launch``'s step timed by
-    ``throughput`` (median per case), this statistic to 0.95-1.10x.
+    step to step on a shared machine, so this is not the slowest rank's median (evidence:
+    docs/cost-model.md §History and evidence).
     """
     if not per_rank or not per_rank[0]:
         raise ValueError("slowest_median: no steps")

@@ -3,9 +3,11 @@
 ``microbench_rank`` runs inside an already initialised ``torch.distributed`` process group (or
 sub-group) on every member rank; every rank returns the same rows, because each measurement is
 reduced with MAX across ranks (a collective is as slow as its slowest rank). The rows feed
-``CostModel.from_microbenchmarks``; their schema is documented in ``distlab/costmodel/calibrate.py``.
-``overhead_rank`` runs the real training loop on reference models for the training-loop stage,
-``loop_pass_rank`` a pass of models' local steps (and of that stage) at one world size.
+``CostModel.from_microbenchmarks``; their schema is ``costmodel.calibrate.CollectiveRow`` (dicts
+here: the runtime does not import the cost model). ``overhead_rank`` runs the real training loop
+on ``LoopCase``s for the training-loop stage, ``loop_pass_rank`` a pass of ``LocalCase``s' local
+steps (and of that stage) at one world size. How many passes and how long each lasts is the
+caller's choice (``launch/calibrate.py``); the defaults here are the reference models'.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import socket
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -26,11 +28,9 @@ COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
 GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
 OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
 COPY_NUMEL, COPY_PARTS = 1 << 19, 4  # 2 MiB gathered from 4 tensors: a bucket's flatten (torch.cat)
-# Memory-bound work touched once per step (the optimizer's update, a bucket's copy) finds its bytes
-# out of cache in a training step: the step's other work, and on a shared host the neighbours,
-# evict them in between. Timed back to back it stays in cache and measured 2-5x faster (SGD over
-# 2 MiB: 0.07 ms hot, 0.34 ms after reading 64 MiB; 0.6-0.8 ms inside a 2-rank step), so each
-# repeat first reads a buffer larger than a server's last-level cache.
+# Each optimizer and copy repeat first reads a buffer larger than a server's last-level cache: in a
+# training step the step's other work evicts the bytes these touch once per step, and timed hot
+# they come out several times faster (evidence: docs/cost-model.md §History and evidence).
 EVICT_NUMEL = 1 << 24  # 64 MiB of float32
 
 
@@ -258,17 +258,39 @@ def microbench_worlds(
     return rows if rank == 0 else []
 
 
+class LoopCase(NamedTuple):
+    """A training-loop case: ``model`` under ``strategy`` on ``data`` at per-replica ``batch``,
+    ``steps`` steps a pass, ``passes`` passes."""
+
+    model: Any
+    strategy: Any
+    data: Any
+    batch: int
+    steps: int
+    passes: int
+
+
+class LocalCase(NamedTuple):
+    """A model whose local step is measured: ``model`` on ``data`` at per-replica ``batch``,
+    trained on ``loss`` (None: the runtime's default loss)."""
+
+    model: Any
+    data: Any
+    batch: int
+    loss: Any = None
+
+
 def overhead_rank(
     rank: int,
     world: int,
     master_addr: str,
     master_port: int,
-    cases: list[tuple[Any, Any, Any, int, int, int]],
+    cases: Sequence[LoopCase | tuple[Any, ...]],
     timeout: float,
 ) -> list[list[float]]:
-    """(worker) The real training loop (``run_rank``) on each ``(model, strategy, data, batch,
-    steps, passes)`` case, ``passes`` times: the cases in turn, pass after pass, so a case's
-    passes lie apart in time and a slow moment of the machine hits one of them.
+    """(worker) The real training loop (``run_rank``) on each ``LoopCase``, ``passes`` times: the
+    cases in turn, pass after pass, so a case's passes lie apart in time and a slow moment of the
+    machine hits one of them.
 
     Returns this rank's seconds per step per case (from one step's end to the next, as a run's
     throughput is timed), every step of every pass but each pass's first third (warm-up): what
@@ -277,33 +299,33 @@ def overhead_rank(
     take each step's slowest rank and then the median over steps (``launch.metrics.slowest_median``),
     pooling the steps of several calls made at other moments.
     """
-    times: list[list[float]] = [[] for _ in cases]
-    for p in range(max((c[5] for c in cases), default=0)):
-        for i, case in enumerate(cases):
-            if p < case[5]:
+    loops = [LoopCase(*c) for c in cases]
+    times: list[list[float]] = [[] for _ in loops]
+    for p in range(max((c.passes for c in loops), default=0)):
+        for i, case in enumerate(loops):
+            if p < case.passes:
                 times[i].extend(_overhead_pass(rank, world, master_addr, master_port, case, f"{i}-{p}", timeout))
     return times
 
 
 def _overhead_pass(
-    rank: int, world: int, master_addr: str, master_port: int, case: tuple[Any, ...], tag: str, timeout: float
+    rank: int, world: int, master_addr: str, master_port: int, case: LoopCase, tag: str, timeout: float
 ) -> list[float]:
     """One pass of an overhead case: each step's seconds from the end of the step before to its
     own (what ``launch.metrics.throughput`` times of a run), the first third (warm-up) excluded."""
     from distlab.runtime.job import RankJob
     from distlab.runtime.trainer import run_rank
 
-    model, strategy, data, batch, steps, _ = case
     job = RankJob(
         rank=rank,
         world=world,
         master_addr=master_addr,
         master_port=master_port,
-        strategy=strategy,
-        model=model,
-        steps=steps,
-        data=data,
-        batch_size=batch,
+        strategy=case.strategy,
+        model=case.model,
+        steps=case.steps,
+        data=case.data,
+        batch_size=case.batch,
         shuffle=True,  # as lab.launch runs by default
         run_id=f"distlab-overhead-{tag}",
         timeout=timeout,
@@ -314,14 +336,7 @@ def _overhead_pass(
 
 
 LOCAL_WARMUP, LOCAL_STEPS = 2, 8
-LOCAL_SECONDS, LOCAL_MAX_STEPS = 0.4, 60  # short steps: more of them, for a steady figure
-# a user's model (Lab.calibrate(models=...)): the figure every strategy's prediction for it starts
-# from, so more of the machine's moments than the reference models get. On 2 cores at world 2,
-# 88 interleaved passes each: a pass's figure deviated from the median by 17% (mlp, 3.7 ms a step)
-# and 20% (wide_deep, 1.8 ms) with at most 60 steps, 14% and 13% with steps for the whole
-# LOCAL_SECONDS; over 252 passes in 6 minutes, the median of 4 consecutive passes deviated 7-14%
-# (mlp, wide_deep, transformer_lm) from the whole series', of 8 passes 6-12%
-MODEL_PASSES, MODEL_MAX_STEPS = 8, 1000
+LOCAL_MAX_STEPS = 60  # the cap on steps when a pass is given seconds to fill with short steps
 
 
 def loop_pass_rank(
@@ -329,38 +344,31 @@ def loop_pass_rank(
     world: int,
     master_addr: str,
     master_port: int,
-    local: list[tuple[Any, Any, int]],
+    local: Sequence[LocalCase | tuple[Any, ...]],
     threads: list[int],
-    cases: list[tuple[Any, Any, Any, int, int, int]],
+    cases: Sequence[LoopCase | tuple[Any, ...]],
     timeout: float,
     seconds: float = 0.0,
     max_steps: int = LOCAL_MAX_STEPS,
 ) -> tuple[list[list[float]], list[list[float]]]:
-    """(worker) One pass at this world size: each ``(model, data, batch)`` of ``local``'s own step
-    with every rank busy, then the training loop on each of ``cases`` (``overhead_rank``).
+    """(worker) One pass at this world size: each ``LocalCase``'s own step with every rank busy,
+    then the training loop on each ``LoopCase`` (``overhead_rank``).
 
-    The local step is the training loop's (``run_rank``) less the strategy: read the batch, zero
+    The local step is the training loop (``run_rank``) less the strategy: read the batch, zero
     the gradients, forward, loss, backward, read the loss; no optimizer step (the cost model has
-    its own term). Every rank of the world takes it at once, with the threads a run of this
-    world size gives it (``threads[rank]``): compute under real contention. The ranks step in
-    lockstep, as a synchronous run does: after each step they agree (one 4-byte all-reduce)
-    whether to go on, so each step waits for the slowest rank. Ranks left to run freely drift
-    out of phase and never wait; on this 2-core machine the lockstep step was 10-50% slower
-    (transformer_lm at batch 32: 2 ranks 90-102 ms free, 107-108 ms in lockstep; a real run
-    115-119 ms), which a model of synchronous training must include. ``LOCAL_STEPS`` steps each,
-    more up to ``seconds`` in all (and at most ``max_steps``) when steps are short.
+    its own term). Every rank takes it at once, at the threads a run of this world size gives it
+    (``threads[rank]``), and the ranks step in lockstep (after each step one 4-byte all-reduce
+    agrees whether to go on), because a synchronous run's step waits for its slowest rank and
+    free-running ranks never wait. ``LOCAL_STEPS`` steps each, more up to ``seconds`` in all (and
+    at most ``max_steps``) when steps are short. One world size a call, as a run of that many
+    ranks is; the local steps beside the loop, because calibration fits the loop's cost as its
+    step less the local step of the same moment (evidence: docs/cost-model.md §History and
+    evidence).
 
-    One world size a call, as a run of that many ranks is (measured in one call for every world
-    size, with the idle ranks waiting in a barrier, the one-rank step of transformer_lm, mlp and
-    wide_deep came out about 10% slower than alone); and the local steps beside the loop, at one moment of the machine: the
-    calibration fits the loop's cost as its step less the local step of the same passes, and a
-    model's local step measured in a stage of its own deviated from its mean over nine
-    calibrations by -32 to +20% (per stage and world size), independently of the loop's runs
-    (-24 to +14%). Returns (this rank's local-step seconds per ``local`` case, its seconds per
-    step per case): every timed step, aligned by step across ranks, for the caller to pool over
-    passes and take the median of each step's slowest rank, as a run's throughput does
-    (launch.metrics.slowest_median): a step hit by a slow moment of the shared machine (50x the
-    others has been seen) falls out of it.
+    Returns (this rank's local-step seconds per ``local`` case, its seconds per step per case):
+    every timed step, aligned by step across ranks, for the caller to pool over passes and take
+    the median of each step's slowest rank, as a run's throughput does
+    (``launch.metrics.slowest_median``).
     """
     from datetime import timedelta
 
@@ -374,12 +382,13 @@ def loop_pass_rank(
         store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
         with process_group(dist.PrefixStore("distlab-local-step/", store), rank, world, "gloo", timeout, "cpu"):
             lockstep = dist.group.WORLD if world > 1 else None
-            for model, data, batch, *loss in local:  # (model, data, batch[, loss])
-                model.train()
+            for case in (LocalCase(*c) for c in local):
+                case.model.train()
                 dist.barrier()
                 own.append(
                     _time_local(
-                        model, data, batch, rank, world, LOCAL_STEPS, lockstep, seconds, max_steps, *loss[:1]
+                        case.model, case.data, case.batch, rank, world, LOCAL_STEPS, lockstep, seconds, max_steps,
+                        case.loss,
                     )
                 )
             dist.barrier()

@@ -64,6 +64,13 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     assert {r["collective"] for r in solo} == {"compute", "optimizer", "copy"}
     assert next(r for r in solo if r["collective"] == "compute")["ranks_on_host"] == 1
 
+    # the cost model's CollectiveRow documents every key the runtime writes
+    from dataclasses import fields
+
+    from distlab.costmodel.calibrate import CollectiveRow
+
+    assert set().union(*rows) <= {f.name for f in fields(CollectiveRow)}
+
     cm = CostModel.from_microbenchmarks(rows)
     alpha, beta = cm.params.alpha_beta["allreduce/intra"]
     assert alpha >= 0 and 1 / beta > 1e7  # loopback moves more than 10 MB/s
