@@ -183,6 +183,12 @@ class Lab:
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
 
+        The model is checked and profiled on a batch of ``data`` (synthetic from its profile when
+        None) at the per-replica batch it trains at; a builder name is built for that batch. With
+        a cost model (``lab.calibrate()``), the model's own step is measured on the workers first
+        (``measure_model``, cached) and the prediction recorded in ``lab.runs``; the finished run
+        refits ``lab.cost_model``.
+
         ``checkpoint_every`` defaults to every ``max(10, steps // 10)`` steps when ``elastic``
         (a lost worker costs at most a tenth of a long run; writing the whole model every step of
         a short one would cost more than re-running it), never otherwise.
