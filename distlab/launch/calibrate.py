@@ -200,11 +200,18 @@ def measure_model_lab(
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
+    """The cached local steps (LocalStep dicts); an unreadable file or row is measured again."""
     try:
         rows = json.loads(path.read_text())
-        return [r for r in rows if isinstance(r, dict) and {"key", "ranks", "batch", "seconds"} <= set(r)]
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError):
         return []
+    kept = []
+    for r in rows if isinstance(rows, list) else []:
+        try:
+            kept.append(LocalStep.from_dict(r).to_dict())
+        except (CalibrationError, TypeError, AttributeError):
+            continue
+    return kept
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -60,7 +60,6 @@ class Run:
         *,
         elastic: bool,
         replan: Callable[[list[str]], Any],
-        predicted: float = math.nan,
         forecast: Forecast | None = None,
     ) -> None:
         self.id = run_id
@@ -70,7 +69,7 @@ class Run:
         self.batch_size = job.batch_size or strategy.batch.per_replica
         self.elastic = elastic
         self.forecast = forecast
-        self.predicted_throughput = forecast.prediction.throughput if forecast is not None else predicted
+        self.predicted_throughput = forecast.prediction.throughput if forecast is not None else math.nan
         self.refitted_throughput = math.nan  # the Lab's prediction for this run refitted on every run so far
         self.on_record: list[Callable[[dict[str, Any]], None]] = []
         self.error: DistlabError | None = None
@@ -280,7 +279,7 @@ class Run:
                 bar.close()
         if self._status == "failed" and self.error is not None:
             raise self.error
-        note = self.lab._take_note() if hasattr(self.lab, "_take_note") else None
+        note = self.lab._take_note()
         if note:
             import warnings
 
