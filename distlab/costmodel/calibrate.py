@@ -170,7 +170,7 @@ class LoopRun(_Row):
     ps_units: int = 0
     """Dense variables or shards on the PS path."""
     gossip_bytes: float = 0.0
-    """Bytes gossiped per step, times the in-degree (recorded, not fitted)."""
+    """Bytes gossiped per step, times the in-degree."""
     gossip_tensors: float = 0.0
     """Tensors gossiped per step, times the in-degree."""
     measured: float
@@ -496,19 +496,23 @@ OVERHEAD_TERMS: tuple[Term, ...] = (
         lambda p: float(p.run.gather_calls or 0.0) * p.peers * p.sliced,
     ),
     Term("gossip_tensor_overhead", "gossip_tensors", lambda p: float(p.run.gossip_tensors or 0.0)),
+    Term("gossip_per_byte", "gossip_bytes", lambda p: float(p.run.gossip_bytes or 0.0)),
     Term("alpha_scale", "comm_alpha", lambda p: p.comm_alpha, lower=-0.9, combine="add"),
     Term("ps_unit_overhead", "ps_units", lambda p: float(p.run.ps_units or 0.0)),
 )
 
 
-def fit_overhead(params: CostParams, rows: Sequence[LoopRun | Mapping[str, Any]]) -> CostParams:
+def fit_overhead(
+    params: CostParams, rows: Sequence[LoopRun | Mapping[str, Any]], terms: Sequence[Term] = OVERHEAD_TERMS
+) -> CostParams:
     """What the strategy's machinery costs in the training loop, from reference runs (``LoopRun``).
 
     With ``s = n t / c`` (ranks taking turns per core), fits ``OVERHEAD_TERMS``::
 
         {formula}
 
-    by bounded least squares on relative residuals, small steps weighing as much as large ones.
+    by bounded least squares on relative residuals, small steps weighing as much as large ones
+    (``terms``: a subset of the table, to fit fewer).
     Bounds: {bounds}.
     """
     rs = as_rows(LoopRun, rows)
@@ -522,7 +526,7 @@ def fit_overhead(params: CostParams, rows: Sequence[LoopRun | Mapping[str, Any]]
         comm_alpha = min(float(r.comm_alpha or 0.0), comm)
         points.append(_LoopPoint(r, float(r.world) - 1.0, time_slicing(n, c), comm, comm_alpha))
     y = [float(r.measured) - float(r.predicted) for r in rs]
-    return _fit_terms(params, OVERHEAD_TERMS, points, y, [float(r.measured) for r in rs])
+    return _fit_terms(params, tuple(terms), points, y, [float(r.measured) for r in rs])
 
 
 if fit_compute.__doc__ and fit_overhead.__doc__:  # the formulas from the tables (absent under python -OO)

@@ -55,8 +55,8 @@ class CostParams:
     different times, and on a CPU host copies and reductions compete with the ranks' compute for
     the same cores; while calls issued back to back, asynchronously, overlap part of their
     latencies, which a microbenchmark timing each call after a barrier does not); ``gossip_per_byte`` seconds
-    per gossiped byte per in-neighbour of local work (flatten, mix, unflatten; not fitted by ``Lab.calibrate``, whose reference models are too
-    small to tell it from the per-tensor work) and ``gossip_tensor_overhead`` seconds per gossiped
+    per gossiped byte per in-neighbour beyond the wire and copies (exchanges of tens of MB that leave
+    the caches; fitted by ``Lab.calibrate``'s training-loop stage) and ``gossip_tensor_overhead`` seconds per gossiped
     tensor per in-neighbour (the per-tensor dispatch of the same). ``oversubscription``: extra
     compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
     all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether

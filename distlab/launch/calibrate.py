@@ -32,11 +32,14 @@ OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 10
 SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
-WIDE_WIDTH = 768  # an MLP of 4.8 MB of gradients in 5 tensors: collectives that move bytes
+# MLPs of 4.8 MB and 34 MB of gradients in 5 tensors: collectives that move bytes, at the sizes
+# of a small model and of one whose exchanges leave the caches (gossip and all-reduce of tens of MB
+# cost more a byte than the microbenchmarks' sizes show; evidence: docs/cost-model.md §History)
+WIDE_WIDTHS = (768, 2048)
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
-CALIBRATION_FORMAT = 15
+CALIBRATION_FORMAT = 16
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 # a user's model's local step is the figure every prediction for it starts from, so it gets more of
 # the machine's moments than a reference model's: MODEL_PASSES passes over the world sizes, each
@@ -386,10 +389,11 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
     )
     few, many = (_reference(n) for n in OVERHEAD_LAYERS)
     cases = [(few, mlp_data, OVERHEAD_BATCH, ("AllReduce",)), (many, mlp_data, OVERHEAD_BATCH, BUILDERS)]
-    wide_data = torch.utils.data.TensorDataset(
-        torch.randn(256, WIDE_WIDTH, generator=g), torch.randint(0, 10, (256,), generator=g)
-    )
-    cases.append((_reference(2, WIDE_WIDTH), wide_data, OVERHEAD_BATCH, ("AllReduce", "PS", "Gossip")))
+    for width in WIDE_WIDTHS:
+        wide_data = torch.utils.data.TensorDataset(
+            torch.randn(256, width, generator=g), torch.randint(0, 10, (256,), generator=g)
+        )
+        cases.append((_reference(2, width), wide_data, OVERHEAD_BATCH, ("AllReduce", "PS", "Gossip")))
     for (name, opts, batch), builders in ((HEAVY, BUILDERS[:2]), (SPARSE, BUILDERS)):
         model = dl.zoo.get(name, **opts)
         cases.append((model, dl.data.synthetic(model, n=16 * batch, seed=0), batch, builders))

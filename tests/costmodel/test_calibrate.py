@@ -148,6 +148,7 @@ def overhead_terms(p) -> tuple[float, ...]:
         p.sparse_unit_overhead,
         p.gather_peer_overhead,
         p.gossip_tensor_overhead,
+        p.gossip_per_byte,
         p.alpha_scale - 1.0,
         p.ps_unit_overhead,
     )
@@ -159,28 +160,30 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
 
     # per step, per extra rank, per tensor, wire scale - 1, wire scale per rank per core beyond one,
     # per collective call, per call and peer (x time-slicing), per sparse table or shard, per
-    # sparse-path call and peer, per gossiped tensor and in-neighbour
-    # ... and latency scale - 1, per dense variable or shard on the PS path
-    true = (0.3e-3, 0.7e-3, 50e-6, 0.5, 0.6, 80e-6, 0.3e-3, 0.2e-3, 0.5e-3, 40e-6, -0.4, 30e-6)
+    # sparse-path call and peer, per gossiped tensor and in-neighbour, per gossiped byte and
+    # in-neighbour, latency scale - 1, per dense variable or shard on the PS path
+    true = (0.3e-3, 0.7e-3, 50e-6, 0.5, 0.6, 80e-6, 0.3e-3, 0.2e-3, 0.5e-3, 40e-6, 2e-10, -0.4, 30e-6)
     rows = []
-    cases = (  # tensors, calls, sparse-path calls, sparse units, gossiped tensors, PS units, predicted, comm
-        (4, 1, 0, 0, 0, 0, 0.2e-3, 0.1e-3),
-        (50, 2, 0, 0, 0, 0, 1.5e-3, 2e-3),
-        (20, 30, 3, 16, 0, 12, 1e-3, 1e-3),
-        (14, 6, 3, 8, 0, 0, 1e-3, 1e-3),
-        (50, 1, 0, 0, 52, 0, 2e-3, 0.5e-3),
-        (10, 3, 0, 0, 0, 0, 5e-3, 4e-3),
-        (26, 26, 0, 0, 0, 26, 1e-3, 2e-3),
-        (26, 52, 0, 0, 0, 52, 1e-3, 2e-3),
+    # tensors, calls, sparse-path calls, sparse units, gossiped tensors and bytes, PS units, predicted, comm
+    cases = (
+        (4, 1, 0, 0, 0, 0, 0, 0.2e-3, 0.1e-3),
+        (50, 2, 0, 0, 0, 0, 0, 1.5e-3, 2e-3),
+        (20, 30, 3, 16, 0, 0, 12, 1e-3, 1e-3),
+        (14, 6, 3, 8, 0, 0, 0, 1e-3, 1e-3),
+        (50, 1, 0, 0, 52, 0.2e6, 0, 2e-3, 0.5e-3),
+        (5, 1, 0, 0, 5, 34e6, 0, 20e-3, 10e-3),
+        (10, 3, 0, 0, 0, 0, 0, 5e-3, 4e-3),
+        (26, 26, 0, 0, 0, 0, 26, 1e-3, 2e-3),
+        (26, 52, 0, 0, 0, 0, 52, 1e-3, 2e-3),
     )
     for world in (1, 2, 3, 4):
         sliced = max(1.0, world / 2)  # 2 cores: one thread per rank from 2 ranks on
-        for tensors, calls, gathers, units, gossip, ps, predicted, comm in cases:
+        for tensors, calls, gathers, units, gossip, gbytes, ps, predicted, comm in cases:
             comm, calls, gathers = comm * (world > 1), calls * (world > 1), gathers * (world > 1)
             waits = (world - 1) * sliced
             latency = comm * min(1.0, calls / 10)  # many calls: mostly latency
             x = (1, world - 1, tensors, comm - latency, (sliced - 1) * comm, calls, calls * waits, units)
-            x += (gathers * waits, gossip * (world > 1), latency, ps)
+            x += (gathers * waits, gossip * (world > 1), gbytes * (world > 1), latency, ps)
             over = float(np.dot(true, x))
             rows.append(
                 {
@@ -190,6 +193,7 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
                     "gather_calls": gathers,
                     "sparse_units": units,
                     "gossip_tensors": gossip * (world > 1),
+                    "gossip_bytes": gbytes * (world > 1),
                     "ps_units": ps,
                     "comm": comm,
                     "comm_alpha": latency,
