@@ -23,6 +23,7 @@ from distlab.strategy.types import Strategy
 DEFAULT_BATCH = 32  # per-replica batch of a launch by builder name without batch_size=
 # runs this many in a row all measured more than this factor off their predictions: say so
 DRIFT_RUNS, DRIFT_RATIO = 2, 1.3
+CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
 
 
 class Lab:
@@ -55,6 +56,7 @@ class Lab:
         if sum(x is not None for x in (address, client)) > 1:
             raise LaunchError("Lab: give either address= or client=, not both")
         self.timeout = timeout
+        self._closed = False
         self.cost_model: Any = None
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "distlab"
         self._own_ckpt = checkpoint_dir is None
@@ -89,8 +91,18 @@ class Lab:
 
     # -- cluster ----------------------------------------------------------------------------------
     @property
+    def closed(self) -> bool:
+        """True once ``close()`` ran: the Lab then launches, calibrates and measures nothing."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LaunchError(CLOSED)
+
+    @property
     def resources(self) -> ResourceSpec:
         """The live cluster: one rank per worker, ranks ordered by (host, worker address)."""
+        self._check_open()
         return _cluster.resources_of(self.client, self._facts)
 
     @property
@@ -98,6 +110,10 @@ class Lab:
         return list(self.resources.addresses)
 
     def close(self) -> None:
+        """Stop every run, the embedded cluster (or this Lab's client) and remove its checkpoints."""
+        if self._closed:
+            return
+        self._closed = True
         for run in self._runs:
             if not run.done:
                 try:
@@ -155,7 +171,8 @@ class Lab:
         return [spmd.rank_threads(sub.cores.get(r.host, 1), len(sub.ranks_on(r.host))) for r in sub.ranks]
 
     def _check_idle(self) -> None:
-        """No run in flight, and the embedded cluster whole again (a worker lost to a crash comes back)."""
+        """Open, no run in flight, and the embedded cluster whole again (a worker lost to a crash comes back)."""
+        self._check_open()
         for run in self._runs:
             if not run.done:
                 raise LaunchError(
@@ -396,10 +413,14 @@ class Lab:
 
     # -- rendering --------------------------------------------------------------------------------------
     def __repr__(self) -> str:
+        if self._closed:
+            return f"<Lab (closed), {len(self._runs)} runs: lab = dl.Lab() starts a new one>"
         res = self.resources
         return f"<Lab {res.world} workers on {res.num_hosts} host(s), {len(self._runs)} runs>"
 
     def _repr_html_(self) -> str:
+        if self._closed:
+            return f"<p><b>Lab</b> (closed): {len(self._runs)} runs. {html.escape(CLOSED)}</p>"
         res = self.resources
         rows = "".join(
             f"<tr><td>{r.rank}</td><td>{html.escape(r.host)}</td><td>{html.escape(r.device)}</td>"

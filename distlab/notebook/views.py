@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 
@@ -13,10 +14,23 @@ def profile_chart(prof: Any) -> Any:
     df = prof.to_frame()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)", "GFLOP per step"), horizontal_spacing=0.18)
     names = [f"{n} ({k})" for n, k in zip(df["name"], df["kind"])]
-    fig.add_trace(go.Bar(y=names, x=df["time_fwd"] * 1e3, name="forward", orientation="h", marker_color="#4c78a8"), 1, 1)
-    fig.add_trace(go.Bar(y=names, x=df["time_bwd"] * 1e3, name="backward", orientation="h", marker_color="#f58518"), 1, 1)
-    fig.add_trace(go.Bar(y=names, x=df["flops_fwd"] / 1e9, name="fwd FLOPs", orientation="h", marker_color="#72b7b2", showlegend=False), 1, 2)
-    fig.add_trace(go.Bar(y=names, x=df["flops_bwd"] / 1e9, name="bwd FLOPs", orientation="h", marker_color="#e45756", showlegend=False), 1, 2)
+    # one colour per pass in both panels, one legend entry each (the FLOPs bars join its group)
+    for pass_, colour, t, f in (
+        ("forward", "#4c78a8", "time_fwd", "flops_fwd"),
+        ("backward", "#f58518", "time_bwd", "flops_bwd"),
+    ):
+        fig.add_trace(
+            go.Bar(y=names, x=df[t] * 1e3, name=pass_, legendgroup=pass_, orientation="h", marker_color=colour),
+            1,
+            1,
+        )
+        fig.add_trace(
+            go.Bar(
+                y=names, x=df[f] / 1e9, name=pass_, legendgroup=pass_, orientation="h", marker_color=colour, showlegend=False
+            ),
+            1,
+            2,
+        )
     fig.update_layout(
         barmode="stack",
         title=f"{prof.name}: batch {prof.batch_size}",
@@ -28,10 +42,16 @@ def profile_chart(prof: Any) -> Any:
     return fig
 
 
-def ranking_view(table: Any, top: int = 10) -> tuple[Any, Any]:
-    """The top ``top`` rows of a ranking (plain columns only) and its breakdown chart."""
+def ranking_view(table: Any, top: int = 10) -> list[Any]:
+    """What ``%distlab simulate`` shows of a ranking (``notebook.ranking.ranking``): the top
+    ``top`` rows as a table with units, its breakdown chart, and the single-process note if any."""
     from distlab.notebook import plots
+    from distlab.notebook.ranking import display_table
 
-    head = table.head(top)
-    plain = [c for c in head.columns if head[c].map(lambda v: isinstance(v, (str, int, float, bool))).all()]
-    return head[plain], plots.breakdown(head)
+    views = [display_table(table, top), plots.breakdown(table.head(top))]
+    note = table.attrs.get("note")
+    if note:
+        from IPython.display import HTML
+
+        views.insert(0, HTML(f"<p><b>distlab</b>: {html.escape(note)}</p>"))
+    return views

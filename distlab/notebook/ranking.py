@@ -1,0 +1,94 @@
+"""The ranking a notebook shows: every candidate, a single-process baseline, exact ties once.
+
+``%distlab simulate``, ``%distlab pick`` and the picker's list all read ``ranking``; the table
+a user sees comes from ``display_table`` (rounded numbers with units, no internal index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+SINGLE_PROCESS = "1 process (no distribution)"
+# two predictions this close (relative) are the same prediction: the strategies differ in nothing
+# the cost model sees (fp16 and bf16 move the same bytes; gossip graphs that coincide at 2 ranks)
+TIE = 1e-9
+
+
+def single_process(profile: Any, resources: Any) -> Any:
+    """The model trained by one process on one worker (a Strategy of one rank): the baseline
+    every plan must beat."""
+    from distlab import strategy as st
+
+    one = resources.with_world(1) if resources.world != 1 else resources
+    return st.build("AllReduce", profile, one, batch_size=profile.batch_size)
+
+
+def ranking(cost_model: Any, profile: Any, resources: Any, candidates: Sequence[Any]) -> Any:
+    """``cost_model.rank`` of ``candidates`` plus the single-process row, best first, with
+    strategies of exactly equal predictions merged into one row ("AllReduce(fp16) = AllReduce(bf16)").
+
+    ``table.attrs["single_wins"]`` is True when one process is predicted faster than every
+    distributed strategy; ``table.attrs["note"]`` says so in a sentence (else "").
+    """
+    import pandas as pd
+
+    table = cost_model.rank(profile, resources, list(candidates))
+    one = resources.with_world(1) if resources.world != 1 else resources
+    base = cost_model.rank(profile, one, [single_process(profile, resources)])
+    base["strategy"], base["builder"] = SINGLE_PROCESS, "none"
+    rows = pd.concat([table, base], ignore_index=True)
+    rows = rows.sort_values("throughput", ascending=False, kind="stable").reset_index(drop=True)
+    rows = _merge_ties(rows)
+    rows["index"] = range(len(rows))
+    distributed = rows[rows["strategy"] != SINGLE_PROCESS]
+    single = float(base["throughput"].iloc[0])
+    wins = bool(len(distributed) == 0 or single > float(distributed["throughput"].max()))
+    rows.attrs["single_wins"] = wins
+    rows.attrs["note"] = (
+        f"one process is predicted fastest ({single:,.0f} samples/s, best distributed "
+        f"{float(distributed['throughput'].max()):,.0f}/s): for this model on this cluster, do not distribute"
+        if wins and len(distributed)
+        else ""
+    )
+    return rows
+
+
+def _merge_ties(rows: Any) -> Any:
+    """Consecutive rows (sorted by throughput) whose step time and breakdown agree within TIE: one row."""
+    keep, names = [], []
+    for i, r in rows.iterrows():
+        if keep:
+            k = rows.loc[keep[-1]]
+            same = all(
+                abs(float(r[c]) - float(k[c])) <= TIE * max(abs(float(k[c])), 1e-12)
+                for c in ("throughput", "step_time", "compute", "comm", "optimizer")
+            )
+            if same and int(r["world"]) == int(k["world"]) and SINGLE_PROCESS not in (r["strategy"], k["strategy"]):
+                names[-1].append(str(r["strategy"]))
+                continue
+        keep.append(i)
+        names.append([str(r["strategy"])])
+    out = rows.loc[keep].reset_index(drop=True)
+    out["strategy"] = [" = ".join(n) for n in names]
+    return out
+
+
+def display_table(table: Any, top: int = 10) -> Any:
+    """What a person reads: strategy, workers, samples/s as integers, times in ms, no index."""
+    head = table.head(top)
+    cols = {
+        "strategy": head["strategy"].astype(str),
+        "workers": head["world"].astype(int),
+        "samples/s": head["throughput"].round().astype(int),
+        "step (ms)": (head["step_time"] * 1e3).round(1),
+        "compute (ms)": (head["compute"] * 1e3).round(1),
+        "comm (ms)": (head["comm"] * 1e3).round(1),
+        "optimizer (ms)": (head["optimizer"] * 1e3).round(1),
+    }
+    if "goodput" in head:
+        cols["goodput"] = head["goodput"].round().astype(int)
+    import pandas as pd
+
+    out = pd.DataFrame(cols)
+    return out.style.hide(axis="index").format(precision=1, thousands=",")
