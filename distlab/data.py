@@ -173,3 +173,75 @@ def digits_mlp(width: int = 128, depth: int = 2, seed: int = 0) -> torch.nn.Modu
     from distlab import zoo
 
     return zoo.get("mlp", in_features=64, width=width, depth=depth, classes=10, seed=seed)
+
+
+# -- a user's data, in the forms a user has it ------------------------------------------------------
+DATA_FORMS = "a Dataset of (input, target) pairs, a DataLoader, or an (inputs, targets) pair of tensors or arrays"
+
+
+def _array_like(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) or (hasattr(x, "__array__") and hasattr(x, "shape"))
+
+
+def _tensor(x: Any, what: str) -> torch.Tensor:
+    """A tensor of a tensor, NumPy array or pandas frame; float64 becomes float32 (what models hold)."""
+    if not isinstance(x, torch.Tensor):
+        import numpy as np
+
+        arr = np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x)
+        if arr.dtype == object:
+            raise DistlabError(f"{what}: holds Python objects ({type(x).__name__}); give numbers of one dtype")
+        x = torch.from_numpy(np.ascontiguousarray(arr))
+    if x.dtype == torch.float64:
+        x = x.float()
+    elif x.dtype in (torch.int8, torch.int16, torch.int32, torch.uint8):
+        x = x.long()
+    return x
+
+
+def as_dataset(data: Any, what: str = "data") -> Any:
+    """``data`` as a map-style Dataset: a Dataset as it is, a DataLoader's dataset, an
+    ``(inputs, targets)`` pair of tensors, NumPy arrays or pandas frames as a ``TensorPairs``
+    (float64 as float32, small integers as int64). None stays None. Anything else: one
+    DistlabError naming ``what`` and the forms accepted."""
+    if data is None:
+        return None
+    from torch.utils.data import DataLoader
+
+    if isinstance(data, DataLoader):
+        return data.dataset
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(_array_like(t) for t in data):
+        x, y = _tensor(data[0], f"{what}[0] (inputs)"), _tensor(data[1], f"{what}[1] (targets)")
+        if x.dim() == 0 or len(x) != len(y):
+            raise DistlabError(
+                f"{what}: {len(x) if x.dim() else 0} inputs but {len(y) if y.dim() else 0} targets; "
+                "give one target per input (the first dimension counts samples)"
+            )
+        kinds = "/".join(dict.fromkeys(type(t).__name__ for t in data))
+        return TensorPairs(x, y, f"({kinds} inputs, targets)")
+    if _array_like(data):
+        raise DistlabError(
+            f"{what}: one {type(data).__name__} holds inputs only; give the targets too: data=(inputs, targets)"
+        )
+    if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not isinstance(data, (str, bytes, dict)):
+        return data
+    raise DistlabError(f"{what}: expected {DATA_FORMS}, got {type(data).__name__}")
+
+
+def describe(data: Any) -> str:
+    """One line about a dataset for cards and logs: its name or type, size and sample shapes."""
+    name = getattr(data, "name", None) or type(data).__name__
+    try:
+        n = len(data)
+        x, y = data[0]
+    except Exception:  # noqa: BLE001 - a description never fails
+        return str(name)
+
+    def shape(t: Any) -> str:
+        if isinstance(t, (tuple, list)):
+            return "(" + ", ".join(shape(u) for u in t) + ")"
+        if isinstance(t, torch.Tensor):
+            return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+        return type(t).__name__
+
+    return f"{name}: {n:,} samples, input {shape(x)}, target {shape(y)}"

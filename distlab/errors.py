@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class DistlabError(Exception):
     """Base of every error distlab raises on purpose.
@@ -28,3 +30,29 @@ class LaunchError(DistlabError):
 
 class CalibrationError(DistlabError):
     """Calibration or cost-model fitting failed."""
+
+
+def _norm(word: str) -> str:
+    return word.lower().replace("_", "-")
+
+
+def match_name(word: str, choices: Iterable[str]) -> str | None:
+    """``word`` itself when it is one of ``choices``; else the one choice equal to it ignoring case
+    (and ``_`` against ``-``); else None (none, or several: ambiguous)."""
+    names = list(choices)
+    if word in names:
+        return word
+    same = [c for c in names if _norm(c) == _norm(word)]
+    return same[0] if len(same) == 1 else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'X'?"`` for the nearest of ``choices`` (standard library difflib), else ""."""
+    import difflib
+
+    names = list(choices)
+    by_norm = {_norm(c): c for c in names}
+    near = difflib.get_close_matches(_norm(word), list(by_norm), n=2, cutoff=0.6)
+    if not near:
+        return ""
+    return "; did you mean " + " or ".join(repr(by_norm[n]) for n in near) + "?"

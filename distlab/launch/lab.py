@@ -16,7 +16,7 @@ from distlab.errors import LaunchError
 from distlab.launch import cluster as _cluster
 from distlab.launch import spmd
 from distlab.launch import validate as _v
-from distlab.launch.run import Forecast, Run
+from distlab.launch.run import Forecast, Run, runs_frame
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import Strategy
 
@@ -57,11 +57,16 @@ class Lab:
             raise LaunchError("Lab: give either address= or client=, not both")
         self.timeout = timeout
         self._closed = False
+        self.via_magics = False  # cards name the %distlab magic instead of the Python call
         self.cost_model: Any = None
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "distlab"
         self._own_ckpt = checkpoint_dir is None
         self.checkpoint_dir = (
             Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="distlab-ckpt-"))
+        )
+        # a Lab of its own checkpoint folder removes it when closed, collected, or the process exits
+        self._remove_ckpt = (
+            weakref.finalize(self, shutil.rmtree, str(self.checkpoint_dir), True) if self._own_ckpt else None
         )
         self._runs: list[Run] = []
         self._note: str | None = None
@@ -75,18 +80,25 @@ class Lab:
             try:
                 self.client = Client(address, security=security, timeout=timeout)
             except OSError as exc:
+                if self._remove_ckpt is not None:
+                    self._remove_ckpt()
                 raise LaunchError(
                     f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and that it runs"
                 ) from None
         else:
-            self._cluster = _cluster.start_local_cluster(
-                workers,
-                gpus=gpus,
-                threads_per_worker=threads_per_worker,
-                dashboard=dashboard,
-                security=security,
-            )
-            self.client = Client(self._cluster, security=security)
+            try:
+                self._cluster = _cluster.start_local_cluster(
+                    workers,
+                    gpus=gpus,
+                    threads_per_worker=threads_per_worker,
+                    dashboard=dashboard,
+                    security=security,
+                )
+                self.client = Client(self._cluster, security=security)
+            except BaseException:
+                if self._remove_ckpt is not None:
+                    self._remove_ckpt()
+                raise
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
 
     # -- cluster ----------------------------------------------------------------------------------
@@ -125,8 +137,8 @@ class Lab:
         if self._cluster is not None:
             self._cluster.close()
             self._cluster = None
-        if self._own_ckpt:
-            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        if self._remove_ckpt is not None:
+            self._remove_ckpt()
 
     def __enter__(self) -> Lab:
         return self
@@ -200,8 +212,11 @@ class Lab:
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
 
-        The model is checked and profiled on a batch of ``data`` (synthetic from its profile when
-        None) at the per-replica batch it trains at; a builder name is built for that batch. With
+        ``data``: a Dataset of ``(input, target)`` pairs, a DataLoader (its dataset), or an
+        ``(inputs, targets)`` pair of tensors or arrays; None trains on synthetic data from the
+        model's ``input_spec`` (the Run card says so). ``loss``: a callable ``(output, target)``;
+        the default is cross-entropy for integer targets, mean-squared error for float ones.
+        The model is checked and profiled on a batch of ``data`` at the per-replica batch it trains at; a builder name is built for that batch. With
         a cost model (``lab.calibrate()``), the model's own step is measured on the workers first
         (``measure_model``, cached) and the prediction recorded in ``lab.runs``; the finished run
         refits ``lab.cost_model``.
@@ -217,6 +232,9 @@ class Lab:
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
         _v.check_model(model)
         self._check_idle()
+        from distlab.data import as_dataset, describe
+
+        data = as_dataset(data)
         res = self.resources
         # the user's data is the truth: the model is checked and profiled on a batch of it, at the
         # per-replica batch it will train at (a builder name is built for that batch)
@@ -246,7 +264,15 @@ class Lab:
         b = batch_size or st.batch.per_replica
         if data is None:
             data = _v.synthetic_data(model, profile(b), max(b * st.world * 4, 256), seed)
-        batch_of(b)
+            data_info = (
+                f"synthetic: {len(data):,} random samples from {type(model).__name__}'s input spec "
+                "(pass data= to train on yours)"
+            )
+        else:
+            data_info = describe(data)
+        from distlab.runtime.trainer import loss_name
+
+        loss_info = loss_name(loss, batch_of(b)[1])
         if self.cost_model is not None:  # predict with the model's own step on these workers
             from distlab.launch.calibrate import measure_model_lab
 
@@ -290,6 +316,8 @@ class Lab:
             elastic=elastic,
             replan=replan,
             forecast=self._forecast(profile(b), res, st),
+            data_info=data_info,
+            loss_info=loss_info,
         )
         self._runs.append(run)
         run._start()
@@ -341,33 +369,13 @@ class Lab:
 
     @property
     def runs(self) -> Any:
-        """One row per run: run_id, model, strategy, world, batch, steps, status, restarts;
-        ``measured_throughput``; ``predicted_throughput`` (made before the run, by the cost model
-        refitted on the runs before it); ``refitted_throughput`` (refitted on every run so far);
-        and what ``CostModel.refit`` reads: ``model_key``, ``per_replica``, ``measured_step`` and
-        the calibration's own ``predicted_compute``/``comm``/``optimizer`` seconds."""
-        import pandas as pd
+        """One row per run (``distlab.launch.run.runs_frame``: the columns and what they mean)."""
+        return runs_frame(self._runs)
 
-        cols = [
-            "run_id",
-            "model",
-            "strategy",
-            "world",
-            "batch",
-            "steps",
-            "status",
-            "restarts",
-            "measured_throughput",
-            "predicted_throughput",
-            "refitted_throughput",
-            "model_key",
-            "per_replica",
-            "measured_step",
-            "predicted_compute",
-            "predicted_comm",
-            "predicted_optimizer",
-        ]
-        return pd.DataFrame([r.row() for r in self._runs], columns=cols)
+    @property
+    def history(self) -> list[Run]:
+        """The Run handles of this Lab, oldest first."""
+        return list(self._runs)
 
     # -- calibration ------------------------------------------------------------------------------------
     def calibrate(
@@ -380,14 +388,20 @@ class Lab:
     ) -> Any:
         """Microbenchmark collectives and compute on this cluster and fit a ``CostModel`` (cached).
 
-        ``models``: nn.Modules (or ``(module, dataset)`` pairs) to plan for; each one's own step is
+        ``models``: nn.Modules (or ``(module, data)`` / ``(module, data, loss)``, data in any
+        form ``lab.launch`` takes) to plan for; each one's own step is
         measured with every rank busy at each world size, at per-replica batches ``batch_size``
         and ``batch_size // 4`` (seconds to a minute per model), and predictions for it use that
         instead of its profile scaled by the contention model (docs/cost-model.md).
         """
+        from distlab.data import as_dataset
         from distlab.launch.calibrate import calibrate_lab
 
         self._check_idle()
+        models = [
+            (m[0], as_dataset(m[1], f"models[{i}] data"), *m[2:]) if isinstance(m, tuple) and len(m) > 1 else m
+            for i, m in enumerate(models)
+        ]
         self.cost_model = calibrate_lab(
             self, sizes=sizes, cache=cache, progress=progress, models=models, batch_size=batch_size
         )
@@ -402,12 +416,13 @@ class Lab:
         ``lab.launch``, ``%distlab simulate``, ``%distlab pick`` and the picker do this for the
         model they plan, so its compute is what a rank measures, not the profile scaled.
         """
+        from distlab.data import as_dataset
         from distlab.launch.calibrate import measure_model_lab
 
         _v.check_model(model)
         self._check_idle()
         self.cost_model = measure_model_lab(
-            self, self.cost_model, model, data, loss, _v.check_positive("batch_size", batch_size), progress=progress
+            self, self.cost_model, model, as_dataset(data), loss, _v.check_positive("batch_size", batch_size), progress=progress
         )
         return self.cost_model
 
@@ -427,7 +442,8 @@ class Lab:
             f"<td>{html.escape(a)}</td></tr>"
             for r, a in zip(res.ranks, res.addresses)
         )
-        cm = "calibrated" if self.cost_model is not None else "not calibrated (lab.calibrate())"
+        how = "%distlab calibrate" if self.via_magics else "lab.calibrate()"
+        cm = "calibrated" if self.cost_model is not None else f"not calibrated ({how})"
         return (
             f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost model {cm}</p>"
             f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"

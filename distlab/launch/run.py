@@ -61,8 +61,13 @@ class Run:
         elastic: bool,
         replan: Callable[[list[str]], Any],
         forecast: Forecast | None = None,
+        data_info: str = "",
+        loss_info: str = "",
     ) -> None:
         self.id = run_id
+        self.data_info = data_info  # what it trains on, in one line (name, size, shapes)
+        self.loss_info = loss_info  # what it minimises
+        self.var_name = "run"  # the notebook variable the card names (%distlab launch -o NAME)
         self.lab = lab
         self.strategy = strategy
         self.steps = job.steps
@@ -368,20 +373,69 @@ class Run:
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {self._last_step()}/{self.steps} steps>"
 
+    def losses(self) -> tuple[float, float] | None:
+        """(first, last) training loss, each the mean over ranks of one step; None before a step."""
+        m = self.metrics
+        if len(m) == 0 or "loss" not in m:
+            return None
+        per_step = m.groupby("step")["loss"].mean().dropna()
+        if len(per_step) == 0:
+            return None
+        return float(per_step.iloc[0]), float(per_step.iloc[-1])
+
     def _repr_html_(self) -> str:
         r = self.row()
-        tp = r["measured_throughput"]
+        tp, pred = r["measured_throughput"], r["predicted_throughput"]
+        loss = self.losses()
+        done = self.status == "finished"
+        rows = [
+            ("status", r["status"]),
+            ("strategy", f"{r['strategy']} on {r['world']} worker(s), {r['batch']} samples per replica"),
+            ("steps", f"{self._last_step()}/{self.steps}" + (f", {r['restarts']} restart(s)" if r["restarts"] else "")),
+            ("data", self.data_info),
+            ("loss", self.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
+            ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
+            ("predicted", f"{pred:,.0f} samples/s (before the run)" if pred == pred else ""),
+            ("trained model", f"{self.var_name}.model (rank 0's weights, on the CPU)" if done else ""),
+            ("checkpoint", self.checkpoint or ""),
+            ("error", str(self.error) if self.error else ""),
+        ]
         cells = "".join(
-            f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
-            for k, v in [
-                ("status", r["status"]),
-                ("strategy", r["strategy"]),
-                ("world", r["world"]),
-                ("steps", f"{self._last_step()}/{self.steps}"),
-                ("restarts", r["restarts"]),
-                ("throughput", f"{tp:.1f} samples/s" if tp == tp else "-"),
-                ("error", str(self.error) if self.error else ""),
-            ]
+            f"<tr><th style='text-align:left;padding-right:1em'>{k}</th><td style='text-align:left'>"
+            f"{html.escape(str(v))}</td></tr>"
+            for k, v in rows
             if v != ""
         )
-        return f"<p><b>Run {html.escape(self.id)}</b></p><table>{cells}</table>"
+        return f"<p><b>Run {html.escape(self.id)}</b></p><table class='distlab-run'>{cells}</table>"
+
+
+RUN_COLUMNS = (
+    "run_id",
+    "model",
+    "strategy",
+    "world",
+    "batch",
+    "steps",
+    "status",
+    "restarts",
+    "measured_throughput",
+    "predicted_throughput",
+    "refitted_throughput",
+    "model_key",
+    "per_replica",
+    "measured_step",
+    "predicted_compute",
+    "predicted_comm",
+    "predicted_optimizer",
+)
+
+
+def runs_frame(runs: list[Run]) -> Any:
+    """One row per run: run_id, model, strategy, world, batch, steps, status, restarts;
+    ``measured_throughput``; ``predicted_throughput`` (made before the run, by the cost model
+    refitted on the runs before it); ``refitted_throughput`` (refitted on every run so far);
+    and what ``CostModel.refit`` reads: ``model_key``, ``per_replica``, ``measured_step`` and
+    the calibration's own ``predicted_compute``/``comm``/``optimizer`` seconds."""
+    import pandas as pd
+
+    return pd.DataFrame([r.row() for r in runs], columns=list(RUN_COLUMNS))

@@ -6,7 +6,7 @@ import copy
 import os
 from typing import Any
 
-from distlab.errors import DistlabError, LaunchError, StrategyError
+from distlab.errors import DistlabError, LaunchError, StrategyError, did_you_mean, match_name
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import Strategy
 
@@ -64,11 +64,14 @@ def resolve_strategy(
         else:
             from distlab import strategy as strategies
 
-            known = strategies.builders() if hasattr(strategies, "builders") else []
-            if text not in known:
+            known = list(strategies.builders())
+            name = match_name(text, known)
+            if name is None:
                 raise StrategyError(
-                    f"strategy: builder {text!r} is not known; use one of: {', '.join(known) or 'none installed'}"
+                    f"strategy: builder {text!r} is not known{did_you_mean(text, known)} "
+                    f"(one of: {', '.join(known)})"
                 )
+            text = name
             profile = profile_fn()
             st = strategies.build(text, profile, resources, **({"batch_size": batch_size} if batch_size else {}))
     else:
@@ -118,15 +121,18 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
     """
     import torch
 
+    from distlab.data import DATA_FORMS, as_dataset
     from distlab.runtime.data import call_model, first_batch
     from distlab.runtime.trainer import default_loss
 
     try:
+        data = as_dataset(data)
+    except DistlabError as exc:
+        raise LaunchError(str(exc)) from None
+    try:
         n = len(data)
     except TypeError:
-        raise LaunchError(
-            f"data: expected a map-style Dataset with len(), got {type(data).__name__}"
-        ) from None
+        raise LaunchError(f"data: expected {DATA_FORMS}, got {type(data).__name__}") from None
     if n == 0:
         raise LaunchError("data: the dataset is empty")
     try:
@@ -134,7 +140,10 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
     except Exception as exc:  # noqa: BLE001 - a user's dataset can raise anything
         raise LaunchError(f"data[0]: cannot be read ({type(exc).__name__}: {exc})") from None
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise LaunchError(f"data[0]: expected an (input, target) pair, got {type(sample).__name__}")
+        raise LaunchError(
+            f"data[0]: expected an (input, target) pair, got {type(sample).__name__}; give data as "
+            f"{DATA_FORMS}, e.g. data=(X, y)"
+        )
     try:
         x, y = first_batch(data, batch)
     except Exception as exc:  # noqa: BLE001

@@ -1,18 +1,32 @@
-"""The ``%distlab`` line magic: thin argument parsers over the public API, one per subcommand."""
+"""The ``%distlab`` line magic: thin argument parsers over the public API, one per subcommand.
+
+A user's mistake is one line on stderr with what to do (and the near miss, "did you mean ...?");
+an unexpected failure is one line with the path of a log holding its traceback. No magic
+loses what the session already holds.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+import tempfile
+import textwrap
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from distlab.errors import DistlabError
-from distlab.notebook.session import NotebookSession
+from distlab.errors import DistlabError, did_you_mean, match_name
+from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
+
+WIDTH = 88  # %distlab help fits this many columns
+MODEL_OPTIONS = "[--data VAR] [--sample-input VAR] [--loss VAR] [--batch-size N]"
+# notebook names that are IPython's, not the user's: never suggested
+_IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 
 
 class UsageError(DistlabError):
@@ -20,10 +34,29 @@ class UsageError(DistlabError):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and calling sys.exit."""
+    """argparse that raises instead of printing usage and calling sys.exit, matches long options
+    ignoring case (and ``_`` for ``-``), and suggests the nearest option for an unknown one."""
+
+    def _long_options(self) -> list[str]:
+        return [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        fixed = []
+        for tok in args or []:
+            if tok.startswith("--"):
+                name, eq, value = tok.partition("=")
+                tok = (match_name(name, self._long_options()) or name) + eq + value
+            fixed.append(tok)
+        return super().parse_args(fixed, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see %distlab help {self.prog.split()[-1]})")
+        sub = self.prog.split()[-1]
+        if message.startswith("unrecognized arguments:"):
+            words = message.split(":", 1)[1].split()
+            opts = [w for w in words if w.startswith("-")] or words
+            hint = did_you_mean(opts[0].split("=")[0], self._long_options())
+            raise UsageError(f"{self.prog}: unknown option {opts[0]!r}{hint} (%distlab help {sub})")
+        raise UsageError(f"{self.prog}: {message} (%distlab help {sub})")
 
     def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
         if message:
@@ -31,8 +64,20 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: nothing to do")
 
 
-def _parser(name: str, doc: str | None) -> _Parser:
-    return _Parser(prog=f"%distlab {name}", description=(doc or "").strip().splitlines()[0], add_help=False)
+def _parser(name: str) -> _Parser:
+    return _Parser(prog=f"%distlab {name}", add_help=False, allow_abbrev=False)
+
+
+def _model_options(p: _Parser) -> None:
+    p.add_argument("--data", default=None)
+    p.add_argument("--sample-input", default=None)
+    p.add_argument("--loss", default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise UsageError(f"{name}: must be positive, got {value}")
 
 
 @magics_class
@@ -63,13 +108,25 @@ class DistlabMagics(Magics):
         if not words:
             return self.cmd_help([])
         name, args = words[0], words[1:]
-        cmd = self._commands.get(name)
-        if cmd is None:
-            return self._fail(f"unknown subcommand {name!r}; one of: {', '.join(self._commands)} (%distlab help)")
+        known = match_name(name, self._commands)
+        if known is None:
+            return self._fail(
+                f"unknown subcommand {name!r}{did_you_mean(name, self._commands)}; one of: "
+                f"{', '.join(self._commands)} (%distlab help)"
+            )
         try:
-            return cmd(args)
+            return self._commands[known](args)
         except DistlabError as exc:
             return self._fail(str(exc))
+        except KeyboardInterrupt:
+            return self._fail(f"%distlab {known} interrupted; the session is as it was")
+        except Exception as exc:  # noqa: BLE001 - never a traceback in the notebook: one line and the log
+            log = _log_traceback(f"%distlab {line}")
+            first = (str(exc).splitlines() or [""])[0][:200]
+            return self._fail(
+                f"%distlab {known} failed unexpectedly ({type(exc).__name__}: {first}); "
+                f"the full traceback is in {log}"
+            )
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
@@ -77,11 +134,38 @@ class DistlabMagics(Magics):
         print(f"distlab: {message}", file=sys.stderr)
         return None
 
-    def _lookup(self, var: str, what: str) -> Any:
+    def _lookup(self, var: str, what: str, option: str = "") -> tuple[str, Any]:
+        """(name, value) of a notebook variable; its case may differ where that is unambiguous."""
         ns = self.shell.user_ns
-        if var not in ns:
-            raise UsageError(f"{var!r} is not defined in this notebook; define the {what} first, e.g. {var} = ...")
-        return ns[var]
+        names = [k for k in ns if not k.startswith("_") and k not in _IPYTHON_NAMES]
+        name = var if var in ns else match_name(var, names)
+        if name is not None:
+            return name, ns[name]
+        where = f"{option} {var!r}" if option else repr(var)
+        hint = did_you_mean(var, names)
+        raise UsageError(
+            f"{where} is not defined in this notebook"
+            + (hint if hint else f"; define the {what} first, e.g. {var} = ...")
+        )
+
+    def _model(self, a: argparse.Namespace) -> tuple[str, Any]:
+        """The model VAR of ``a`` with what its options give, remembered by the session."""
+        _positive("--batch-size", a.batch_size)
+        var, model = self._lookup(a.var, "model")
+        given: dict[str, Any] = {"batch_size": a.batch_size}
+        if a.data is not None:
+            given["data_var"], given["data"] = self._lookup(a.data, "data", "--data")
+        if a.sample_input is not None:
+            given["sample_var"], given["sample_input"] = self._lookup(a.sample_input, "sample batch", "--sample-input")
+        if a.loss is not None:
+            given["loss_var"], given["loss"] = self._lookup(a.loss, "loss", "--loss")
+            if not callable(given["loss"]):
+                raise UsageError(
+                    f"--loss {a.loss!r}: a {type(given['loss']).__name__} is not callable; "
+                    "give a function (output, target) -> scalar tensor, e.g. torch.nn.functional.cross_entropy"
+                )
+        self.session.remember(var, **given)
+        return var, model
 
     def _store(self, name: str | None, value: Any) -> None:
         if name:
@@ -89,19 +173,18 @@ class DistlabMagics(Magics):
 
     # -- subcommands -------------------------------------------------------------------------
     def cmd_profile(self, argv: list[str]) -> Any:
-        """Profile a model: variables, dense vs sparse, FLOPs and time per layer.
+        """Profile a model: variables, dense vs sparse, FLOPs and time per layer, on a batch
+        of its data (--data), a sample batch (--sample-input) or its input_spec.
 
-        %distlab profile VAR [--batch-size N] [-o NAME]
+        %distlab profile VAR [--data VAR] [--sample-input VAR] [--batch-size N] [-o NAME]
         """
-        p = _parser("profile", self.cmd_profile.__doc__)
+        p = _parser("profile")
         p.add_argument("var")
-        p.add_argument("--batch-size", type=int, default=32)
+        _model_options(p)
         p.add_argument("-o", "--output", default=None)
         a = p.parse_args(argv)
-        if a.batch_size <= 0:
-            raise UsageError(f"--batch-size: must be positive, got {a.batch_size}")
-        model = self._lookup(a.var, "model")
-        prof = self.session.profile(a.var, model, batch_size=a.batch_size)
+        var, model = self._model(a)
+        prof = self.session.profile(var, model)
         self._store(a.output, prof)
         from distlab.notebook.views import profile_chart
 
@@ -110,70 +193,92 @@ class DistlabMagics(Magics):
         return None
 
     def cmd_cluster(self, argv: list[str]) -> Any:
-        """Choose, show or stop the notebook's cluster.
+        """Show, choose or stop the notebook's cluster; runs and profiles are kept across
+        changes, and a failed start keeps the cluster that works.
 
-        %distlab cluster [local N | ADDRESS | stop | status]
+        %distlab cluster [status | local [N] [--oversubscribe] | ADDRESS | stop]
         """
-        p = _parser("cluster", self.cmd_cluster.__doc__)
+        p = _parser("cluster")
         p.add_argument("what", nargs="?", default="status")
         p.add_argument("n", nargs="?", type=int, default=None)
+        p.add_argument("--oversubscribe", action="store_true")
         a = p.parse_args(argv)
-        if a.what == "stop":
+        what = match_name(a.what, ("status", "local", "stop")) or a.what
+        if what == "stop":
             print(self.session.stop_lab())
             return None
-        if a.what == "status":
+        if what == "status":
             lab = self.session.current_lab
             if lab is None:
-                print("no cluster yet: the first %distlab launch or calibrate starts a local one (%distlab cluster local N)")
+                print("no cluster yet: the first %distlab calibrate, simulate, pick or launch starts one "
+                      "(or %distlab cluster local N)")
             else:
                 display(lab)
             return None
-        if a.what == "local":
+        if what == "local":
+            from distlab.resources import available_cores
+
+            cores = available_cores()
             if a.n is not None and a.n <= 0:
                 raise UsageError(f"local N: N must be a positive number of workers, got {a.n}")
+            if a.n is not None and a.n > cores and not a.oversubscribe:
+                raise UsageError(
+                    f"local {a.n}: this machine has {cores} cores; start at most {cores} workers, "
+                    f"or add --oversubscribe to start {a.n} anyway"
+                )
             lab = self.session.start_lab(workers=a.n)
         elif "://" in a.what or ":" in a.what:
             lab = self.session.start_lab(address=a.what)
         else:
-            raise UsageError(f"cluster: expected 'local N', a scheduler ADDRESS (tcp://host:8786), 'stop' or 'status', got {a.what!r}")
+            raise UsageError(
+                f"cluster: expected status, 'local N', a scheduler ADDRESS (tcp://host:8786) or stop, "
+                f"got {a.what!r}{did_you_mean(a.what, ('status', 'local', 'stop'))}"
+            )
         display(lab)
         return None
 
     def cmd_calibrate(self, argv: list[str]) -> Any:
-        """Calibrate the cost model on the notebook's cluster (microbenchmarks, and each model VAR's
-        own step with 1..N ranks busy; cached).
+        """Calibrate the cost model on the cluster: collectives, the training loop, and each
+        model VAR's own step at every world size (cached per cluster).
 
-        %distlab calibrate [VAR ...] [--batch-size N] [--force]
+        %distlab calibrate [VAR ...] [--data VAR] [--loss VAR] [--batch-size N] [--force]
         """
-        p = _parser("calibrate", self.cmd_calibrate.__doc__)
+        p = _parser("calibrate")
         p.add_argument("models", nargs="*")
-        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--data", default=None)
+        p.add_argument("--loss", default=None)
+        p.add_argument("--batch-size", type=int, default=None)
         p.add_argument("--force", action="store_true")
         a = p.parse_args(argv)
-        if a.batch_size <= 0:
-            raise UsageError(f"--batch-size: must be positive, got {a.batch_size}")
-        models = [self._lookup(v, "model") for v in a.models]
-        cm = self.session.calibrate(force=a.force, models=models, batch_size=a.batch_size)
+        if (a.data or a.loss) and len(a.models) != 1:
+            raise UsageError("calibrate: --data and --loss go with one model VAR; give each model its own "
+                             "with %distlab profile VAR --data D")
+        models = []
+        for v in a.models:
+            ns = argparse.Namespace(var=v, data=a.data, sample_input=None, loss=a.loss, batch_size=a.batch_size)
+            models.append(self._model(ns))
+        if not models:
+            _positive("--batch-size", a.batch_size)
+        cm = self.session.calibrate(force=a.force, models=models)
         display(cm)
         return None
 
     def cmd_simulate(self, argv: list[str]) -> Any:
-        """Predict and rank every candidate strategy for a model on the cluster.
+        """Predict and rank every candidate strategy for a model, beside one process alone.
 
-        %distlab simulate VAR [--workers N] [--top K] [-o NAME]
+        %distlab simulate VAR [--workers N] [--top K] [model options] [-o NAME]
         """
-        p = _parser("simulate", self.cmd_simulate.__doc__)
+        p = _parser("simulate")
         p.add_argument("var")
+        _model_options(p)
         p.add_argument("--workers", type=int, default=None)
         p.add_argument("--top", type=int, default=10)
         p.add_argument("-o", "--output", default=None)
         a = p.parse_args(argv)
-        if a.workers is not None and a.workers <= 0:
-            raise UsageError(f"--workers: must be positive, got {a.workers}")
-        if a.top <= 0:
-            raise UsageError(f"--top: must be positive, got {a.top}")
-        model = self._lookup(a.var, "model")
-        table = self.session.simulate(a.var, model, workers=a.workers)
+        _positive("--workers", a.workers)
+        _positive("--top", a.top)
+        var, model = self._model(a)
+        table = self.session.simulate(var, model, workers=a.workers)
         self._store(a.output, table)
         from distlab.notebook.views import ranking_view
 
@@ -182,49 +287,71 @@ class DistlabMagics(Magics):
         return None
 
     def cmd_pick(self, argv: list[str]) -> Any:
-        """Open the strategy picker widget for a model; its .value is the chosen Strategy.
+        """Open the strategy picker for a model; its .value is the chosen Strategy.
 
-        %distlab pick VAR [-o NAME]
+        %distlab pick VAR [model options] [-o NAME]
         """
-        p = _parser("pick", self.cmd_pick.__doc__)
+        p = _parser("pick")
         p.add_argument("var")
+        _model_options(p)
         p.add_argument("-o", "--output", default=None)
         a = p.parse_args(argv)
-        model = self._lookup(a.var, "model")
-        picker = self.session.picker(a.var, model)
+        var, model = self._model(a)
+        picker = self.session.picker(var, model)
         self._store(a.output, picker)
         display(picker)
         return None
 
     def cmd_launch(self, argv: list[str]) -> Any:
-        """Launch training of a model on the cluster with a strategy.
+        """Train a model on the cluster with a strategy, on its data (--data; else synthetic
+        data from its input_spec); the run goes in a variable (-o NAME, default run).
 
-        %distlab launch VAR --strategy NAME|FILE|VAR [--steps N] [--noblock] [-o NAME]
+        %distlab launch VAR --strategy NAME|FILE|VAR [--steps N] [model options]
+            [--noblock] [-o NAME]
         """
-        p = _parser("launch", self.cmd_launch.__doc__)
+        p = _parser("launch")
         p.add_argument("var")
         p.add_argument("--strategy", "-s", required=True)
         p.add_argument("--steps", type=int, default=100)
+        _model_options(p)
         p.add_argument("--noblock", action="store_true")
-        p.add_argument("-o", "--output", default=None)
+        p.add_argument("-o", "--output", default="run")
         a = p.parse_args(argv)
-        if a.steps <= 0:
-            raise UsageError(f"--steps: must be positive, got {a.steps}")
-        model = self._lookup(a.var, "model")
+        _positive("--steps", a.steps)
+        if not a.output.isidentifier():
+            raise UsageError(f"-o {a.output!r}: not a Python name; e.g. -o run2")
+        var, model = self._model(a)
         strategy: Any = a.strategy
         if a.strategy in self.shell.user_ns:
             strategy = self.shell.user_ns[a.strategy]
             strategy = getattr(strategy, "value", strategy)  # a StrategyPicker gives its choice
-        run = self.session.launch(a.var, model, strategy, steps=a.steps)
+        elif not (os.path.exists(a.strategy) or a.strategy.endswith(".json")):
+            from distlab.strategy import builders
+
+            known = list(builders())
+            strategy = match_name(a.strategy, known)
+            if strategy is None:  # refused before any cluster starts
+                raise UsageError(
+                    f"--strategy {a.strategy!r}: no builder, notebook variable or file of that name"
+                    f"{did_you_mean(a.strategy, known)} (builders: {', '.join(known)})"
+                )
+        if self.session.inputs_of(var).data is None:
+            print(f"no --data for {var}: it trains on synthetic data from its input_spec "
+                  f"(%distlab launch {var} --data DS ... trains on yours)")
+        run = self.session.launch(var, model, strategy, steps=a.steps)
+        run.var_name = a.output
         self._store(a.output, run)
+        print(f"run {run.id} is in `{a.output}`: {a.output}.model is the trained model once it finishes, "
+              f"{a.output}.metrics its steps")
         if a.noblock:
-            return run
+            return None
         try:
             run.wait()
         except KeyboardInterrupt:
             run.cancel()
-            raise DistlabError(f"run {getattr(run, 'id', '')} cancelled: Ctrl-C stopped it on every worker") from None
-        display(run)
+            raise DistlabError(f"run {run.id} cancelled: Ctrl-C stopped it on every worker") from None
+        finally:
+            display(run)
         return None
 
     def cmd_compare(self, argv: list[str]) -> Any:
@@ -232,12 +359,17 @@ class DistlabMagics(Magics):
 
         %distlab compare
         """
-        _parser("compare", self.cmd_compare.__doc__).parse_args(argv)
+        _parser("compare").parse_args(argv)
         runs = self.session.runs_frame()
         from distlab.notebook import plots
+        from distlab.notebook.views import runs_table
 
-        display(runs)
-        display(plots.predicted_vs_measured(runs))
+        display(runs_table(runs))
+        if runs["predicted_throughput"].notna().any():
+            display(plots.predicted_vs_measured(runs))
+        else:
+            print("no predictions to plot: these runs started before the model's cost was known; "
+                  "run %distlab calibrate (or %distlab simulate VAR), then launch again")
         return None
 
     def cmd_help(self, argv: list[str]) -> Any:
@@ -246,34 +378,63 @@ class DistlabMagics(Magics):
         %distlab help [SUBCOMMAND]
         """
         if argv:
-            cmd = self._commands.get(argv[0])
-            if cmd is None:
-                raise UsageError(f"help: unknown subcommand {argv[0]!r}; one of: {', '.join(self._commands)}")
-            print(_dedent(cmd.__doc__))
+            name = match_name(argv[0], self._commands)
+            if name is None:
+                raise UsageError(
+                    f"help: unknown subcommand {argv[0]!r}{did_you_mean(argv[0], self._commands)}; "
+                    f"one of: {', '.join(self._commands)}"
+                )
+            print(_dedent(self._commands[name].__doc__))
+            if name in ("profile", "calibrate", "simulate", "pick", "launch"):
+                print("\n" + _MODEL_HELP)
             return None
-        lines = ["%distlab SUBCOMMAND ...  (distlab: plan, simulate and launch distributed training)", ""]
-        for name, cmd in self._commands.items():
-            first = _dedent(cmd.__doc__).splitlines()
-            usage = next((ln for ln in first if ln.startswith("%distlab")), f"%distlab {name}")
-            lines.append(f"  {usage:<70} {first[0]}")
+        lines = ["%distlab SUBCOMMAND ...   plan, simulate and launch distributed training", ""]
+        for cmd in self._commands.values():
+            doc = _dedent(cmd.__doc__)
+            usage = " ".join(ln.strip() for ln in doc.splitlines() if ln.strip().startswith(("%distlab", "[")))
+            summary = doc.split("\n\n")[0].replace("\n", " ")
+            lines += textwrap.wrap(usage, WIDTH, initial_indent="  ", subsequent_indent="      ")
+            lines += textwrap.wrap(summary, WIDTH, initial_indent="      ", subsequent_indent="      ")
+        lines += ["", _MODEL_HELP]
         print("\n".join(lines))
         return None
 
 
-def _dedent(doc: str | None) -> str:
-    import textwrap
+_MODEL_HELP = "\n".join(
+    textwrap.wrap(
+        "model options, remembered per model VAR by the later magics: --data VAR (a Dataset, a "
+        "DataLoader, or an (inputs, targets) pair of tensors or arrays), --sample-input VAR (a batch "
+        "the model accepts), --loss VAR (a function (output, target); default cross-entropy for "
+        f"integer targets, mean-squared error for float ones), --batch-size N (per replica, default "
+        f"{DEFAULT_BATCH}).",
+        WIDTH,
+    )
+)
 
+
+def _dedent(doc: str | None) -> str:
     if not doc:
         return ""
     head, _, rest = doc.partition("\n")
     return (head.strip() + "\n" + textwrap.dedent(rest)).strip()
 
 
+def _log_traceback(what: str) -> str:
+    """Append the current exception's traceback to this process's magic log; return its path."""
+    path = os.path.join(tempfile.gettempdir(), f"distlab-magics-{os.getpid()}.log")
+    with open(path, "a") as f:
+        f.write(f"--- {what}\n{traceback.format_exc()}\n")
+    return path
+
+
 def load_ipython_extension(ipython: Any) -> None:
-    ipython.register_magics(DistlabMagics)
+    magics = DistlabMagics(ipython)
+    ipython.register_magics(magics)
+    ipython._distlab_magics = magics  # unload stops what this instance started
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    mm = ipython.magics_manager
-    for registry in (mm.magics["line"],):
-        registry.pop("distlab", None)
+    magics = getattr(ipython, "_distlab_magics", None)
+    if magics is not None and magics.session.current_lab is not None:
+        magics.session.stop_lab()
+    ipython.magics_manager.magics["line"].pop("distlab", None)

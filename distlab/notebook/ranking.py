@@ -90,5 +90,6 @@ def display_table(table: Any, top: int = 10) -> Any:
         cols["goodput"] = head["goodput"].round().astype(int)
     import pandas as pd
 
-    out = pd.DataFrame(cols)
-    return out.style.hide(axis="index").format(precision=1, thousands=",")
+    from distlab.notebook.views import Table
+
+    return Table(pd.DataFrame(cols))

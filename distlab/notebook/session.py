@@ -1,59 +1,133 @@
-"""NotebookSession: the state one notebook's magics share (its Lab, cost model, profiles, runs)."""
+"""NotebookSession: the state one notebook's magics share (its Lab, profiles, data, runs).
+
+The session outlives any one Lab: run history belongs to the notebook, so it survives
+``%distlab cluster stop`` and a change of cluster. The cost model belongs to the Lab
+(``lab.cost_model``); the session reads it from there.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, LaunchError
+
+DEFAULT_BATCH = 32  # per-replica batch when neither --batch-size nor a remembered one is given
+
+
+@dataclasses.dataclass
+class ModelInputs:
+    """What the session remembers for one model variable: its data, sample batch, loss and
+    per-replica batch, with the notebook variables they came from (for messages and cards)."""
+
+    data: Any = None
+    data_var: str | None = None
+    sample_input: Any = None
+    sample_var: str | None = None
+    loss: Any = None
+    loss_var: str | None = None
+    batch_size: int | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.batch_size or DEFAULT_BATCH
 
 
 class NotebookSession:
     """Owns what the ``%distlab`` magics create, so nothing lives in a process-global singleton.
 
     The Lab is created on first need (the embedded LocalCluster) unless ``start_lab`` chose
-    another; the cost model is the calibrated one once ``calibrate`` ran, else the default.
+    another. A failed start leaves the working Lab as it was.
     """
 
     def __init__(self) -> None:
         self.current_lab: Any = None
-        self.cost_model: Any = None
         self.profiles: dict[str, Any] = {}
-        self._profile_keys: dict[str, tuple[int, int]] = {}
+        self.inputs: dict[str, ModelInputs] = {}
+        self.runs: list[Any] = []  # every run of this notebook, across Labs
+        self._profile_keys: dict[str, tuple[int, ...]] = {}
+
+    # -- what the user gave for a model ----------------------------------------------------------
+    def remember(self, var: str, **given: Any) -> ModelInputs:
+        """Update what is remembered for model ``var`` with the fields given (None: unchanged)."""
+        from distlab.data import as_dataset
+
+        inputs = self.inputs.setdefault(var, ModelInputs())
+        if given.get("data") is not None:
+            given["data"] = as_dataset(given["data"], f"--data {given.get('data_var') or ''}".strip())
+        for key, value in given.items():
+            if value is not None:
+                setattr(inputs, key, value)
+        return inputs
+
+    def inputs_of(self, var: str) -> ModelInputs:
+        return self.inputs.get(var) or ModelInputs()
 
     # -- profiles -------------------------------------------------------------------------
-    def profile(self, var: str, model: Any, batch_size: int | None = None) -> Any:
-        """Profile ``model`` (cached per variable, model object and batch size)."""
+    def profile(self, var: str, model: Any) -> Any:
+        """Profile ``model`` on its remembered sample or a batch of its data (cached per variable,
+        model object, batch and inputs)."""
         from distlab.profile.model_profile import ModelProfile
 
         if isinstance(model, ModelProfile):
             return model
-        key = (id(model), batch_size or 0)
+        inp = self.inputs_of(var)
+        key = (id(model), inp.batch, id(inp.data), id(inp.sample_input))
         if var in self.profiles and self._profile_keys.get(var) == key:
             return self.profiles[var]
         import distlab
 
-        prof = distlab.profile(model, batch_size=batch_size or 32)
+        sample = inp.sample_input
+        if sample is None and inp.data is not None:
+            from distlab.launch.validate import check_data
+
+            sample = check_data(inp.data, model, inp.loss, inp.batch)[0]
+        prof = distlab.profile(model, sample_input=sample, batch_size=inp.batch)
         self.profiles[var] = prof
         self._profile_keys[var] = key
         return prof
 
     # -- the cluster ------------------------------------------------------------------------
     def start_lab(self, workers: int | None = None, address: str | None = None) -> Any:
+        """Start (or attach) a new Lab, then stop the old one: a failed start keeps the old."""
         from distlab.launch import Lab
 
-        self.stop_lab()
-        self.current_lab = Lab(workers=workers) if address is None else Lab(address=address)
-        return self.current_lab
+        try:
+            lab = Lab(workers=workers) if address is None else Lab(address=address)
+        except DistlabError as exc:
+            raise DistlabError(f"{exc}{self._kept()}") from None
+        except Exception as exc:  # noqa: BLE001 - Dask's own failures: one line, the old cluster kept
+            first = (str(exc).splitlines() or [""])[0][:200]
+            raise LaunchError(f"cluster: could not start ({type(exc).__name__}: {first}){self._kept()}") from None
+        lab.via_magics = True
+        old, self.current_lab = self.current_lab, lab
+        if old is not None:
+            self._harvest(old)
+            old.close()
+        return lab
+
+    def _harvest(self, lab: Any) -> None:
+        """Keep ``lab``'s runs (the picker's too) in the notebook's history."""
+        for run in lab.history:
+            if all(run is not r for r in self.runs):
+                self.runs.append(run)
+
+    def _kept(self) -> str:
+        return "; the previous cluster is still running" if self.current_lab is not None else ""
 
     def stop_lab(self) -> str:
         if self.current_lab is None:
             return "no cluster to stop"
         lab, self.current_lab = self.current_lab, None
+        self._harvest(lab)
         lab.close()
-        return "cluster stopped"
+        return f"cluster stopped; this notebook's {len(self.runs)} run(s) are kept (%distlab compare)"
 
     def lab(self) -> Any:
-        """The notebook's Lab, started on first need."""
+        """The notebook's Lab, started on first need (or again after one was closed)."""
+        if self.current_lab is not None and self.current_lab.closed:
+            self._harvest(self.current_lab)
+            self.current_lab = None
         if self.current_lab is None:
             self.start_lab()
         return self.current_lab
@@ -62,67 +136,78 @@ class NotebookSession:
         """The live cluster's resources if a Lab runs, else this machine; ``workers`` asks what-if."""
         from distlab.resources import ResourceSpec
 
-        res = self.current_lab.resources if self.current_lab is not None else ResourceSpec.local(workers=workers)
+        lab = self.current_lab
+        res = lab.resources if lab is not None and not lab.closed else ResourceSpec.local(workers=workers)
         if workers is not None and res.world != workers:
             res = res.with_world(workers)
         return res
 
     # -- cost model ---------------------------------------------------------------------------
-    def calibrate(self, force: bool = False, models: Any = (), batch_size: int = 32) -> Any:
-        lab = self.lab()
-        self.cost_model = lab.calibrate(cache=not force, models=models, batch_size=batch_size)
-        return self.cost_model
-
-    def model_cost(self) -> Any:
-        if self.cost_model is not None:
-            return self.cost_model
-        lab_cm = getattr(self.current_lab, "cost_model", None)
-        if lab_cm is not None:
-            return lab_cm
+    @property
+    def cost_model(self) -> Any:
+        """The Lab's cost model (calibrated, refitted on its runs), else the default."""
+        lab = self.current_lab
+        if lab is not None and lab.cost_model is not None:
+            return lab.cost_model
         from distlab.costmodel import CostModel
 
         return CostModel.default()
 
+    def calibrate(self, force: bool = False, models: Any = ()) -> Any:
+        """``lab.calibrate``; ``models``: (var, model) pairs, each with its remembered data."""
+        lab = self.lab()
+        given = []
+        for var, model in models:
+            inp = self.inputs_of(var)
+            given.append(model if inp.data is None else (model, inp.data, inp.loss))
+        batch = max((self.inputs_of(v).batch for v, _ in models), default=DEFAULT_BATCH)
+        return lab.calibrate(cache=not force, models=given, batch_size=batch)
+
     def simulate(self, var: str, model: Any, workers: int | None = None) -> Any:
+        """Every candidate and the single-process baseline, ranked (``notebook.ranking``)."""
         import distlab
+        from distlab.notebook.ranking import ranking
 
         prof = self.profile(var, model)
         res = self.resources(workers)
-        self._measure(model, prof)
+        self._measure(var, model, prof)
         cands = distlab.strategy.candidates(prof, res)
         if not cands:
             raise DistlabError(f"simulate: no candidate strategy for {var} on {res.world} ranks")
-        return self.model_cost().rank(prof, res, cands)
+        return ranking(self.cost_model, prof, res, cands)
 
     def picker(self, var: str, model: Any) -> Any:
         from distlab.notebook.picker import StrategyPicker
 
         prof = self.profile(var, model)
         lab = self.lab()
-        self._measure(model, prof)
-        return StrategyPicker(prof, lab, self.model_cost(), model=model)
+        self._measure(var, model, prof)
+        return StrategyPicker(prof, lab, self.cost_model, model=model)
 
-    def _measure(self, model: Any, prof: Any) -> None:
+    def _measure(self, var: str, model: Any, prof: Any) -> None:
         """With a cluster, the model's compute comes from its own step on the workers (cached)."""
         from distlab.profile.model_profile import ModelProfile
 
-        if self.current_lab is None or isinstance(model, ModelProfile):
+        if self.current_lab is None or self.current_lab.closed or isinstance(model, ModelProfile):
             return
-        if self.current_lab.cost_model is None and self.cost_model is not None:
-            self.current_lab.cost_model = self.cost_model
-        self.cost_model = self.current_lab.measure_model(model, batch_size=prof.batch_size)
+        inp = self.inputs_of(var)
+        self.current_lab.measure_model(model, data=inp.data, loss=inp.loss, batch_size=prof.batch_size)
 
     # -- runs ------------------------------------------------------------------------------------
     def launch(self, var: str, model: Any, strategy: Any, steps: int) -> Any:
-        lab = self.lab()
-        if lab.cost_model is None and self.cost_model is not None:
-            lab.cost_model = self.cost_model
-        return lab.launch(model, strategy=strategy, steps=steps)
+        inp = self.inputs_of(var)
+        run = self.lab().launch(
+            model, strategy=strategy, steps=steps, data=inp.data, loss=inp.loss, batch_size=inp.batch_size
+        )
+        self.runs.append(run)
+        return run
 
     def runs_frame(self) -> Any:
-        if self.current_lab is None:
+        """Every run of this notebook (``lab.runs``' columns), across the Labs it used."""
+        from distlab.launch.run import runs_frame
+
+        if self.current_lab is not None:
+            self._harvest(self.current_lab)
+        if not self.runs:
             raise DistlabError("compare: no runs yet in this notebook; launch one with %distlab launch VAR --strategy NAME")
-        runs = self.current_lab.runs
-        if len(runs) == 0:
-            raise DistlabError("compare: no runs yet in this notebook; launch one with %distlab launch VAR --strategy NAME")
-        return runs
+        return runs_frame(self.runs)

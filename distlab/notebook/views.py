@@ -55,3 +55,41 @@ def ranking_view(table: Any, top: int = 10) -> list[Any]:
 
         views.insert(0, HTML(f"<p><b>distlab</b>: {html.escape(note)}</p>"))
     return views
+
+
+def runs_table(runs: Any) -> Any:
+    """``lab.runs`` as a person reads it: samples/s as integers, no internal columns or index."""
+    import pandas as pd
+
+    def rate(col: str) -> Any:
+        return runs[col].map(lambda v: f"{v:,.0f}" if v == v else "-")
+
+    out = pd.DataFrame(
+        {
+            "run": runs["run_id"],
+            "model": runs["model"],
+            "strategy": runs["strategy"],
+            "workers": runs["world"],
+            "batch": runs["batch"],
+            "steps": runs["steps"],
+            "status": runs["status"],
+            "measured (samples/s)": rate("measured_throughput"),
+            "predicted (samples/s)": rate("predicted_throughput"),
+            "refitted (samples/s)": rate("refitted_throughput"),
+        }
+    )
+    return Table(out)
+
+
+class Table:
+    """A table for people: HTML without the index in a notebook, aligned text in a terminal;
+    ``.frame`` is the DataFrame."""
+
+    def __init__(self, frame: Any) -> None:
+        self.frame = frame
+
+    def _repr_html_(self) -> str:
+        return self.frame.style.hide(axis="index").format(precision=1, thousands=",").to_html()
+
+    def __repr__(self) -> str:
+        return self.frame.to_string(index=False)

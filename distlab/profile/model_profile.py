@@ -285,7 +285,7 @@ class ModelProfile:
         n_emb = sum(v.embedding for v in self.variables)
         return (
             f"{self.name}: {len(self.variables)} variables ({n_sparse} sparse, {n_emb} embedding), "
-            f"{self.num_params:,} parameters, {self.param_bytes / 2**20:.1f} MiB, "
+            f"{self.num_params:,} parameters, {format_bytes(self.param_bytes)}, "
             f"{self.flops_per_sample / 1e6:.1f} MFLOP/sample, step {self.compute_time * 1e3:.1f} ms "
             f"at batch {self.batch_size}"
         )
@@ -299,4 +299,16 @@ class ModelProfile:
         head = f"<p><b>{html.escape(self.summary())}</b></p>"
         if not self.layers:
             return head
-        return head + self.to_frame().to_html(index=False, float_format=lambda x: f"{x:.4g}")
+        df = self.to_frame()
+        times = [c for c in df.columns if c.startswith("time")]
+        df[times] = df[times] * 1e3  # ms, as the chart shows them
+        df = df.rename(columns={c: f"{c} (ms)" for c in times})
+        return head + df.to_html(index=False, float_format=lambda x: f"{x:.4g}")
+
+
+def format_bytes(n: float) -> str:
+    """``40960`` -> ``40.0 KiB``: bytes in the largest binary unit that keeps the figure >= 1."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

@@ -55,9 +55,15 @@ def _first_leaf(model: nn.Module) -> tuple[str, nn.Module]:
 def infer_input_spec(model: nn.Module) -> dict[str, Any]:
     """The per-sample input a model declares (``model.input_spec``) or its first layer fixes."""
     spec = getattr(model, "input_spec", None)
-    if isinstance(spec, dict):
-        return dict(spec)
     cls = type(model).__name__
+    if spec is not None:
+        if not isinstance(spec, dict) or "shape" not in spec:
+            raise ProfileError(
+                f"{cls}.input_spec: expected one sample's {{'shape': [...], 'dtype': 'float32'|'int64'}} "
+                f"(no batch dimension; 'high': N for integer ids), e.g. {{'shape': [1, 8, 8], 'dtype': "
+                f"'float32'}}, got {spec!r}"
+            )
+        return dict(spec)
     name, first = _first_leaf(model)
     if isinstance(first, nn.Linear):
         return {"shape": [first.in_features], "dtype": "float32"}
@@ -68,7 +74,8 @@ def infer_input_spec(model: nn.Module) -> dict[str, Any]:
         return {"shape": [first.in_channels, *DEFAULT_SPATIAL[dims]], "dtype": "float32"}
     where = f"first layer {name} is {type(first).__name__}" if name else "it has no layers"
     raise ProfileError(
-        f"sample_input: cannot infer the input shape of {cls} ({where}); pass sample_input=torch.randn(batch, ...)"
+        f"sample_input: cannot infer the input shape of {cls} ({where}); pass sample_input=a batch it "
+        "accepts (in a magic: --sample-input VAR or --data VAR)"
     )
 
 

@@ -225,7 +225,7 @@ class _TorchProfiler:
             msg = diagnose("", self.model, (), exc)
         if self.inferred:
             shape = [*self.input_spec["shape"]]
-            msg += f" (input inferred as {self.input_spec['dtype']} {shape}; pass sample_input=a batch the model accepts)"
+            msg += f" (input inferred as {self.input_spec['dtype']} {shape}; pass sample_input=a batch the model accepts; in a magic: --sample-input VAR or --data VAR)"
         else:
             declared, given = getattr(self.model, "input_spec", None), self.input_spec
             if isinstance(declared, dict) and isinstance(given, dict):

@@ -33,8 +33,23 @@ from distlab.runtime.sync import Synchronizer
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last dimension (classification and language models alike)."""
+    """Integer targets: cross-entropy over the last dimension (classification and language models
+    alike). Floating-point targets: mean-squared error (regression; an output of one value per
+    sample meets a target of none)."""
+    if target.is_floating_point():
+        if output.shape != target.shape and output.numel() == target.numel():
+            output = output.reshape(target.shape)
+        return F.mse_loss(output, target)
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+def loss_name(loss: object, target: torch.Tensor | None = None) -> str:
+    """What a run minimises, in words: the user's callable by name, or the default for its targets."""
+    if loss is not None:
+        return getattr(loss, "__name__", None) or type(loss).__name__
+    if target is not None and target.is_floating_point():
+        return "mean-squared error (the default for float targets)"
+    return "cross-entropy (the default for integer targets)"
 
 
 def default_optimizer(params: list) -> torch.optim.Optimizer:

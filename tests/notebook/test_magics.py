@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.nn as nn
 
 from distlab.profile.model_profile import ModelProfile
@@ -33,7 +34,20 @@ def test_help_of_one_subcommand_shows_its_usage(shell, capsys):
         ("launch m --strategy AllReduce --steps 0", "--steps: must be positive"),
         ("launch m", "--strategy"),
         ("cluster local 0", "N must be a positive number"),
-        ("cluster frob", "expected 'local N'"),
+        ("cluster frob", "expected status, 'local N'"),
+        ("cluster lcoal 1", "did you mean 'local'?"),
+        ("cluster local 99", "this machine has"),
+        ("profil m", "did you mean 'profile'?"),
+        ("profile m --bacth-size 3", "did you mean '--batch-size'?"),
+        ("profile m --sample_input nothing", "--sample-input 'nothing' is not defined"),
+        ("profile m --data nothing", "--data 'nothing' is not defined"),
+        ("launch m --strategy Paralax", "did you mean 'Parallax'?"),
+        ("launch m --strategy AllReduce --loss m_size", "not callable"),
+        ("launch m --strategy AllReduce -o 2x", "not a Python name"),
+        ("calibrate m n --data m", "--data and --loss go with one model VAR"),
+        ("profile modle", "did you mean 'model'?"),
+        ("profile m --data bad_data", "expected a Dataset"),
+        ("profile m --data ids_only", "holds inputs only"),
         ("simulate m --top 0", "--top: must be positive"),
         ("calibrate m --batch-size 0", "--batch-size: must be positive"),
         ("calibrate missing_model", "'missing_model' is not defined"),
@@ -42,7 +56,9 @@ def test_help_of_one_subcommand_shows_its_usage(shell, capsys):
     ],
 )
 def test_user_errors_print_one_line_and_no_traceback(shell, capsys, line, expected):
-    shell.user_ns["m"] = nn.Linear(4, 2)
+    shell.user_ns["m"] = shell.user_ns["n"] = shell.user_ns["model"] = nn.Linear(4, 2)
+    shell.user_ns["m_size"], shell.user_ns["bad_data"] = 3, {"x": 1}
+    shell.user_ns["ids_only"] = torch.zeros(8, 4)
     out, err = run(shell, line, capsys)
     assert expected in err
     assert err.count("\n") == 1 and err.startswith("distlab: ")
@@ -74,9 +90,14 @@ def test_profile_chart_shows_time_and_flops_per_layer():
     prof = dl.profile(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), batch_size=4)
     fig = profile_chart(prof)
     names = [t.name for t in fig.data]
-    assert names == ["forward", "backward", "fwd FLOPs", "bwd FLOPs"]
-    linear0 = list(fig.data[2].y).index("0 (Linear)")
-    assert fig.data[2].x[linear0] == pytest.approx(2 * 4 * 8 * 16 / 1e9)
+    assert names == ["forward", "forward", "backward", "backward"]
+    # one legend entry per pass, and each pass one colour in both panels: the legend matches the bars
+    assert [t.showlegend for t in fig.data] == [None, False, None, False]
+    assert fig.data[0].marker.color == fig.data[1].marker.color != fig.data[2].marker.color
+    assert fig.data[2].marker.color == fig.data[3].marker.color
+    flops_fwd = fig.data[1]
+    linear0 = list(flops_fwd.y).index("0 (Linear)")
+    assert flops_fwd.x[linear0] == pytest.approx(2 * 4 * 8 * 16 / 1e9)
     assert all(x >= 0 for x in fig.data[0].x)
 
 

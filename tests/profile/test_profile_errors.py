@@ -38,8 +38,16 @@ def test_input_shape_cannot_be_inferred():
     text = message(nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
     assert text == (
         "sample_input: cannot infer the input shape of Sequential (first layer 0 is ReLU); "
-        "pass sample_input=torch.randn(batch, ...)"
+        "pass sample_input=a batch it accepts (in a magic: --sample-input VAR or --data VAR)"
     )
+
+
+def test_an_input_spec_of_the_wrong_form_is_refused_with_the_format():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    model.input_spec = (1, 8, 8)  # a shape, not the dict: never silently ignored
+    text = message(model)
+    assert text.startswith("Sequential.input_spec: expected one sample's {'shape'")
+    assert "got (1, 8, 8)" in text
 
 
 def test_wrong_sample_shape_names_layer_and_expected_shape():
