@@ -75,8 +75,11 @@ def _merge_ties(rows: Any) -> Any:
 
 
 def display_table(table: Any, top: int = 10) -> Any:
-    """What a person reads: strategy, workers, samples/s as integers, times in ms, no index."""
-    head = table.head(top)
+    """What a person reads: strategy, workers, samples/s as integers, times in ms, no index; the
+    top ``top`` rows and, below them when it ranks lower, the single-process row."""
+    import pandas as pd
+
+    head = top_with_baseline(table, top)
     cols = {
         "strategy": head["strategy"].astype(str),
         "workers": head["world"].astype(int),
@@ -88,8 +91,17 @@ def display_table(table: Any, top: int = 10) -> Any:
     }
     if "goodput" in head:
         cols["goodput"] = head["goodput"].round().astype(int)
-    import pandas as pd
-
     from distlab.notebook.views import Table
 
     return Table(pd.DataFrame(cols))
+
+
+def top_with_baseline(table: Any, top: int) -> Any:
+    """The first ``top`` rows of a ranking, plus the single-process row when it ranks below them."""
+    import pandas as pd
+
+    head = table.head(top)
+    single = table[table["strategy"] == SINGLE_PROCESS]
+    if len(single) and SINGLE_PROCESS not in set(head["strategy"]):
+        head = pd.concat([head, single])
+    return head

@@ -133,11 +133,8 @@ class NotebookSession:
         return self.current_lab
 
     def resources(self, workers: int | None = None) -> Any:
-        """The live cluster's resources if a Lab runs, else this machine; ``workers`` asks what-if."""
-        from distlab.resources import ResourceSpec
-
-        lab = self.current_lab
-        res = lab.resources if lab is not None and not lab.closed else ResourceSpec.local(workers=workers)
+        """The notebook's cluster (started on first need); ``workers`` asks what-if."""
+        res = self.lab().resources
         if workers is not None and res.world != workers:
             res = res.with_world(workers)
         return res
@@ -188,7 +185,7 @@ class NotebookSession:
         """With a cluster, the model's compute comes from its own step on the workers (cached)."""
         from distlab.profile.model_profile import ModelProfile
 
-        if self.current_lab is None or self.current_lab.closed or isinstance(model, ModelProfile):
+        if isinstance(model, ModelProfile):
             return
         inp = self.inputs_of(var)
         self.current_lab.measure_model(model, data=inp.data, loss=inp.loss, batch_size=prof.batch_size)
@@ -196,7 +193,12 @@ class NotebookSession:
     # -- runs ------------------------------------------------------------------------------------
     def launch(self, var: str, model: Any, strategy: Any, steps: int) -> Any:
         inp = self.inputs_of(var)
-        run = self.lab().launch(
+        lab = self.lab()
+        if lab.cost_model is None:  # predicted as simulate ranks it: the default model, the step measured
+            from distlab.costmodel import CostModel
+
+            lab.cost_model = CostModel.default()
+        run = lab.launch(
             model, strategy=strategy, steps=steps, data=inp.data, loss=inp.loss, batch_size=inp.batch_size
         )
         self.runs.append(run)

@@ -46,9 +46,9 @@ def ranking_view(table: Any, top: int = 10) -> list[Any]:
     """What ``%distlab simulate`` shows of a ranking (``notebook.ranking.ranking``): the top
     ``top`` rows as a table with units, its breakdown chart, and the single-process note if any."""
     from distlab.notebook import plots
-    from distlab.notebook.ranking import display_table
+    from distlab.notebook.ranking import display_table, top_with_baseline
 
-    views = [display_table(table, top), plots.breakdown(table.head(top))]
+    views = [display_table(table, top), plots.breakdown(top_with_baseline(table, top))]
     note = table.attrs.get("note")
     if note:
         from IPython.display import HTML

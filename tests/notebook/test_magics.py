@@ -17,6 +17,16 @@ def test_help_lists_every_subcommand(shell, capsys):
         assert f"%distlab {sub}" in out
 
 
+def test_help_fits_88_columns_and_names_the_data_options(shell, capsys):
+    subs = ("profile", "cluster", "calibrate", "simulate", "pick", "launch", "compare", "help")
+    for line in ["help", *(f"help {s}" for s in subs)]:
+        out, err = run(shell, line, capsys)
+        assert err == "" and max(len(ln) for ln in out.splitlines()) <= 88, line
+    out, _ = run(shell, "help", capsys)
+    for option in ("--data VAR", "--sample-input VAR", "--loss VAR", "--batch-size N", "--oversubscribe"):
+        assert option in out
+
+
 def test_help_of_one_subcommand_shows_its_usage(shell, capsys):
     out, _ = run(shell, "help launch", capsys)
     assert "--strategy NAME|FILE|VAR" in out and "--noblock" in out

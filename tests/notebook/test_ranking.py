@@ -1,0 +1,48 @@
+"""The ranking a notebook shows: the single-process baseline, exact ties once, units."""
+
+from __future__ import annotations
+
+import distlab as dl
+from distlab.notebook.ranking import SINGLE_PROCESS, display_table, ranking, top_with_baseline
+from distlab.resources import Link
+
+
+def _ranked(res, model="mlp"):
+    prof = dl.profile(dl.zoo.get(model), batch_size=8)
+    return ranking(dl.CostModel.default(), prof, res, dl.strategy.candidates(prof, res))
+
+
+def test_the_single_process_row_is_ranked_with_one_worker():
+    table = _ranked(dl.ResourceSpec.local(workers=2))
+    row = table[table["strategy"] == SINGLE_PROCESS]
+    assert len(row) == 1 and int(row["world"].iloc[0]) == 1 and row["plan"].iloc[0].world == 1
+    assert list(table["throughput"]) == sorted(table["throughput"], reverse=True)
+
+
+def test_exact_ties_are_one_row_and_nothing_is_lost():
+    res = dl.ResourceSpec.local(workers=2)
+    table = _ranked(res)
+    names = [n for s in table["strategy"] for n in s.split(" = ")]
+    prof = dl.profile(dl.zoo.get("mlp"), batch_size=8)
+    every = [s.name for s in dl.strategy.candidates(prof, res)]
+    assert sorted(names) == sorted([*every, SINGLE_PROCESS])  # each candidate once, merged or not
+    merged = [s for s in table["strategy"] if "compressor=fp16" in s]
+    assert merged and "compressor=bf16" in merged[0]  # same bytes on the wire: one prediction
+
+
+def test_a_slow_link_makes_one_process_win_and_the_ranking_says_so():
+    res = dl.ResourceSpec.local(workers=2)
+    slow = res.with_links(**{c: Link(1e-2, 1e6) for c in res.links})  # 1 MB/s, 10 ms
+    table = _ranked(slow)
+    assert table["strategy"].iloc[0] == SINGLE_PROCESS
+    assert table.attrs["single_wins"] and "do not distribute" in table.attrs["note"]
+    assert not _ranked(res).attrs["note"] or _ranked(res).attrs["single_wins"]
+
+
+def test_the_table_shows_the_baseline_below_the_top_rows_with_units():
+    table = _ranked(dl.ResourceSpec.local(workers=2))
+    shown = display_table(table, top=1).frame
+    assert SINGLE_PROCESS in set(shown["strategy"]) and len(top_with_baseline(table, 1)) <= 2
+    assert list(shown.columns[:4]) == ["strategy", "workers", "samples/s", "step (ms)"]
+    assert shown["samples/s"].dtype.kind == "i"
+    assert "index" not in shown.columns and "<th" in display_table(table)._repr_html_()
