@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import html
+import math
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +18,15 @@ import ipywidgets as w
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, LaunchError
 
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
 COMPRESSORS = ("none", "fp16", "bf16")
 # The options a control drives, and the builder keyword it maps to.
 OPTION_CONTROLS = ("chunk_size", "servers", "topology", "dynamic", "mode", "compressor")
+PROGRESS_EVERY = 0.25  # seconds between step-progress updates: records arrive once per rank per step
+SAME = 1e-3  # two predictions this close (relative) read as the same number
+RED = "<span style='color:#b00'>{}</span>"
 
 
 def _builder_params(name: str) -> set[str]:
@@ -29,10 +41,15 @@ class StrategyPicker(w.VBox):
 
     ``picker.value`` is the selected ``Strategy``; ``picker.save(path)`` writes it. The what-if
     sliders (workers, link bandwidth) change only the prediction, not the cluster. With a Lab,
-    the Launch button runs the selected strategy and adds the measured point to the chart.
+    predictions come from ``lab.cost_model`` (the model's own step measured on the workers), and
+    the Launch button runs the selected strategy in the background on the first ``workers`` of
+    the cluster (all of them when the what-if asks for more), shows its steps, and adds the
+    measured point against the Lab's prediction to the chart; ``picker.wait()`` waits for it.
     """
 
-    def __init__(self, profile: Any, lab_or_resources: Any, cost_model: Any = None, *, model: Any = None, top: int = 8) -> None:
+    def __init__(
+        self, profile: Any, lab_or_resources: Any, cost_model: Any = None, *, model: Any = None, top: int = 8
+    ) -> None:
         from distlab import strategy as st
         from distlab.costmodel import CostModel
 
@@ -44,60 +61,121 @@ class StrategyPicker(w.VBox):
         self.cost_model = cost_model if cost_model is not None else CostModel.default()
         self.model = model
         if self.lab is not None and model is not None and hasattr(model, "named_parameters"):
-            from distlab.launch.calibrate import measure_model_lab
-
-            # with a cluster, the model's compute is its own step on the workers (cached)
-            self.cost_model = measure_model_lab(self.lab, self.cost_model, model, batch_size=profile.batch_size)
+            # predict with what lab.launch predicts with (and lab.runs records): the Lab's cost model
+            # with the model's own step measured on the workers (cached)
+            if self.lab.cost_model is None:
+                self.lab.cost_model = self.cost_model
+            self.lab.measure_model(model, batch_size=profile.batch_size)
         self.top = top
         self._busy = False
         self._ranked: Any = None
+        self._cm: Any = None  # the cost model of what the picker shows now
+        self._lock = threading.RLock()  # callbacks run on the kernel's thread and the run's threads
+        self._in_flight = False
+        self._plan_line = self._run_line = self._error_line = ""  # the status, top to bottom: error first
         self.runs: list[dict[str, Any]] = []
+        self.launch_thread: threading.Thread | None = None
+        self.last_run: Any = None
+        self.log_path: Path | None = None
         world = self.base_resources.world
         names = list(st.builders())
         style = {"description_width": "110px"}
 
-        self.builder = w.Dropdown(options=names, value="AllReduce" if "AllReduce" in names else names[0], description="builder", style=style)
-        self.chunk_size = w.Dropdown(options=list(CHUNK_SIZES), value=128, description="chunk size", style=style)
-        self.servers = w.Dropdown(options=[("first rank of each host", "first"), ("every rank", "all")], value="first", description="servers", style=style)
+        self.builder = w.Dropdown(
+            options=names,
+            value="AllReduce" if "AllReduce" in names else names[0],
+            description="builder",
+            style=style,
+        )
+        self.chunk_size = w.Dropdown(
+            options=list(CHUNK_SIZES), value=128, description="chunk size", style=style
+        )
+        self.servers = w.Dropdown(
+            options=[("first rank of each host", "first"), ("every rank", "all")],
+            value="first",
+            description="servers",
+            style=style,
+        )
         from distlab import topology
 
-        self.topology = w.Dropdown(options=list(topology.names()), value="exp2", description="topology", style=style)
+        self.topology = w.Dropdown(
+            options=list(topology.names()), value="exp2", description="topology", style=style
+        )
         self.dynamic = w.Checkbox(value=False, description="dynamic topology", style=style)
-        self.mode = w.ToggleButtons(options=["atc", "awc"], value="atc", description="gossip mode", style=style)
-        self.compressor = w.Dropdown(options=list(COMPRESSORS), value="none", description="compressor", style=style)
-        self.batch = w.BoundedIntText(value=profile.batch_size, min=1, max=1 << 16, description="batch/replica", style=style)
-        self.workers = w.IntSlider(value=world, min=1, max=max(64, 4 * world), description="workers (what-if)", style=style)
-        self.bandwidth = w.FloatLogSlider(value=1.0, base=10, min=-2, max=2, step=0.1, description="bandwidth x", style=style)
-        self.table = w.Select(options=[], rows=top, description="top", layout=w.Layout(width="100%"), style=style)
+        self.mode = w.ToggleButtons(
+            options=["atc", "awc"], value="atc", description="gossip mode", style=style
+        )
+        self.compressor = w.Dropdown(
+            options=list(COMPRESSORS), value="none", description="compressor", style=style
+        )
+        self.batch = w.BoundedIntText(
+            value=profile.batch_size, min=1, max=1 << 16, description="batch/replica", style=style
+        )
+        self.workers = w.IntSlider(
+            value=world, min=1, max=max(64, 4 * world), description="workers (what-if)", style=style
+        )
+        self.bandwidth = w.FloatLogSlider(
+            value=1.0, base=10, min=-2, max=2, step=0.1, description="bandwidth x", style=style
+        )
+        self.table = w.Select(
+            options=[], rows=top, description="top", layout=w.Layout(width="100%"), style=style
+        )
+        self.note = w.HTML()
         self.steps = w.BoundedIntText(value=50, min=1, max=1_000_000, description="steps", style=style)
-        self.launch_button = w.Button(description="Launch", button_style="primary", disabled=self.lab is None, icon="play")
+        self.launch_button = w.Button(
+            description="Launch", button_style="primary", disabled=self.lab is None, icon="play"
+        )
         self.status = w.HTML()
 
-        self.figure = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("predicted samples/s", "scaling (predicted)")))
-        self.figure.update_layout(height=380, barmode="stack", margin={"l": 10, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h"})
+        self.figure = go.FigureWidget(
+            make_subplots(rows=1, cols=2, subplot_titles=("predicted samples/s", "scaling (predicted)"))
+        )
+        self.figure.update_layout(
+            height=380,
+            barmode="stack",
+            margin={"l": 10, "r": 10, "t": 40, "b": 40},
+            legend={"orientation": "h"},
+        )
         for part, colour in (("compute", "#4c78a8"), ("comm", "#f58518"), ("optimizer", "#54a24b")):
             self.figure.add_bar(x=[], y=[], name=part, marker_color=colour, orientation="h", row=1, col=1)
         self.figure.add_scatter(x=[], y=[], mode="lines+markers", name="selected", row=1, col=2)
-        self.figure.update_xaxes(title_text="step time (s)", row=1, col=1)
+        self.figure.update_xaxes(title_text="step time (ms)", row=1, col=1)
         self.figure.update_yaxes(autorange="reversed", automargin=True, row=1, col=1)
         self.figure.update_xaxes(title_text="workers", type="log", row=1, col=2)
         self.figure.update_yaxes(title_text="samples/s", row=1, col=2)
         self.measured = go.FigureWidget()
         self.measured.add_scatter(x=[], y=[], mode="markers+text", name="runs", textposition="top center")
-        self.measured.update_layout(title="predicted vs measured (samples/s)", height=300, xaxis_title="predicted", yaxis_title="measured")
+        self.measured.update_layout(
+            title="measured vs the Lab's prediction (samples/s)",
+            height=300,
+            xaxis_title="predicted",
+            yaxis_title="measured",
+        )
 
-        controls = [self.builder, self.chunk_size, self.servers, self.topology, self.dynamic, self.mode, self.compressor, self.batch, self.workers, self.bandwidth]
+        controls = [
+            self.builder,
+            self.chunk_size,
+            self.servers,
+            self.topology,
+            self.dynamic,
+            self.mode,
+            self.compressor,
+            self.batch,
+            self.workers,
+            self.bandwidth,
+        ]
         for c in controls:
             c.observe(self._on_change, names="value")
         self.table.observe(self._on_pick, names="value")
         self.launch_button.on_click(self._on_launch)
         left = w.VBox(controls, layout=w.Layout(width="380px"))
-        right = w.VBox([self.table, w.HBox([self.steps, self.launch_button]), self.status])
+        right = w.VBox([self.table, self.note, w.HBox([self.steps, self.launch_button]), self.status])
         super().__init__([w.HBox([left, right]), self.figure, self.measured])
         self.add_class("distlab-picker")
         self.value: Any = None
         self.prediction: Any = None
-        self._refresh(rank=True)
+        with self._reporting("planning"):
+            self._refresh(rank=True)
 
     # -- what the controls mean ---------------------------------------------------------------
     def resources(self) -> Any:
@@ -109,7 +187,9 @@ class StrategyPicker(w.VBox):
             res = res.with_world(self.workers.value)
         if self.bandwidth.value != 1.0:
             k = self.bandwidth.value
-            res = res.with_links(**{c: Link(link.latency, link.bandwidth * k) for c, link in res.links.items()})
+            res = res.with_links(
+                **{c: Link(link.latency, link.bandwidth * k) for c, link in res.links.items()}
+            )
         return res
 
     def options(self) -> dict[str, Any]:
@@ -125,6 +205,12 @@ class StrategyPicker(w.VBox):
             getattr(self, c).disabled = c not in accepted
         return opts
 
+    def current_cost_model(self) -> Any:
+        """What predictions use: the Lab's cost model (what ``lab.launch`` predicts with and
+        ``lab.runs`` records) when it has one, else the one passed in (or the default)."""
+        lab_cm = getattr(self.lab, "cost_model", None)
+        return lab_cm if lab_cm is not None else self.cost_model
+
     def _build(self, builder: str, res: Any, opts: dict[str, Any]) -> Any:
         from distlab import strategy as st
 
@@ -132,108 +218,330 @@ class StrategyPicker(w.VBox):
 
     # -- updates ------------------------------------------------------------------------------
     def _refresh(self, rank: bool = False) -> None:
-        res = self.resources()
-        try:
+        with self._lock:
+            res = self.resources()
+            self._cm = self.current_cost_model()
             self.value = self._build(self.builder.value, res, self.options())
-            self.prediction = self.cost_model.predict(self.profile, res, self.value)
-        except DistlabError as exc:
-            self.status.value = f"<span style='color:#b00'>{exc}</span>"
-            return
-        self.status.value = f"<b>{self.value.name}</b>: {self.prediction.throughput:,.0f} samples/s predicted"
-        if rank or self._ranked is None:
-            self._rank(res)
-        self._draw(res)
+            self.prediction = p = self._cm.predict(self.profile, res, self.value)
+            self._plan_line = (
+                f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
+                f"step {p.step_time * 1e3:,.1f} ms on {_workers(res.world)}"
+            )
+            if rank or self._ranked is None:
+                self._rank(res)
+            self._draw(res)
+            self._error_line = ""
+            self._show()
 
     def _rank(self, res: Any) -> None:
-        from distlab import strategy as st
+        import pandas as pd
 
-        cands = st.candidates(self.profile, res)
-        self._ranked = self.cost_model.rank(self.profile, res, cands).head(self.top).reset_index(drop=True)
+        from distlab import strategy as st
+        from distlab.notebook.ranking import SINGLE_PROCESS, ranking
+
+        table = ranking(self._cm, self.profile, res, st.candidates(self.profile, res))
+        note = table.attrs.get("note", "")
+        head = table.head(self.top)
+        single = table[table["strategy"] == SINGLE_PROCESS]
+        if not (head["strategy"] == SINGLE_PROCESS).any():  # the baseline every plan must beat stays listed
+            head = pd.concat([table.head(max(self.top - 1, 1)), single])
+        self._ranked = head.reset_index(drop=True)
+        self.note.value = html.escape(note)
         self._busy = True
         try:
-            self.table.options = [(f"{r.throughput:>10,.0f}/s  {r.strategy}", i) for i, r in self._ranked.iterrows()]
+            self.table.options = [
+                (f"{r.throughput:>10,.0f}/s {r.step_time * 1e3:>8,.1f} ms  {r.strategy}", i)
+                for i, r in self._ranked.iterrows()
+            ]
             self.table.value = None
         finally:
             self._busy = False
 
     def _draw(self, res: Any) -> None:
         rows = [("selected: " + self.value.name, self.prediction.breakdown)]
-        rows += [(str(r.strategy), {k: getattr(r, k) for k in ("compute", "comm", "optimizer")}) for r in self._ranked.itertuples()]
+        rows += [
+            (str(r.strategy), {k: getattr(r, k) for k in ("compute", "comm", "optimizer")})
+            for r in self._ranked.itertuples()
+        ]
         labels = [name for name, _ in rows]
         worlds = sorted({1, 2, 4, 8, 16, 32, 64, res.world} | {self.workers.value})
         curve = []
         for n in worlds:
             r = res.with_world(n) if n != res.world else res
             try:
-                curve.append(self.cost_model.predict(self.profile, r, self._build(self.builder.value, r, self.options())).throughput)
+                curve.append(
+                    self._cm.predict(
+                        self.profile, r, self._build(self.builder.value, r, self.options())
+                    ).throughput
+                )
             except DistlabError:
                 curve.append(None)
         with self.figure.batch_update():
             for trace, part in zip(self.figure.data[:3], ("compute", "comm", "optimizer")):
                 trace.y = labels
-                trace.x = [b[part] for _, b in rows]
+                trace.x = [b[part] * 1e3 for _, b in rows]
             self.figure.data[3].x = worlds
             self.figure.data[3].y = curve
 
+    def _show(self) -> None:
+        """The status (the latest error, the selection's prediction, the latest run, a closed Lab)
+        and the button's state."""
+        with self._lock:
+            closed = self._lab_closed()
+            self.launch_button.disabled = self.lab is None or closed or self._in_flight
+            shut = RED.format(html.escape(f"distlab: {_closed_text()}")) if closed else ""
+            lines = [self._error_line, self._plan_line, self._run_line, shut]
+            self.status.value = "<br>".join(line for line in lines if line)
+
+    def _lab_closed(self) -> bool:
+        return bool(getattr(self.lab, "closed", False))
+
     def _on_change(self, change: dict[str, Any]) -> None:
-        if self._busy:
-            return
-        rank = change.get("owner") in (self.workers, self.bandwidth)
-        self._refresh(rank=rank)
+        with self._reporting("update"), self._lock:
+            if self._busy:
+                return
+            rank = change.get("owner") in (self.workers, self.bandwidth)
+            self._refresh(rank=rank)
 
     def _on_pick(self, change: dict[str, Any]) -> None:
-        if self._busy or change["new"] is None:
-            return
-        row = self._ranked.iloc[change["new"]]
-        strategy = row["plan"] if "plan" in row else None
-        builder = row["builder"]
-        opts = dict(getattr(strategy, "options", {}) or {})
-        self._busy = True
-        try:
-            self.builder.value = builder
-            for key in OPTION_CONTROLS:
-                if key in opts and opts[key] in _options_of(getattr(self, key)):
-                    getattr(self, key).value = opts[key]
-            if "batch_size" in opts:
-                self.batch.value = opts["batch_size"]
-        finally:
-            self._busy = False
-        self._refresh()
+        with self._reporting("pick"), self._lock:
+            if self._busy or change["new"] is None:
+                return
+            row = self._ranked.iloc[change["new"]]
+            plan = row["plan"]  # of a merged tie, the first; of the single-process row, AllReduce on 1 worker
+            opts = dict(getattr(plan, "options", {}) or {})
+            self._busy = True
+            try:
+                self.builder.value = plan.builder
+                self.workers.value = int(row["world"])
+                for key in OPTION_CONTROLS:
+                    if key in opts and opts[key] in _options_of(getattr(self, key)):
+                        getattr(self, key).value = opts[key]
+                if "batch_size" in opts:
+                    self.batch.value = opts["batch_size"]
+            finally:
+                self._busy = False
+            self._refresh()
 
-    def _on_launch(self, _button: Any = None) -> Any:
-        if self.lab is None:
-            self.status.value = "no Lab: pass a Lab (not a ResourceSpec) to launch from the picker"
-            return None
-        if self.model is None:
-            self.status.value = "no model: create the picker with model=... (or use %distlab pick VAR)"
-            return None
-        strategy = self._build(self.builder.value, self.lab.resources, self.options())
-        predicted = self.cost_model.predict(self.profile, self.lab.resources, strategy).throughput
-        self.status.value = f"running {strategy.name} for {self.steps.value} steps ..."
-        self.launch_button.disabled = True
+    # -- launching ----------------------------------------------------------------------------
+    def _on_launch(self, _button: Any = None) -> threading.Thread | None:
+        """Launch the selected strategy in a background thread (returned, and kept as ``launch_thread``)."""
+        with self._reporting("launch"):
+            with self._lock:
+                if self._in_flight:
+                    return None
+                self._error_line = ""
+                if self._lab_closed():
+                    self._show()  # says the Lab is closed and how to start one; the button goes off
+                    return None
+                if self.lab is None:
+                    raise LaunchError("no Lab: pass a Lab (not a ResourceSpec) to launch from the picker")
+                if self.model is None:
+                    raise LaunchError("no model: create the picker with model=... (or use %distlab pick VAR)")
+                self._in_flight = True  # one launch at a time, from the first click
+            try:
+                return self._start_launch()
+            except BaseException:
+                self._in_flight = False
+                raise
+        return None
+
+    def _start_launch(self) -> threading.Thread:
+        from distlab.launch.cluster import sub_resources
+
+        real = self.lab.resources  # asks the scheduler: outside the lock a record callback may wait on
+        with self._lock:
+            k = min(self.workers.value, real.world)
+            res = sub_resources(real, list(real.addresses)[:k])
+            strategy = self._build(self.builder.value, res, self.options())
+            shown = self._cm if self._cm is not None else self.current_cost_model()
+            before = float(shown.predict(self.profile, res, strategy).throughput)
+            refitted = self.current_cost_model() is not shown
+            where = _workers(k) + (f" (of the cluster's {real.world})" if k < real.world else "")
+            whatif = self._what_if(real, k)
+            self._run_line = f"launching <b>{html.escape(strategy.name)}</b> on {where} ...{whatif}"
+            args = (strategy, int(self.steps.value), where, before, refitted, whatif)
+            thread = threading.Thread(
+                target=self._launch_and_wait, args=args, name="distlab-picker-launch", daemon=True
+            )
+            self._show()
+            self.launch_thread = thread
+            thread.start()
+        return thread
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait for the latest Launch to finish (at most ``timeout`` seconds); return its Run (None when
+        it never started)."""
+        thread = self.launch_thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise LaunchError(f"picker: the launch is still running after {timeout:g} s; wait longer")
+        return self.last_run
+
+    def _what_if(self, real: Any, k: int) -> str:
+        """A what-if that is not the cluster: Launch runs on the cluster, against the Lab's prediction."""
+        if self.workers.value <= real.world and self.bandwidth.value == 1.0:
+            return ""  # the what-if is the cluster, or its first workers
+        wanted = f"{self.workers.value} workers" + (
+            f", bandwidth x{self.bandwidth.value:.3g}" if self.bandwidth.value != 1.0 else ""
+        )
+        return (
+            f"<br>the what-if ({wanted}) is not this cluster: Launch runs on the real cluster's "
+            f"{_workers(k)} and is measured against the Lab's prediction for them"
+        )
+
+    def _launch_and_wait(
+        self, strategy: Any, steps: int, where: str, before: float, refitted: bool, whatif: str
+    ) -> None:
+        """(background thread) Launch, show steps as they arrive, wait, then plot measured vs predicted."""
+        ok = False
         try:
-            run = self.lab.launch(self.model, strategy=strategy, steps=self.steps.value)
-            run.wait()
-        except DistlabError as exc:
-            self.status.value = f"<span style='color:#b00'>launch failed: {exc}</span>"
-            return None
+            with self._reporting("launch"):
+                cm = self.lab.cost_model
+                run = self.lab.launch(self.model, strategy=strategy, steps=steps)
+                # lab.launch measured the model's own step first when its cost model changed (a refit
+                # comes only after the run has finished)
+                measured = self.lab.cost_model is not cm and run.status in ("pending", "running")
+                self.last_run = run
+                head = f"run {html.escape(run.id)}: <b>{html.escape(strategy.name)}</b> on {where}"
+                run.on_record.append(self._progress(run, head, whatif))
+                with self._lock:
+                    self._run_line = f"{head}: starting{whatif}"
+                    self._show()
+                while not run.done:
+                    time.sleep(0.1)
+                with warnings.catch_warnings(record=True) as caught:  # the Lab's drift note: shown below
+                    warnings.simplefilter("always")
+                    run.wait(progress=False)  # done: returns at once, or raises the run's error
+                notes = [html.escape(str(c.message)) for c in caught]
+                self._after_run(run, head, before, _why(refitted, measured), whatif, notes)
+                ok = True
         finally:
-            self.launch_button.disabled = False
-        measured = run.throughput
-        self.runs.append({"strategy": strategy.name, "predicted_throughput": predicted, "measured_throughput": measured})
-        with self.measured.batch_update():
-            t = self.measured.data[0]
-            t.x = [r["predicted_throughput"] for r in self.runs]
-            t.y = [r["measured_throughput"] for r in self.runs]
-            t.text = [r["strategy"] for r in self.runs]
-        self.status.value = f"<b>{strategy.name}</b>: measured {measured:,.0f} samples/s, predicted {predicted:,.0f}"
-        return run
+            self._in_flight = False
+            if not ok:  # the error line says what happened; a "launching ..." line would be stale
+                self._run_line = ""
+            with self._reporting("launch"):
+                self._show()
+
+    def _progress(self, run: Any, head: str, whatif: str) -> Callable[[dict[str, Any]], None]:
+        """An ``on_record`` callback showing "step k/N", at most every PROGRESS_EVERY seconds."""
+        seen = {"step": 0, "at": 0.0}
+
+        def on_record(rec: dict[str, Any]) -> None:
+            with self._reporting("progress"):
+                k = int(rec["step"]) + 1
+                now = time.monotonic()
+                if k <= seen["step"] or (k < run.steps and now - seen["at"] < PROGRESS_EVERY):
+                    return
+                seen["step"], seen["at"] = k, now
+                # this runs on the Dask client's event thread: never hold it up behind a redraw
+                if self._lock.acquire(timeout=PROGRESS_EVERY):
+                    try:
+                        if self._in_flight:
+                            self._run_line = f"{head}: step {k}/{run.steps}{whatif}"
+                            self._show()
+                    finally:
+                        self._lock.release()
+
+        return on_record
+
+    def _after_run(self, run: Any, head: str, before: float, why: str, whatif: str, notes: list[str]) -> None:
+        if run.status != "finished":  # cancelled (lab.close(), run.cancel()): nothing was measured
+            with self._lock:
+                self._run_line = "<br>".join([f"{head}: {run.status}, {run.steps} steps asked", *notes])
+                self._show()
+            return
+        measured, predicted = float(run.throughput), float(run.predicted_throughput)
+        self.runs.append(
+            {
+                "run_id": run.id,
+                "strategy": run.strategy.name,
+                "world": run.world,
+                "predicted_throughput": predicted,
+                "measured_throughput": measured,
+            }
+        )
+        with self._lock:
+            with self.measured.batch_update():
+                t = self.measured.data[0]
+                t.x = [r["predicted_throughput"] for r in self.runs]
+                t.y = [r["measured_throughput"] for r in self.runs]
+                t.text = [r["strategy"] for r in self.runs]
+            line = f"{head}, {run.steps} steps: measured {measured:,.0f} samples/s"
+            if math.isnan(predicted):
+                line += "; the Lab made no prediction (it has no cost model: lab.calibrate())"
+            else:
+                line += f", predicted {predicted:,.0f} (the Lab's prediction, made before the run"
+                if not whatif and abs(predicted - before) > SAME * max(abs(before), 1.0):
+                    line += f"; the picker showed {before:,.0f}: {why}"
+                line += ")"
+            self._run_line = "<br>".join([line + whatif, *notes])
+            self._refresh(rank=True)  # the Lab refitted its cost model on this run
+
+    @contextlib.contextmanager
+    def _reporting(self, what: str) -> Iterator[None]:
+        """Show any error of a callback in the widget, as one red line; an unexpected one's traceback
+        goes to a log file whose path the line gives."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - an error in a widget callback must show in the widget
+            text = " ".join(str(exc).split())
+            if isinstance(exc, DistlabError):
+                line = f"distlab: {text}"
+            else:
+                where = self._log(exc, what)
+                line = f"distlab: {what} failed: {type(exc).__name__}: {text} (traceback: {where})"
+            self._error_line = RED.format(html.escape(line))
+            # a callback on the client's event thread never waits long for a redraw
+            if not self._lock.acquire(timeout=1.0):
+                self.status.value = self._error_line
+                return
+            try:
+                self._show()
+            except Exception:  # noqa: BLE001 - the error itself must still show
+                self.status.value = self._error_line
+            finally:
+                self._lock.release()
+
+    def _log(self, exc: BaseException, what: str) -> str:
+        try:
+            if self.log_path is None:
+                fd, name = tempfile.mkstemp(prefix="distlab-picker-", suffix=".log")
+                with open(fd, "w", encoding="utf-8"):
+                    pass
+                self.log_path = Path(name)
+            with self.log_path.open("a", encoding="utf-8") as f:
+                f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n")
+                f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            return str(self.log_path)
+        except OSError as err:
+            return f"not written: {err}"
 
     # -- the result ---------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         if self.value is None:
             raise DistlabError("StrategyPicker.save: no strategy is selected")
         return self.value.save(path)
+
+
+def _closed_text() -> str:
+    from distlab.launch.lab import CLOSED  # imports dask: only once a Lab is in play
+
+    return CLOSED
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" + ("" if n == 1 else "s")
+
+
+def _why(refitted: bool, measured: bool) -> str:
+    """Why the Lab's prediction for a run is not the one the picker showed, in one clause."""
+    if refitted:
+        return "lab.cost_model changed since the picker drew (a finished run refits it)"
+    if measured:
+        return "the Lab measured the model's own step on the workers at this batch first"
+    return "the Lab predicts from its own profile of the model"
 
 
 def _options_of(widget: Any) -> list[Any]:

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
 import distlab as dl
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, StrategyError
 from distlab.notebook.picker import StrategyPicker
+from distlab.notebook.ranking import SINGLE_PROCESS
 
 
 @pytest.fixture(scope="module")
 def prof():
     return dl.ModelProfile.from_variables(
-        [("emb.weight", (50_000, 16), "float32", True), ("fc1.weight", (256, 16)), ("fc1.bias", (256,)), ("fc2.weight", (10, 256))],
+        [
+            ("emb.weight", (50_000, 16), "float32", True),
+            ("fc1.weight", (256, 16)),
+            ("fc1.bias", (256,)),
+            ("fc2.weight", (10, 256)),
+        ],
         time_per_sample=1e-4,
     )
 
@@ -77,13 +86,75 @@ def test_what_if_workers_and_bandwidth_change_the_plan_and_the_chart(picker):
     comm_before = picker.prediction.breakdown["comm"]
     picker.bandwidth.value = 0.01
     assert picker.prediction.breakdown["comm"] > comm_before
-    assert bars(picker)[1][0] == pytest.approx(picker.prediction.breakdown["comm"])
+    assert bars(picker)[1][0] == pytest.approx(picker.prediction.breakdown["comm"] * 1e3)  # ms
 
 
 def test_clicking_a_candidate_selects_it(picker):
-    label, index = picker.table.options[2]
+    label, index = picker.table.options[3]
     picker.table.value = index
     assert label.strip().endswith(picker.value.name)
+    assert picker.value.world == 2 and picker.workers.value == 2
+
+
+def test_the_list_has_the_single_process_row_last_and_ties_once(picker):
+    labels = [label for label, _ in picker.table.options]
+    assert labels[-1].strip().endswith(SINGLE_PROCESS)
+    # fp16 and bf16 move the same bytes at 2 workers: one row names both, no other row names either
+    tied = [label for label in labels if "compressor=fp16" in label or "compressor=bf16" in label]
+    assert len(tied) == 1 and "AllReduce(compressor=fp16) = AllReduce(compressor=bf16)" in tied[0]
+    picker.table.value = labels.index(tied[0])
+    assert picker.value.builder == "AllReduce" and picker.value.world == 2
+
+
+def test_picking_the_single_process_row_selects_allreduce_on_one_worker(picker):
+    row = [i for label, i in picker.table.options if label.strip().endswith(SINGLE_PROCESS)][0]
+    picker.table.value = row
+    assert picker.workers.value == 1 and picker.value.world == 1 and picker.value.builder == "AllReduce"
+    assert picker.prediction.throughput == pytest.approx(picker._ranked.iloc[row]["throughput"])
+    assert "on 1 worker" in picker.status.value
+    assert picker.table.value == row  # the list stays the one it was picked from
+
+
+def test_the_list_and_status_read_as_integers_per_second_and_milliseconds(picker):
+    for label, _ in picker.table.options:
+        assert re.match(r"^ *\d{1,3}(,\d{3})*/s +\d[\d,]*\.\d ms  \S", label), label
+    assert re.search(r"\d{1,3}(,\d{3})* samples/s predicted, step \d+\.\d ms", picker.status.value)
+    assert picker.note.value == ""
+
+
+def test_the_note_says_when_one_process_is_predicted_fastest():
+    big = dl.ModelProfile.from_variables([("w", (4096, 4096))], time_per_sample=1e-6)
+    picker = StrategyPicker(big, dl.ResourceSpec.local(workers=2))
+    assert "one process is predicted fastest" in picker.note.value
+    assert picker.table.options[0][0].strip().endswith(SINGLE_PROCESS)
+
+
+def test_an_unexpected_error_in_a_callback_shows_in_the_widget_with_its_log(picker, monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the log goes to the system temp dir
+    monkeypatch.setattr(picker, "_build", broken)
+    picker.chunk_size.value = 16
+    status = picker.status.value
+    assert "color:#b00" in status and "distlab: update failed: RuntimeError: boom" in status
+    assert "\n" not in status
+    log = Path(re.search(r"traceback: ([^)]+)\)", status).group(1))
+    assert log.name.startswith("distlab-picker-") and log.parent == tmp_path and log == picker.log_path
+    assert "Traceback" in log.read_text() and "RuntimeError: boom" in log.read_text()
+    monkeypatch.undo()
+    picker.chunk_size.value = 32
+    assert "samples/s predicted" in picker.status.value and "color:#b00" not in picker.status.value
+
+
+def test_a_distlab_error_in_a_callback_shows_as_one_line_without_a_log(picker, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise StrategyError("AllReduce: chunk_size 16 is too small\nuse 32 or more")
+
+    monkeypatch.setattr(picker, "_build", refuse)
+    picker.chunk_size.value = 16
+    assert "distlab: AllReduce: chunk_size 16 is too small use 32 or more" in picker.status.value
+    assert "traceback" not in picker.status.value and picker.log_path is None
 
 
 def test_save_writes_the_selected_strategy(picker, tmp_path):
@@ -95,29 +166,10 @@ def test_save_writes_the_selected_strategy(picker, tmp_path):
 
 def test_without_a_lab_launch_is_disabled(picker):
     assert picker.launch_button.disabled
+    picker.launch_button.click()  # clicked anyway (from code): it says why nothing runs
+    assert "distlab: no Lab: pass a Lab" in picker.status.value and picker.launch_thread is None
 
 
 def test_a_non_resource_argument_is_a_clear_error(prof):
     with pytest.raises(DistlabError, match="Lab or a ResourceSpec"):
         StrategyPicker(prof, "cluster")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_launch_button_runs_the_strategy_and_plots_the_measured_point():
-    import torch.nn as nn
-
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    prof = dl.profile(model, batch_size=8)
-    with dl.Lab(workers=2) as lab:
-        picker = StrategyPicker(prof, lab, model=model)
-        assert not picker.launch_button.disabled
-        picker.builder.value = "PS"
-        picker.steps.value = 6
-        picker.launch_button.click()
-        assert len(lab.runs) == 1 and lab.runs.iloc[0]["status"] == "finished"
-    point = picker.measured.data[0]
-    assert list(point.text) == ["PS"]
-    assert point.y[0] == pytest.approx(picker.runs[0]["measured_throughput"]) and point.y[0] > 0
-    assert point.x[0] == pytest.approx(picker.runs[0]["predicted_throughput"]) and point.x[0] > 0
-    assert "measured" in picker.status.value
