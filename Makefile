@@ -7,7 +7,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
 .PHONY: demo test install lint bench browser-deps clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt kernels/distlab/kernel.json kernels/distlab/logo-32x32.png kernels/distlab/logo-64x64.png
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e ".[dev,bench]"

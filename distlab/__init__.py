@@ -6,8 +6,8 @@ Heavy parts (torch, dask, plotly, ipywidgets) are imported on first use, so
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib as _importlib
+from typing import Any as _Any
 
 from distlab.errors import DistlabError
 from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile
@@ -44,18 +44,23 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     try:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'distlab' has no attribute {name!r}") from None
-    mod = importlib.import_module(module)
+    mod = _importlib.import_module(module)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
     return value
 
 
-def profile(model: Any, sample_input: Any = None, batch_size: int = 32, **options: Any) -> ModelProfile:
+def __dir__() -> list[str]:
+    """The public names (lazy ones included, none imported by listing them) and the module's dunders."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+
+
+def profile(model: _Any, sample_input: _Any = None, batch_size: int = 32, **options: _Any) -> ModelProfile:
     """Profile a torch ``nn.Module`` (or a Keras model): see ``distlab.profile.torch_profiler.profile``.
 
     Defined here, after the ``distlab.profile`` package was imported, so ``dl.profile`` is this
@@ -66,14 +71,14 @@ def profile(model: Any, sample_input: Any = None, batch_size: int = 32, **option
     return _profile(model, sample_input=sample_input, batch_size=batch_size, **options)
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: _Any) -> None:
     """``%load_ext distlab``: register the ``%distlab`` magic."""
     from distlab.notebook.magics import load_ipython_extension as _load
 
     _load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: _Any) -> None:
     from distlab.notebook.magics import unload_ipython_extension as _unload
 
     _unload(ipython)

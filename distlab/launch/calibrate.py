@@ -48,6 +48,37 @@ MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this
 MODEL_PASSES, LOCAL_SECONDS, MODEL_MAX_STEPS = 8, 0.4, 1000
 
 
+class Progress:
+    """Calibration's bar (tqdm, shown when ``enabled``): ``total`` parts, each a call on the
+    workers or a reference model profiled, named as it starts; a no-op when disabled."""
+
+    def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
+        self._bar = None
+        if enabled and total > 0:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="part", leave=False)
+
+    def start(self, what: str) -> None:
+        """Name the part now measured."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(what)
+
+    def done(self, parts: int = 1) -> None:
+        if self._bar is not None and parts > 0:
+            self._bar.update(parts)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _ranks(worlds: Sequence[int]) -> str:
+    """``2 ranks``, ``1 rank``, ``2-4 ranks``: the world sizes a part measures."""
+    lo, hi = min(worlds), max(worlds)
+    return f"{hi} rank{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} ranks"
+
+
 def cache_key(resources: Any, sizes: Any) -> str:
     """Hosts, ranks, devices, cores, the sizes asked and library versions: what a calibration depends on."""
     versions = {}
@@ -105,28 +136,18 @@ def calibrate_lab(
     todo = [t for t in targets if cm is None or not _measured(cm, t[0], res)]
     if cm is not None and not todo:
         return cm
-    stages = (0 if cm is not None else 2) + (1 if todo else 0)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=stages, desc=f"calibrating {res.world} ranks", unit="stage", leave=False)
-
-    def done(stage: str) -> None:
-        if bar is not None:
-            bar.set_postfix_str(stage)
-            bar.update(1)
-
+    worlds = range(1, res.world + 1)
+    cases = _reference_cases() if cm is None else []
+    parts = (_cluster_parts(res, cases) if cm is None else 0) + (passes * len(worlds) if todo else 0)
+    bar = Progress(parts, f"calibrating {res.world} ranks", progress)
     monitor = LoadMonitor(lab.client).start()
     try:
         if cm is None:
-            cm = _calibrate_cluster(lab, res, sizes, done)
+            cm = _calibrate_cluster(lab, res, sizes, cases, bar)
         if todo:
-            cm = cm.with_compute(measure_models(lab, todo, range(1, res.world + 1), passes))
-            done("models")
+            cm = cm.with_compute(measure_models(lab, todo, worlds, passes, bar=bar))
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     loads = monitor.stop()
     disturbed = warn_disturbed(
         "calibrate",
@@ -180,17 +201,14 @@ def measure_model_lab(
     mine = [r for r in cached if r["key"] == key and int(r["batch"]) in batches]
     if mine and _measured(base.with_compute(mine), key, res):
         return base.with_compute(mine)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=1, desc=f"measuring {type(model).__name__}'s step on {res.world} ranks", leave=False)
+    worlds = range(1, res.world + 1)
+    desc = f"measuring {type(model).__name__}'s step on {res.world} ranks"
+    bar = Progress(passes * len(worlds), desc, progress)
     monitor = LoadMonitor(lab.client).start()
     try:
-        rows = measure_models(lab, targets, range(1, res.world + 1), passes)
+        rows = measure_models(lab, targets, worlds, passes, bar=bar)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     disturbed = warn_disturbed(
         f"measuring {type(model).__name__}'s step",
         monitor.stop(),
@@ -224,12 +242,24 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
-def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
+def _reference_worlds(res: Any) -> list[int]:
+    """The training-loop stage's world sizes: 1, 2, one less than the whole cluster and the whole cluster."""
+    return sorted({1, min(2, res.world), max(1, res.world - 1), res.world})
+
+
+def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
+    """The units of _calibrate_cluster's progress: the collectives' call, each reference model's
+    profile and at most one training-loop call per pass and world size."""
+    return 1 + len(cases) + loop_parts(_reference_worlds(res))
+
+
+def _calibrate_cluster(lab: Any, res: Any, sizes: Any, cases: Sequence[Any], bar: Progress) -> Any:
     """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
     import distlab as dl
     from distlab.costmodel import CostModel
 
     worlds = list(range(2, res.world + 1))
+    bar.start(f"collectives at {_ranks(worlds)}")
     try:
         out = lab.run_ranks(
             microbench_worlds,
@@ -242,13 +272,14 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, done: Any) -> Any:
     except LaunchError as exc:
         raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
     cm = CostModel.from_microbenchmarks(out[0], res)
-    done("collectives")
-    cases = _reference_cases()
-    profiles = [dl.profile(m, batch_size=b) for m, _, b, _ in cases]
-    ref_worlds = sorted({1, min(2, res.world), max(1, res.world - 1), res.world})
+    bar.done()
+    profiles = []
+    for i, (m, _, b, _) in enumerate(cases):
+        bar.start(f"profiling {type(m).__name__} ({i + 1} of {len(cases)} reference models)")
+        profiles.append(dl.profile(m, batch_size=b))
+        bar.done()
     # the reference models compute as measured beside the loop: what remains is the runtime's
-    cm = measure_training_loop(lab, cm, res, cases, profiles, ref_worlds)
-    done("training loop")
+    cm = measure_training_loop(lab, cm, res, cases, profiles, _reference_worlds(res), bar=bar)
     reference = {model_key(p) for p in profiles}
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
 
@@ -324,20 +355,28 @@ def _measured(cm: Any, key: str, res: Any) -> bool:
 
 
 def measure_models(
-    lab: Any, targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]], worlds: Any, passes: int = MODEL_PASSES
+    lab: Any,
+    targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]],
+    worlds: Any,
+    passes: int = MODEL_PASSES,
+    bar: Progress | None = None,
 ) -> list[LocalStep]:
     """Each target's local step at each world size and batch (runtime.microbench.loop_pass_rank,
     with every rank of the world busy): compute rows. One call per world size and pass, the
     world sizes in turn pass after pass (each pass in the other direction), so a slow minute
-    of the machine hits every world size a little; each row the median of its steps over the passes."""
+    of the machine hits every world size a little; each row the median of its steps over the passes.
+    ``bar`` advances once a call (``passes * len(worlds)`` in all)."""
     res = lab.resources
+    bar = bar or Progress(0, "", False)
     worlds = sorted(set(worlds))
+    names = ", ".join(dict.fromkeys(type(m).__name__ for _, m, _, _, _ in targets))
     cases = [LocalCase(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
     keys = [k for k, _, _, batches, _ in targets for _ in batches]
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     for turn in range(passes):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
             threads = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
+            bar.start(f"local step of {names} at {_ranks([k])}, pass {turn + 1} of {passes}")
             try:
                 per_rank = lab.run_ranks(
                     loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, MODEL_MAX_STEPS, world=k
@@ -347,6 +386,7 @@ def measure_models(
             for r, (own, _) in enumerate(per_rank):
                 for i, seconds in enumerate(own):
                     steps[k][r][i].extend(seconds)
+            bar.done()
     return _local_rows(res, keys, [c.batch for c in cases], steps)
 
 
@@ -405,17 +445,31 @@ def _repeats(predicted: float) -> tuple[int, int]:
     return (OVERHEAD_STEPS, OVERHEAD_PASSES) if predicted < SHORT_STEP else (LONG_STEPS, 1)
 
 
+def loop_parts(worlds: Sequence[int]) -> int:
+    """The most calls measure_training_loop makes at ``worlds``: one per pass and world size."""
+    return OVERHEAD_PASSES * len(worlds)
+
+
 def measure_training_loop(
-    lab: Any, cm: Any, res: Any, cases: Sequence[Any], profiles: Sequence[Any], worlds: Sequence[int]
+    lab: Any,
+    cm: Any,
+    res: Any,
+    cases: Sequence[Any],
+    profiles: Sequence[Any],
+    worlds: Sequence[int],
+    bar: Progress | None = None,
 ) -> Any:
     """The real training loop on the reference models and builders at ``worlds``, each pass beside
     the models' own local steps (runtime.microbench.loop_pass_rank); returns ``cm`` fitted to them:
     compute (fit_compute) and the loop's cost (fit_overhead: the in-step seconds measured against
-    what ``cm`` predicts with each model's local step of the same passes).
+    what ``cm`` predicts with each model's local step of the same passes). ``bar`` advances once a
+    call, and past the calls that short cases did not need: ``loop_parts(worlds)`` in all.
     """
     import distlab as dl
     from distlab.launch.cluster import sub_resources
 
+    bar = bar or Progress(0, "", False)
+    left = loop_parts(worlds)
     plans, subs, threads = {}, {}, {}
     for k in worlds:
         subs[k] = sub_resources(res, list(res.addresses)[:k])
@@ -443,6 +497,7 @@ def measure_training_loop(
             if not due:
                 continue
             models = sorted({plans[k][i][0] for i in due})
+            bar.start(f"training loop at {_ranks([k])}, pass {turn + 1} ({len(due)} runs)")
             jobs = []
             for i in due:
                 j, strategy = plans[k][i]
@@ -464,9 +519,12 @@ def measure_training_loop(
                     local[k][r][j].extend(own[n])
                 for n, i in enumerate(due):
                     steps[k][r][i].extend(loop[n])
+            bar.done()
+            left -= 1
         if turn == 0:  # the later passes: the cases short by the local steps now measured
             reps = repeats(_with_local(cm, profiles, cases, res, local))
         turn += 1
+    bar.done(left)  # the passes the cases did not need
     cm = _with_local(cm, profiles, cases, res, local)
     rows = [
         LoopRun(

@@ -1,4 +1,4 @@
-"""Execute notebooks headless with papermill (explicit kernel) and export them to HTML."""
+"""Execute notebooks headless with papermill (in the notebook's own kernel) and export them to HTML."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 from distlab.errors import DistlabError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-KERNEL = "python3"
+KERNEL = "python3"  # what a notebook runs in when the kernel it names is not installed here
+# kernels/distlab: python3 that loads the %distlab extension at start-up (``--ext distlab``)
+EXTENSION_KERNEL, EXTENSION_ARGS = "distlab", ["--ext", "distlab"]
 
 
 def execute_notebook(
@@ -18,16 +20,27 @@ def execute_notebook(
     dst: str | Path,
     params: Mapping[str, Any] | None = None,
     *,
-    kernel: str = KERNEL,
+    kernel: str | None = None,
     progress: bool = True,
     timeout: int | None = None,
 ) -> Path:
-    """Run ``src`` into ``dst`` with ``params`` injected after its ``parameters`` cell."""
+    """Run ``src`` into ``dst`` with ``params`` injected after its ``parameters`` cell.
+
+    ``kernel``: the kernelspec to run in; by default the one the notebook names in its metadata
+    when it is installed here, else ``python3`` (given the ``%distlab`` extension when the
+    notebook asked for the distlab kernel, as that kernel would load it).
+    """
     import papermill as pm
 
     src, dst = Path(src), Path(dst)
     if not src.exists():
         raise DistlabError(f"notebook {str(src)!r} does not exist")
+    extra: dict[str, Any] = {}
+    if kernel is None:
+        wanted = notebook_kernel(src)
+        kernel = wanted if wanted in _installed_kernels() else KERNEL
+        if wanted == EXTENSION_KERNEL and kernel != wanted:
+            extra["extra_arguments"] = list(EXTENSION_ARGS)
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         pm.execute_notebook(
@@ -38,12 +51,28 @@ def execute_notebook(
             cwd=str(ROOT),
             progress_bar=progress,
             execution_timeout=timeout,
+            **extra,
         )
     except pm.PapermillExecutionError as exc:
         raise DistlabError(
             f"notebook {src.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} (executed copy: {dst})"
         ) from None
     return dst
+
+
+def notebook_kernel(path: str | Path) -> str | None:
+    """The kernelspec name ``path``'s metadata asks for (None when it names none or is unreadable)."""
+    try:
+        name = json.loads(Path(path).read_text())["metadata"]["kernelspec"]["name"]
+    except (OSError, ValueError, LookupError, TypeError):
+        return None  # papermill reports what is wrong with the file
+    return name if isinstance(name, str) and name else None
+
+
+def _installed_kernels() -> set[str]:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return set(KernelSpecManager().find_kernel_specs())
 
 
 def export_html(notebook: str | Path, dst: str | Path) -> Path:

@@ -32,12 +32,6 @@ def jupyterlab(tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api")
-    import nbformat
-    from papermill.iorw import load_notebook_node
-    from papermill.parameterize import parameterize_notebook
-
-    nb = parameterize_notebook(load_notebook_node(str(ROOT / "notebooks" / "quickstart.ipynb")), SMALL)
-    nbformat.write(nb, tmp_path / "quickstart.ipynb")
     # render every cell (JupyterLab 4 virtualises long notebooks, hiding off-screen outputs)
     settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
@@ -66,7 +60,7 @@ def jupyterlab(tmp_path):
     else:
         proc.kill()
         pytest.fail("jupyter lab did not answer within 90 s")
-    yield url, token
+    yield url, token, tmp_path
     proc.terminate()
     try:
         proc.wait(timeout=20)
@@ -74,10 +68,47 @@ def jupyterlab(tmp_path):
         proc.kill()
 
 
+def _run_notebook(page, url: str, token: str, name: str) -> None:
+    """Open ``name`` in JupyterLab, wait for its kernel, run every cell, wait until all ran (or one failed)."""
+    page.goto(f"{url}/lab/tree/{name}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
+    # wait for the notebook's kernel to be ready, then run every cell
+    page.wait_for_function(
+        """() => { const nb = window.jupyterapp.shell.currentWidget;
+                   const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
+                   return k && k.status === 'idle'; }""",
+        timeout=120_000, polling=500,
+    )
+    page.wait_for_timeout(2000)
+    started = page.evaluate(
+        "async () => { try { await window.jupyterapp.commands.execute('notebook:run-all-cells'); return 'ok'; }"
+        " catch (e) { return String(e); } }"
+    )
+    assert started == "ok", started
+    # done when every code cell has an execution count and the kernel is idle (or a cell failed)
+    page.wait_for_function(
+        """() => {
+          const nb = window.jupyterapp.shell.currentWidget;
+          if (!nb || !nb.content || !nb.sessionContext.session) return false;
+          const cells = [...nb.content.widgets].filter(c => c.model.type === 'code');
+          const failed = document.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']");
+          const idle = nb.sessionContext.session.kernel.status === 'idle';
+          return idle && (cells.every(c => c.model.executionCount !== null) || failed !== null);
+        }""",
+        timeout=600_000, polling=2000,
+    )
+
+
 def test_quickstart_renders_picker_and_charts(jupyterlab):
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
     from playwright.sync_api import sync_playwright
 
-    url, token = jupyterlab
+    url, token, root = jupyterlab
+    nb = parameterize_notebook(load_notebook_node(str(ROOT / "notebooks" / "quickstart.ipynb")), SMALL)
+    nbformat.write(nb, root / "quickstart.ipynb")
     out = ROOT / "out"
     out.mkdir(exist_ok=True)
     errors: list[str] = []
@@ -85,34 +116,7 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{url}/lab/tree/quickstart.ipynb?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
-        # wait for the notebook's kernel to be ready, then run every cell
-        page.wait_for_function(
-            """() => { const nb = window.jupyterapp.shell.currentWidget;
-                       const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
-                       return k && k.status === 'idle'; }""",
-            timeout=120_000, polling=500,
-        )
-        page.wait_for_timeout(2000)
-        started = page.evaluate(
-            "async () => { try { await window.jupyterapp.commands.execute('notebook:run-all-cells'); return 'ok'; }"
-            " catch (e) { return String(e); } }"
-        )
-        assert started == "ok", started
-        # done when every code cell has an execution count and the kernel is idle (or a cell failed)
-        page.wait_for_function(
-            """() => {
-              const nb = window.jupyterapp.shell.currentWidget;
-              if (!nb || !nb.content || !nb.sessionContext.session) return false;
-              const cells = [...nb.content.widgets].filter(c => c.model.type === 'code');
-              const failed = document.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']");
-              const idle = nb.sessionContext.session.kernel.status === 'idle';
-              return idle && (cells.every(c => c.model.executionCount !== null) || failed !== null);
-            }""",
-            timeout=600_000, polling=2000,
-        )
+        _run_notebook(page, url, token, "quickstart.ipynb")
         tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback").count()
         plots = page.locator(".js-plotly-plot").count()
         widgets = page.locator(".jupyter-widgets .widget-dropdown select, .jupyter-widgets select").count()
@@ -125,4 +129,56 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
     assert tracebacks == 0, "a cell raised in JupyterLab"
     assert plots >= 2, f"expected plotly charts to render, found {plots}"
     assert widgets >= 1, "the strategy picker's controls did not render"
+    assert not errors, f"JavaScript errors in the page: {errors[:3]}"
+
+
+# README's "Your own model", cell by cell, in the distlab kernel (no %load_ext)
+OWN_MODEL_CELLS = [
+    """import torch, torch.nn as nn
+from sklearn.datasets import load_digits
+d = load_digits()
+X = torch.tensor(d.data / 16, dtype=torch.float32).reshape(-1, 1, 8, 8); y = torch.tensor(d.target)
+train = torch.utils.data.TensorDataset(X[:1400], y[:1400])
+net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))""",
+    "%distlab cluster local 2",
+    "%distlab profile net --data train",
+    "%distlab launch net --strategy AllReduce --steps 500",
+    """acc = (run.model.eval()(X[1400:]).argmax(1) == y[1400:]).float().mean()
+print(f"held-out accuracy {acc:.3f}")""",
+    "%distlab cluster stop",
+]
+
+
+def test_your_own_model_trains_through_the_magics_in_jupyterlab(jupyterlab):
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    url, token, root = jupyterlab
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in OWN_MODEL_CELLS])
+    nb.metadata["kernelspec"] = {"name": "distlab", "display_name": "Python 3 (distlab)", "language": "python"}
+    nbformat.write(nb, root / "own-model.ipynb")
+    out = ROOT / "out"
+    out.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        _run_notebook(page, url, token, "own-model.ipynb")
+        kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.name")
+        card = page.locator("table.distlab-run").first
+        card.wait_for(timeout=30_000)
+        text = card.inner_text()
+        card.scroll_into_view_if_needed()
+        card.screenshot(path=str(out / "browser-own-model-run.png"))
+        said = page.locator(".jp-OutputArea-output").all_inner_texts()
+        browser.close()
+    assert kernel == "distlab"
+    assert not [t for t in said if "Traceback" in t or t.startswith("distlab: ")], said
+    assert "TensorDataset: 1,400 samples" in text and "cross-entropy" in text and "run.model" in text
+    acc = next(float(t.split()[-1]) for t in said if t.startswith("held-out accuracy"))
+    print(f"digits accuracy in JupyterLab through the magics: {acc:.3f}")
+    assert acc > 0.5  # chance is 0.1
     assert not errors, f"JavaScript errors in the page: {errors[:3]}"

@@ -10,10 +10,10 @@ import pytest
 
 from distlab.costmodel import CostModel, CostParams
 from distlab.costmodel.calibrate import (
+    OVERHEAD_TERMS,
     CollectiveRow,
     ComputeFitRow,
     LocalStep,
-    OVERHEAD_TERMS,
     LoopRun,
     fit_compute,
     fit_microbenchmarks,
