@@ -241,7 +241,8 @@ def describe(data: Any) -> str:
         if isinstance(t, (tuple, list)):
             return "(" + ", ".join(shape(u) for u in t) + ")"
         if isinstance(t, torch.Tensor):
-            return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+            dtype = str(t.dtype).removeprefix("torch.")
+            return f"{list(t.shape)} {dtype}" if t.dim() else f"scalar {dtype}"
         return type(t).__name__
 
     return f"{name}: {n:,} samples, input {shape(x)}, target {shape(y)}"

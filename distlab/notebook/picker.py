@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from distlab.errors import DistlabError, LaunchError
+from distlab.notebook.ranking import short_label
 
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
 COMPRESSORS = ("none", "fp16", "bf16")
@@ -35,6 +36,16 @@ def _builder_params(name: str) -> set[str]:
 
     return set(builder_options(name))
 
+
+# what the empty predicted-vs-measured chart says until the first Launch
+EMPTY_RUNS = {
+    "text": "Launch a strategy: its measured throughput appears here against the Lab's prediction",
+    "xref": "paper",
+    "yref": "paper",
+    "x": 0.5,
+    "y": 0.5,
+    "showarrow": False,
+}
 
 class StrategyPicker(w.VBox):
     """Choose a builder and its options; see predicted throughput, its breakdown and scaling.
@@ -150,6 +161,7 @@ class StrategyPicker(w.VBox):
             height=300,
             xaxis_title="predicted",
             yaxis_title="measured",
+            annotations=[EMPTY_RUNS],
         )
 
         controls = [
@@ -258,9 +270,9 @@ class StrategyPicker(w.VBox):
             self._busy = False
 
     def _draw(self, res: Any) -> None:
-        rows = [("selected: " + self.value.name, self.prediction.breakdown)]
+        rows = [(short_label("selected: " + self.value.name), self.prediction.breakdown)]
         rows += [
-            (str(r.strategy), {k: getattr(r, k) for k in ("compute", "comm", "optimizer")})
+            (short_label(str(r.strategy)), {k: getattr(r, k) for k in ("compute", "comm", "optimizer")})
             for r in self._ranked.itertuples()
         ]
         labels = [name for name, _ in rows]
@@ -467,7 +479,8 @@ class StrategyPicker(w.VBox):
                 t = self.measured.data[0]
                 t.x = [r["predicted_throughput"] for r in self.runs]
                 t.y = [r["measured_throughput"] for r in self.runs]
-                t.text = [r["strategy"] for r in self.runs]
+                t.text = [short_label(r["strategy"], 24) for r in self.runs]
+                self.measured.layout.annotations = []
             line = f"{head}, {run.steps} steps: measured {measured:,.0f} samples/s"
             if math.isnan(predicted):
                 line += "; the Lab made no prediction (it has no cost model: lab.calibrate())"

@@ -118,7 +118,9 @@ def breakdown(predictions: Any, unit: str = "ms") -> go.Figure:
     """
     df = _breakdown_frame(predictions)
     scale = {"ms": 1e3, "s": 1.0, "us": 1e6}[unit]
-    labels = list(df["strategy"].astype(str))
+    from distlab.notebook.ranking import short_label
+
+    labels = [short_label(n) for n in df["strategy"].astype(str)]
     seen: dict[str, int] = {}
     for i, lab in enumerate(labels):
         seen[lab] = seen.get(lab, 0) + 1

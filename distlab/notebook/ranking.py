@@ -74,6 +74,14 @@ def _merge_ties(rows: Any) -> Any:
     return out
 
 
+def short_label(name: str, width: int = 44) -> str:
+    """A chart label for a ranking row: merged ties as the first name and how many more
+    (``AllReduce(compressor=fp16) (+1 equal)``), at most ``width`` characters."""
+    parts = name.split(" = ")
+    label = parts[0] + (f" (+{len(parts) - 1} equal)" if len(parts) > 1 else "")
+    return label if len(label) <= width else label[: width - 1] + "\u2026"
+
+
 def display_table(table: Any, top: int = 10) -> Any:
     """What a person reads: strategy, workers, samples/s as integers, times in ms, no index; the
     top ``top`` rows and, below them when it ranks lower, the single-process row."""
