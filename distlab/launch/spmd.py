@@ -100,6 +100,9 @@ def rank_entry(
 
     # Dask starts workers with OMP_NUM_THREADS=1; a rank owns its share of the host's cores.
     torch.set_num_threads(threads)
+    from distlab.runtime.process_group import bind_interface
+
+    bind_interface()  # gloo on the address peers on other hosts reach this worker at
     with _LOCK:
         _ACTIVE.setdefault(run_id, set()).add(rank)
     failure = None

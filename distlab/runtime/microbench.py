@@ -13,7 +13,6 @@ caller's choice (``launch/calibrate.py``); the defaults here are the reference m
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from collections.abc import Sequence
@@ -21,6 +20,8 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+
+from distlab.runtime.process_group import rank_host
 
 # buckets are <= 4 MiB; larger messages (a big variable to its server) follow the fitted beta
 DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
@@ -156,7 +157,7 @@ def microbench_rank(
         raise ValueError(f"world: {world} does not match the group's {len(members)} ranks")
     local = members.index(rank)
     hosts: list[Any] = [None] * world
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    dist.all_gather_object(hosts, rank_host(), group=group)  # hosts as lab.resources groups them
     link = "intra" if len(set(hosts)) == 1 else "inter"
     base = {"world": world, "link": link, "repeats": repeats, "threads": torch.get_num_threads()}
     rows: list[dict[str, Any]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,10 +14,49 @@ import torch
 import torch.distributed as dist
 
 from distlab.errors import LaunchError
+from distlab.resources import host_of
 
 # Keys under the run's prefix in the rendezvous store.
 ERROR_KEY = "error"  # "<rank>\t<one-line cause>" of the first rank that failed
 STOP_KEY = "stop"  # the step before which every rank stops (agreed through the store)
+
+
+_USER_IFNAME = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+
+
+def rank_host() -> str:
+    """(worker) The host this rank is reached at: its Dask worker's address (the cluster's view of
+    hosts, as ``lab.resources`` groups ranks), else the machine's name outside a worker."""
+    try:
+        from distributed import get_worker
+
+        return host_of(get_worker().address)
+    except (ImportError, ValueError):
+        import socket
+
+        return socket.gethostname()
+
+
+def bind_interface() -> str | None:
+    """(worker) Make gloo (and NCCL's bootstrap) use the interface that holds this worker's
+    address, unless the user chose one (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``).
+
+    By default gloo binds to the address the machine's name resolves to, which is loopback on many
+    hosts (Debian maps it to 127.0.1.1): its peers on other hosts then dial their own loopback.
+    Returns the interface chosen, None when nothing was changed (loopback, or not found).
+    """
+    host = rank_host()
+    if host.startswith("127.") or host in ("localhost", "::1"):
+        return None
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == host for a in addrs):
+            for key, user in _USER_IFNAME.items():
+                if user is None:
+                    os.environ[key] = name
+            return name
+    return None
 
 
 def resolve_backend(backend: str, device: str) -> str:
