@@ -216,6 +216,8 @@ class EmulatedHosts:
                 except ProcessLookupError:
                     pass
                 p.wait(timeout=5)
+        for i in range(len(self.namespaces)):  # a veth pair goes with either end: at once, not with
+            _run("ip", "link", "del", f"dl{self.tag}p{i}", check=False)  # the namespace's lazy cleanup
         for ns in self.namespaces:
             # anything still inside (a worker's child that left the group) goes with the namespace
             pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()

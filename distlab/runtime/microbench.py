@@ -159,6 +159,8 @@ def microbench_rank(
     hosts: list[Any] = [None] * world
     dist.all_gather_object(hosts, rank_host(), group=group)  # hosts as lab.resources groups them
     link = "intra" if len(set(hosts)) == 1 else "inter"
+    # the exchange's pairs (0,1), (2,3), ...: inter only when a pair crosses hosts
+    pair_link = "inter" if any(hosts[i] != hosts[i ^ 1] for i in range(world - world % 2)) else "intra"
     base = {"world": world, "link": link, "repeats": repeats, "threads": torch.get_num_threads()}
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -171,7 +173,8 @@ def microbench_rank(
             for name in collectives:
                 fn = _op(name, int(nbytes), local, members, group)
                 seconds = _max_median(_time_reps(fn, repeats, group), group)
-                rows.append({**base, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
+                on = pair_link if name == "sendrecv" else link
+                rows.append({**base, "link": on, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
     if compute:
         rows.extend(_compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
     return rows
@@ -254,6 +257,21 @@ def microbench_worlds(
             if rank < k:
                 rows.extend(
                     microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds))
+                )
+            dist.barrier()
+        # several hosts: rank 0 and the first rank of another host exchange alone, so the link
+        # between hosts is measured by itself (sendrecv/inter), not shared with other pairs
+        hosts: list[Any] = [None] * world
+        dist.all_gather_object(hosts, rank_host())
+        other = next((i for i, h in enumerate(hosts) if h != hosts[0]), None)
+        if other is not None:
+            pair = dist.new_group([0, other])
+            if rank in (0, other):
+                rows.extend(
+                    microbench_rank(
+                        rank, 2, group=pair, sizes=sizes, collectives=("sendrecv",), compute=False,
+                        time_budget=budget / len(worlds),
+                    )
                 )
             dist.barrier()
     return rows if rank == 0 else []

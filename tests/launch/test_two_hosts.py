@@ -1,0 +1,89 @@
+"""distlab beyond one host: two emulated hosts (network namespaces, a 1 Gbit/s link between them),
+a Dask scheduler and workers started by the command line, a Lab attached to them."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab.launch.emulate import EmulatedHosts, rate_bits
+
+WHY = EmulatedHosts.available()
+pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"emulated hosts: {WHY}"), pytest.mark.timeout(900)]
+RATE = "1gbit"
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with EmulatedHosts(rate=RATE, hosts=2, workers_per_host=2) as h:
+        yield h
+    assert h.leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def lab(hosts):
+    import distlab as dl
+
+    lab = dl.Lab(address=hosts.scheduler, timeout=60)
+    yield lab
+    lab.close()
+
+
+def test_the_lab_attaches_and_sees_two_hosts_with_their_ranks(hosts, lab):
+    res = lab.resources
+    assert res.num_hosts == 2 and res.hosts == tuple(hosts.addresses)
+    assert [len(res.ranks_on(h)) for h in res.hosts] == [2, 2]
+    assert all(res.cores[h] >= 1 for h in res.hosts)  # each host its own share of the cores
+
+
+def test_calibration_measures_the_link_between_hosts_at_its_configured_rate(lab):
+    cm = lab.calibrate(cache=False, progress=False, sizes=[65536, 1 << 20, 4 << 20, 8 << 20])
+    ab = cm.params.alpha_beta
+    assert {"allreduce/intra", "allreduce/inter", "sendrecv/intra", "sendrecv/inter"} <= set(ab)
+    inter = 1.0 / ab["sendrecv/inter"][1]  # bytes per second of one exchange between the hosts
+    intra = 1.0 / ab["sendrecv/intra"][1]
+    limit = rate_bits(RATE) / 8
+    print(f"inter-host {inter / 1e6:.1f} MB/s against the limit's {limit / 1e6:.1f}; intra-host {intra / 1e6:.1f}")
+    assert inter == pytest.approx(limit, rel=0.15)
+    assert intra > 2 * limit  # loopback inside a host is not held to the link's rate
+
+
+@pytest.mark.parametrize(
+    "builder, options",
+    [
+        ("PS", {}),  # AutoDist's PS: one server, on the first host
+        ("PSLoadBalancing", {}),  # a server on the first rank of each host
+        ("PartitionedPS", {}),
+        ("AllReduce", {}),
+        ("Gossip", {"topology": "hierarchical"}),
+        ("Parallax", {}),
+    ],
+)
+def test_each_multi_host_strategy_runs_across_the_hosts(lab, builder, options):
+    import distlab as dl
+
+    model = dl.zoo.get("wide_deep", rows=2000)  # dense and sparse variables
+    prof = dl.profile(model, batch_size=16)
+    s = dl.strategy.build(builder, prof, lab.resources, batch_size=16, **options)
+    assert s.world == 4 and {r.host for r in s.ranks} == set(lab.resources.hosts)
+    if builder in ("PSLoadBalancing", "PartitionedPS"):
+        assert {s.ranks[i].host for i in s.servers} == set(lab.resources.hosts)  # a server per host
+    run = lab.launch(model, strategy=s, steps=8, data=dl.data.synthetic(model, n=512), block=True)
+    assert run.status == "finished" and run.throughput > 0
+    if lab.cost_model is not None:  # calibrated above: a prediction was made before the run
+        assert run.predicted_throughput > 0
+
+
+def test_a_failure_inside_the_emulation_leaves_nothing_behind():
+    h = EmulatedHosts(rate="200mbit", hosts=2, workers_per_host=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        with h:
+            assert h.scheduler.startswith("tcp://")
+            raise RuntimeError("boom")
+    assert h.leftovers() == []
+
+
+def test_a_bad_rate_is_one_error_naming_the_form():
+    from distlab.errors import LaunchError
+
+    with pytest.raises(LaunchError, match="write e.g. '200mbit'"):
+        EmulatedHosts(rate="fast")
