@@ -33,6 +33,10 @@ SMALL: dict[str, dict] = {
     },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
+    "bench/two-hosts": {
+        "rates": ["1gbit"], "strategies": ["AllReduce", "PSLoadBalancing"], "workers_per_host": 1,
+        "rows_in_table": 2000, "width": 64, "steps": 4, "repeats": 1, "calibrate": False,
+    },
     "bench/cost-model-accuracy": {
         "models": ["gru_lm"], "strategies": ["AllReduce", "PS"], "worlds": [1, 2], "batches": [8],
         "steps": 4, "min_seconds": 0.05, "repeats": 2, "load_processes": 0,
