@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -68,6 +69,28 @@ def jupyterlab(tmp_path):
         proc.kill()
 
 
+def _place(nb, path: Path) -> Path:
+    """Write ``nb`` where JupyterLab serves it; return the folder screenshots go to."""
+    import nbformat
+
+    nbformat.write(nb, path)
+    out = ROOT / "out"
+    out.mkdir(exist_ok=True)
+    return out
+
+
+@contextlib.contextmanager
+def _chromium(errors: list[str]):
+    """Debian's Chromium with one large page; the page's JavaScript errors go to ``errors``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        yield browser, page
+
+
 def _run_notebook(page, url: str, token: str, name: str) -> None:
     """Open ``name`` in JupyterLab, wait for its kernel, run every cell, wait until all ran (or one failed)."""
     page.goto(f"{url}/lab/tree/{name}?token={token}")
@@ -101,21 +124,13 @@ def _run_notebook(page, url: str, token: str, name: str) -> None:
 
 
 def test_quickstart_renders_picker_and_charts(jupyterlab):
-    import nbformat
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
-    from playwright.sync_api import sync_playwright
 
     url, token, root = jupyterlab
     nb = parameterize_notebook(load_notebook_node(str(ROOT / "notebooks" / "quickstart.ipynb")), SMALL)
-    nbformat.write(nb, root / "quickstart.ipynb")
-    out = ROOT / "out"
-    out.mkdir(exist_ok=True)
-    errors: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    out, errors = _place(nb, root / "quickstart.ipynb"), []
+    with _chromium(errors) as (browser, page):
         _run_notebook(page, url, token, "quickstart.ipynb")
         tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback").count()
         plots = page.locator(".js-plotly-plot").count()
@@ -153,19 +168,12 @@ print(f"held-out accuracy {acc:.3f}")""",
 
 def test_your_own_model_trains_through_the_magics_in_jupyterlab(jupyterlab):
     import nbformat
-    from playwright.sync_api import sync_playwright
 
     url, token, root = jupyterlab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in OWN_MODEL_CELLS])
     nb.metadata["kernelspec"] = {"name": "distlab", "display_name": "Python 3 (distlab)", "language": "python"}
-    nbformat.write(nb, root / "own-model.ipynb")
-    out = ROOT / "out"
-    out.mkdir(exist_ok=True)
-    errors: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    out, errors = _place(nb, root / "own-model.ipynb"), []
+    with _chromium(errors) as (browser, page):
         _run_notebook(page, url, token, "own-model.ipynb")
         kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.name")
         card = page.locator("table.distlab-run").first

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from IPython.core.interactiveshell import InteractiveShell
 
-from distlab.notebook.magics import DistlabMagics
+from tests.notebook.conftest import magic_shell
 
 
 class DigitsCNN(nn.Module):
@@ -53,28 +52,21 @@ def _accuracy(model, x, y) -> float:
 @pytest.fixture(scope="module")
 def session_shell():
     """One shell and one magics instance (one notebook) for the module; its cluster stopped after."""
-    sh = InteractiveShell.instance()
-    magics = DistlabMagics(sh)
-    sh.register_magics(magics)
-    saved = dict(sh.user_ns)
-    (xtr, ytr), (xte, yte) = _digits()
-    torch.manual_seed(0)
-    sh.user_ns.update(
-        cnn=DigitsCNN(),
-        train=torch.utils.data.TensorDataset(
-            torch.tensor(xtr, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(ytr)
-        ),
-        test_images=xte.reshape(-1, 1, 8, 8),
-        test_x=xte,
-        test_y=yte,
-        tab=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)),
-        pair=(xtr, ytr),  # NumPy float64 inputs, int64 targets
-    )
-    yield sh, magics
-    if magics.session.current_lab is not None:
-        magics.session.stop_lab()
-    sh.user_ns.clear()
-    sh.user_ns.update(saved)
+    with magic_shell() as (sh, magics):
+        (xtr, ytr), (xte, yte) = _digits()
+        torch.manual_seed(0)
+        sh.user_ns.update(
+            cnn=DigitsCNN(),
+            train=torch.utils.data.TensorDataset(
+                torch.tensor(xtr, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(ytr)
+            ),
+            test_images=xte.reshape(-1, 1, 8, 8),
+            test_x=xte,
+            test_y=yte,
+            tab=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)),
+            pair=(xtr, ytr),  # NumPy float64 inputs, int64 targets
+        )
+        yield sh, magics
 
 
 def magic(sh, line: str, capsys) -> tuple[str, str]:
