@@ -192,9 +192,13 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     real = lab.run_ranks
 
     def spy(fn, *args, **kwargs):
+        began = time.monotonic()
         out = real(fn, *args, **kwargs)
         calls.append((fn.__name__, time.monotonic()))
+        spans.append((began, time.monotonic()))
         return out
+
+    spans: list[tuple[float, float]] = []
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
     monkeypatch.setattr(lab, "run_ranks", spy)
@@ -212,11 +216,13 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     # the total known up front: the collectives' call, each reference model's profile, at most
     # OVERHEAD_PASSES training-loop calls at each of world sizes 1 and 2, then the model's passes
     expected = 1 + references + calibrate.OVERHEAD_PASSES * 2 + calibrate.MODEL_PASSES * 2
-    assert bar.total == expected >= 20 and bar.n == bar.total  # no part is more than 1/20 of the bar
+    assert bar.total == expected >= 20 and round(bar.n, 6) == bar.total  # no part is > 1/20 of the bar
     assert loop_calls >= 2 and len(calls) == 1 + loop_calls + 2 * calibrate.MODEL_PASSES
     parts = [n for _, n, _ in bar.events]
-    assert parts.count(1) >= 1 + references + loop_calls + 2 * calibrate.MODEL_PASSES
-    assert sum(n != 1 for n in parts) <= 1  # more at once only past training-loop passes not needed
+    # inside each call the workers' ticks move the bar by fractions of its part (rank 0's
+    # progress.tick per collective size, per local step, per training-loop case)
+    for began, returned in spans:
+        assert any(began <= t <= returned and 0 < n < 1 for t, n, _ in bar.events), (began, returned)
     # each call on the workers moves the bar before the next call returns
     for (_, returned), (_, next_returned) in zip(calls, [*calls[1:], ("end", end)]):
         assert any(returned <= t <= next_returned for t, _, _ in bar.events)

@@ -16,7 +16,14 @@ from distlab.costmodel.calibrate import ComputeFitRow, LocalStep, LoopRun, fit_c
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.errors import CalibrationError, LaunchError
 from distlab.launch.metrics import slowest_median
-from distlab.runtime.microbench import LocalCase, LoopCase, loop_pass_rank, microbench_worlds
+from distlab.runtime.microbench import (
+    COLLECTIVES,
+    DEFAULT_SIZES,
+    LocalCase,
+    LoopCase,
+    loop_pass_rank,
+    microbench_worlds,
+)
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the local steps and training loop: two tiny MLPs (4 and 26 trainable tensors: what a step
@@ -54,6 +61,7 @@ class Progress:
 
     def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
         self._bar = None
+        self._moved = 0.0  # of the current part, by ticks from the workers
         if enabled and total > 0:
             from tqdm.auto import tqdm
 
@@ -64,9 +72,25 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(what)
 
+    def ticks(self, n: int) -> Any:
+        """``on_tick`` for a part of ``n`` ticks on the workers (``Lab.run_ranks``): each moves
+        the bar ``1/n`` of the part, up to nine tenths of it; ``done()`` completes the part."""
+        step = 1.0 / max(n, 1)
+
+        def on_tick(what: str) -> None:
+            if self._bar is not None and self._moved + step <= 0.9:
+                self._moved += step
+                self._bar.update(step)
+
+        self._moved = 0.0
+        return on_tick
+
     def done(self, parts: int = 1) -> None:
         if self._bar is not None and parts > 0:
-            self._bar.update(parts)
+            self._bar.update(parts - self._moved)
+            self._bar.n = round(self._bar.n, 6)  # whole parts again after fractions
+            self._bar.refresh()
+        self._moved = 0.0
 
     def close(self) -> None:
         if self._bar is not None:
@@ -268,6 +292,7 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, cases: Sequence[Any], bar
             CALIBRATION_BUDGET,
             lab.timeout,
             timeout=CALIBRATION_BUDGET + 2 * lab.timeout,
+            on_tick=bar.ticks(len(worlds) * len(sizes or DEFAULT_SIZES) * len(COLLECTIVES)),
         )
     except LaunchError as exc:
         raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
@@ -379,7 +404,8 @@ def measure_models(
             bar.start(f"local step of {names} at {_ranks([k])}, pass {turn + 1} of {passes}")
             try:
                 per_rank = lab.run_ranks(
-                    loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, MODEL_MAX_STEPS, world=k
+                    loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, MODEL_MAX_STEPS, world=k,
+                    on_tick=bar.ticks(len(cases)),
                 )
             except LaunchError as exc:
                 raise CalibrationError(f"calibrate: the local-step stage failed at world {k}: {exc}") from None
@@ -511,6 +537,7 @@ def measure_training_loop(
                     jobs,
                     lab.timeout,
                     world=k,
+                    on_tick=bar.ticks(len(models) + len(jobs)),
                 )
             except LaunchError as exc:
                 raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None

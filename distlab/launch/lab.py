@@ -148,12 +148,18 @@ class Lab:
 
     # -- the generic SPMD core ------------------------------------------------------------------------
     def run_ranks(
-        self, fn: Callable[..., Any], *args: Any, world: int | None = None, timeout: float | None = None
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        world: int | None = None,
+        timeout: float | None = None,
+        on_tick: Callable[[str], None] | None = None,
     ) -> list[Any]:
         """``fn(rank, world, master_addr, master_port, *args)`` once per rank; results in rank order.
 
         One pinned Dask task per worker; the first failure stops every rank and raises a
-        ``LaunchError`` summarising it.
+        ``LaunchError`` summarising it. ``on_tick(what)`` is called (on the client's event thread)
+        for each ``distlab.runtime.progress.tick(what)`` rank 0 makes.
         """
         self._check_idle()
         res = self.resources
@@ -161,6 +167,9 @@ class Lab:
         if world is not None and world > len(workers):
             raise LaunchError(f"world: {world} ranks asked, the Lab has {len(workers)} workers")
         run_id = uuid.uuid4().hex[:8]
+        topic = spmd.progress_topic(run_id)
+        if on_tick is not None:
+            self.client.subscribe_topic(topic, lambda event: on_tick(str(event[1].get("tick", ""))))
         group = spmd.start_ranks(
             self.client,
             workers,
@@ -177,6 +186,8 @@ class Lab:
             raise LaunchError(f"run_ranks({getattr(fn, '__name__', 'fn')}): {exc.summary()}") from None
         finally:
             group.close()
+            if on_tick is not None:
+                self.client.unsubscribe_topic(topic)
 
     def _threads(self, res: ResourceSpec, workers: list[str]) -> list[int]:
         sub = _cluster.sub_resources(res, workers)

@@ -80,6 +80,11 @@ def active_ranks() -> dict[str, list[int]]:
         return {k: sorted(v) for k, v in _ACTIVE.items() if v}
 
 
+def progress_topic(run_id: str) -> str:
+    """The Dask event topic rank 0's ``progress.tick`` calls of one call go to."""
+    return f"distlab-progress-{run_id}"
+
+
 def rank_threads(cores: int, ranks_on_host: int) -> int:
     """torch intra-op threads for one rank: the host's cores shared by its ranks, at least 1."""
     return max(1, cores // max(1, ranks_on_host))
@@ -100,9 +105,11 @@ def rank_entry(
 
     # Dask starts workers with OMP_NUM_THREADS=1; a rank owns its share of the host's cores.
     torch.set_num_threads(threads)
+    from distlab.runtime import progress
     from distlab.runtime.process_group import bind_interface
 
     bind_interface()  # gloo on the address peers on other hosts reach this worker at
+    progress.set_topic(progress_topic(run_id) if rank == 0 else None)
     with _LOCK:
         _ACTIVE.setdefault(run_id, set()).add(rank)
     failure = None
@@ -116,6 +123,7 @@ def rank_entry(
             # free them now, so its sockets close and the peers' collectives fail at once instead
             # of waiting for their timeout. Raising outside the except block keeps no __context__.
             gc.collect()
+        progress.set_topic(None)
         with _LOCK:
             ranks = _ACTIVE.get(run_id)
             if ranks is not None:

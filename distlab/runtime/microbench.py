@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.runtime.process_group import rank_host
+from distlab.runtime.progress import tick
 
 # buckets are <= 4 MiB; larger messages (a big variable to its server) follow the fitted beta
 DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
@@ -173,6 +174,7 @@ def microbench_rank(
             for name in collectives:
                 fn = _op(name, int(nbytes), local, members, group)
                 seconds = _max_median(_time_reps(fn, repeats, group), group)
+                tick(f"{name} {nbytes} B on {world}")
                 on = pair_link if name == "sendrecv" else link
                 rows.append({**base, "link": on, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
     if compute:
@@ -324,6 +326,7 @@ def overhead_rank(
         for i, case in enumerate(loops):
             if p < case.passes:
                 times[i].extend(_overhead_pass(rank, world, master_addr, master_port, case, f"{i}-{p}", timeout))
+                tick(f"training loop case {i + 1} of {len(loops)}")
     return times
 
 
@@ -410,6 +413,7 @@ def loop_pass_rank(
                         case.loss,
                     )
                 )
+                tick(f"local step of {type(case.model).__name__}")
             dist.barrier()
     return own, overhead_rank(rank, world, master_addr, master_port, cases, timeout)
 
