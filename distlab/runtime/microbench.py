@@ -26,6 +26,9 @@ from distlab.runtime.progress import tick
 
 # buckets are <= 4 MiB; larger messages (a big variable to its server) follow the fitted beta
 DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
+# the link between two hosts, measured alone: messages well past a shaped link's burst and TCP's
+# start-up, so the fit's bytes term is the link's rate (small ones measured the burst)
+LINK_SIZES = (1 << 20, 4 << 20, 16 << 20)
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
 GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
 OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
@@ -271,7 +274,7 @@ def microbench_worlds(
             if rank in (0, other):
                 rows.extend(
                     microbench_rank(
-                        rank, 2, group=pair, sizes=sizes, collectives=("sendrecv",), compute=False,
+                        rank, 2, group=pair, sizes=LINK_SIZES, collectives=("sendrecv",), compute=False,
                         time_budget=budget / len(worlds),
                     )
                 )
