@@ -95,9 +95,15 @@ class Lab:
                     security=security,
                 )
                 self.client = Client(self._cluster, security=security)
-            except BaseException:
+            except BaseException as exc:
                 if self._remove_ckpt is not None:
                     self._remove_ckpt()
+                if isinstance(exc, Exception) and _unguarded_script():
+                    raise LaunchError(
+                        "Lab(): the worker processes could not start: this script starts a Lab at its top "
+                        "level, and each spawned worker re-runs the script; put the code under "
+                        "`if __name__ == \"__main__\":`"
+                    ) from None
                 raise
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
 
@@ -459,6 +465,22 @@ class Lab:
             f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost model {cm}</p>"
             f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
         )
+
+
+def _unguarded_script() -> bool:
+    """The program is a script (not a notebook or a REPL) that did not reach its code through an
+    ``if __name__ == "__main__":`` block: spawned workers re-import it and start Labs of their own."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return False
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return False
+    return "__name__" not in text or "__main__" not in text
 
 
 def _warm_torch() -> bool:

@@ -77,6 +77,18 @@ def test_uneven_partitioned_ps_uses_smallest_non_divisor(mlp, two_nodes):
     assert dl.strategy.build("UnevenPartitionedPS", two, two_nodes).variables[0].partition is None
 
 
+def test_uneven_partitioned_ps_places_shards_as_autodist_does(two_nodes):
+    # AutoDist's UnevenPartitionedPS: servers sorted by load once per variable (ties in server
+    # order), shards round-robin over them, each charging the variable's bytes / shards. Two
+    # scalars first: a -> 0, b -> 2 (4 bytes each); w (5 x 4, 80 B, 2 shards of 3 and 2 rows)
+    # charges 40 + 40, a tie again, so v (7 x 2, 2 shards) starts on server 0 as well. Charging
+    # w's real shard sizes (48 + 32) would have started v on server 2.
+    prof = dl.ModelProfile.from_variables([("a", ()), ("b", ()), ("w", (5, 4)), ("v", (7, 2))])
+    s = dl.strategy.build("UnevenPartitionedPS", prof, two_nodes)
+    assert [p.partition.shards if p.partition else 1 for p in s.variables] == [1, 1, 2, 2]
+    assert servers_of(s) == [0, 2, (0, 2), (0, 2)]
+
+
 def test_allreduce_groups_by_index_and_allgathers_sparse(mlp, recsys, one_node):
     s = dl.strategy.build("AllReduce", mlp, one_node, chunk_size=2)
     assert groups_of(s) == [0, 0, 1, 1, 2]

@@ -75,12 +75,6 @@ def shard_counts(var: Any, rule: str = "even") -> int:
     return smallest_divisor(var.shape[0]) if rule == "even" else smallest_non_divisor(var.shape[0])
 
 
-def shard_bytes(var: Any, part: Partition) -> list[float]:
-    """Bytes of each shard (``numpy.array_split`` sizes along the axis)."""
-    dim = var.shape[part.axis]
-    return [var.nbytes * s / dim for s in part.sizes(dim)]
-
-
 class Loads:
     """Bytes placed on each server so far, in server order."""
 
@@ -101,14 +95,14 @@ class Loads:
 
 
 def place_partitioned(var: Any, shards: int, loads: Loads) -> VariablePlan:
-    """Split along axis 0 into ``shards``; shards go to servers by load, round-robin beyond their count."""
+    """Split along axis 0 into ``shards``; shards go to servers by load, round-robin beyond their
+    count, each charging the variable's bytes divided evenly by the shards (AutoDist's greedy
+    placement, uneven shards included: the load is what the balancer counted, not the shard's size)."""
     if shards < 2:
         return VariablePlan(var.name, sync=Sync("ps", server=loads.add(loads.least(), var.nbytes)))
     part = Partition(0, shards)
     order = loads.by_load()
-    syncs = []
-    for k, nb in enumerate(shard_bytes(var, part)):
-        syncs.append(Sync("ps", server=loads.add(order[k % len(order)], nb)))
+    syncs = [Sync("ps", server=loads.add(order[k % len(order)], var.nbytes / shards)) for k in range(shards)]
     return VariablePlan(var.name, partition=part, shards=tuple(syncs))
 
 
