@@ -322,6 +322,40 @@ def fit_microbenchmarks(
     return params, info
 
 
+# a link is measured when sending this many bytes over it costs mostly bandwidth, not only latency
+LINK_PROBE_BYTES, LINK_BYTES_SHARE = 16 << 20, 0.1
+
+
+def check_links_measured(params: CostParams, info: Mapping[str, Any], resources: Any) -> None:
+    """On a cluster of several hosts, the link between them must have been measured, and its time
+    must grow with the bytes sent: otherwise predictions would price it with the defaults (or as
+    free) and rank every strategy as if the hosts were one."""
+    hosts = list(resources.hosts)
+    if len(hosts) < 2:
+        return
+    fitted = [k for k in info.get("fit_error", {}) if k.endswith("/inter")]
+    between = f"between hosts {', '.join(hosts)}"
+    if not fitted:
+        raise CalibrationError(
+            f"calibrate: the link {between} was not measured (no exchange crossed it); check that each "
+            "host's workers reach the others on the address Dask knows them by (distlab binds gloo to it: "
+            "GLOO_SOCKET_IFNAME overrides), then run lab.calibrate() again"
+        )
+    # the exchange between two hosts measured for itself, else every collective that crossed them
+    probe = ["sendrecv/inter"] if "sendrecv/inter" in fitted else fitted
+    shares = {}
+    for k in probe:
+        alpha, beta = params.alpha_beta[k]
+        shares[k] = LINK_PROBE_BYTES * beta / (alpha + LINK_PROBE_BYTES * beta)
+    if all(share < LINK_BYTES_SHARE for share in shares.values()):
+        raise CalibrationError(
+            f"calibrate: the link {between} could not be measured: the exchanges' time did not grow with "
+            f"their size ({', '.join(sorted(shares))}: {LINK_PROBE_BYTES >> 20} MiB costs no more than a "
+            "message's latency), so its bandwidth is unknown; stop other traffic on it and run "
+            "lab.calibrate() again"
+        )
+
+
 def _per_byte(rows: Sequence[CollectiveRow], collective: str) -> list[float]:
     """Seconds per byte of each ``collective`` row, one rank alone where measured (the model
     applies the contention of the world it predicts)."""

@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 
 from distlab.adaptive.goodput import statistical_efficiency
-from distlab.costmodel.calibrate import CollectiveRow, LocalStep, LoopRun, fit_microbenchmarks, fit_overhead
+from distlab.costmodel.calibrate import (
+    CollectiveRow,
+    LocalStep,
+    LoopRun,
+    check_links_measured,
+    fit_microbenchmarks,
+    fit_overhead,
+)
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
     CompiledStrategy,
@@ -343,6 +350,8 @@ class CostModel:
     ) -> CostModel:
         """Fit alpha, beta per collective and link class and the contention factor (see calibrate.py)."""
         params, info = fit_microbenchmarks(rows, CostParams())
+        if resources is not None:
+            check_links_measured(params, info, resources)
         return cls(
             params, fingerprint_of(resources, {"calibrated": True, "source": "microbenchmarks", **info})
         )

@@ -31,7 +31,8 @@ class Lab:
 
     ``Lab()`` starts one non-daemonic worker process per core on loopback (no dashboard unless
     ``dashboard=True``); ``Lab(address=...)`` / ``Lab(client=...)`` attach to a running scheduler
-    (``security`` is passed through for TLS); ``Lab(gpus=True)`` starts dask-cuda's
+    (``security`` is passed through for TLS), waiting up to ``timeout`` seconds for ``workers``
+    workers (at least one) to join it; ``Lab(gpus=True)`` starts dask-cuda's
     ``LocalCUDACluster``. One run at a time: ranks use the default process group of their worker.
     """
 
@@ -85,6 +86,8 @@ class Lab:
                 raise LaunchError(
                     f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and that it runs"
                 ) from None
+        if client is not None or address is not None:
+            self._await_workers(workers or 1, f"address={address!r}" if address else "client=...")
         else:
             try:
                 self._cluster = _cluster.start_local_cluster(
@@ -106,6 +109,24 @@ class Lab:
                     ) from None
                 raise
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
+
+    def _await_workers(self, n: int, how: str) -> None:
+        """An attached Lab starts once ``n`` workers have joined the scheduler (workers started by
+        hand or by a job queue arrive late), or says how many came within ``timeout``."""
+        try:
+            self.client.wait_for_workers(n, timeout=self.timeout)
+        except (TimeoutError, OSError):
+            have = len(spmd.workers_info(self.client))
+            start = f"dask worker {self.client.scheduler.address}"
+            if self._own_client:
+                self.client.close()
+            if self._remove_ckpt is not None:
+                self._remove_ckpt()
+            came = f"{have} of {n} worker(s)" if have else "no worker"
+            fix = f"give workers={have}, start more ({start})" if have else f"start some ({start})"
+            raise LaunchError(
+                f"Lab({how}): {came} joined the scheduler within {self.timeout:g} s; {fix}, or give a longer timeout="
+            ) from None
 
     # -- cluster ----------------------------------------------------------------------------------
     @property
@@ -190,6 +211,12 @@ class Lab:
             return group.wait(timeout)
         except spmd.RankFailure as exc:
             raise LaunchError(f"run_ranks({getattr(fn, '__name__', 'fn')}): {exc.summary()}") from None
+        except spmd.WorkerLost as exc:
+            now = len(spmd.workers_info(self.client))
+            raise LaunchError(
+                f"run_ranks({getattr(fn, '__name__', 'fn')}): {exc} while its ranks ran; the Lab has {now} "
+                "worker(s) now: call it again (lab.resources shows them)"
+            ) from None
         finally:
             group.close()
             if on_tick is not None:

@@ -238,3 +238,27 @@ def test_params_round_trip_name_a_bad_field_and_read_older_files():
         CostParams(tensor_overhead=-1e-6)
     with pytest.raises(CalibrationError, match="malformed params"):
         CostParams.from_dict({"step_overhead": "soon"})
+
+
+def _two_hosts():
+    from distlab.resources import ResourceSpec
+    from distlab.strategy.types import RankSpec
+
+    return ResourceSpec((RankSpec(0, "a"), RankSpec(1, "b")), cores={"a": 1, "b": 1})
+
+
+def test_a_link_between_hosts_that_nothing_crossed_is_one_error_naming_the_hosts():
+    rows = [r for r in synthetic_rows() if r.get("link") != "inter"]
+    CostModel.from_microbenchmarks(rows)  # one host: nothing to cross
+    with pytest.raises(CalibrationError, match=r"link between hosts a, b was not measured .*GLOO_SOCKET_IFNAME"):
+        CostModel.from_microbenchmarks(rows, _two_hosts())
+
+
+def test_a_link_whose_time_does_not_grow_with_size_is_one_error():
+    rows = [
+        {**r, "seconds": 1e-3} if r.get("link") == "inter" else r
+        for r in synthetic_rows(noise=0.0, outlier=False)
+    ]
+    with pytest.raises(CalibrationError, match=r"could not be measured: the exchanges' time did not grow"):
+        CostModel.from_microbenchmarks(rows, _two_hosts())
+    assert CostModel.from_microbenchmarks(synthetic_rows(), _two_hosts()).params.alpha_beta["sendrecv/inter"][1] > 0
