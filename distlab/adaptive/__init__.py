@@ -6,7 +6,8 @@ from distlab.adaptive.goodput import (
     best_batch,
     estimate_gradient_stats,
     goodput,
+    optimal_batch,
     statistical_efficiency,
 )
 
-__all__ = ["GradientStats", "adascale_gain", "best_batch", "estimate_gradient_stats", "goodput", "statistical_efficiency"]
+__all__ = ["GradientStats", "adascale_gain", "best_batch", "estimate_gradient_stats", "goodput", "optimal_batch", "statistical_efficiency"]

@@ -19,15 +19,23 @@ from distlab.errors import DistlabError
 
 @dataclass(frozen=True)
 class GradientStats:
-    """|G|^2 (squared norm of the true gradient) and tr(Sigma) (per-sample gradient variance)."""
+    """``sqr``: |G|^2, the squared norm of the true (expected) gradient; ``var``: tr(Sigma), the
+    trace of the covariance of ONE sample's gradient (per-sample variance). A gradient averaged
+    over a batch of M samples has variance tr(Sigma)/M."""
 
     sqr: float
     var: float
 
     @property
     def noise_scale(self) -> float:
-        """B_simple = tr(Sigma) / |G|^2: the batch size where noise and signal balance."""
+        """phi = tr(Sigma) / |G|^2, in samples: the batch size where noise and signal balance."""
         return self.var / self.sqr if self.sqr > 0 else float("inf")
+
+    def batch_variance(self, batch: float) -> float:
+        """tr(Sigma) / ``batch``: the variance of a gradient averaged over ``batch`` samples."""
+        if not batch > 0:
+            raise DistlabError(f"GradientStats.batch_variance: batch must be > 0, got {batch!r}")
+        return self.var / batch
 
 
 def estimate_gradient_stats(small_batch: int, small_sqnorm: float, big_batch: int, big_sqnorm: float) -> GradientStats:
@@ -56,11 +64,27 @@ def statistical_efficiency(batch: ArrayLike, noise_scale: float, base_batch: flo
     return float(eff) if eff.ndim == 0 else eff
 
 
-def adascale_gain(stats: GradientStats, scale: float) -> float:
-    """AdaScale's learning-rate gain r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2) for a batch S times the base."""
+def adascale_gain(stats: GradientStats, scale: float, base_batch: float) -> float:
+    """AdaScale's learning-rate gain r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2) for a global batch
+    S times ``base_batch`` (samples), where sigma^2 = tr(Sigma) / base_batch is the variance of a
+    base-batch gradient and mu^2 = |G|^2 (Johnson et al. 2020). 1 <= r <= S."""
     if scale < 1:
         raise DistlabError(f"adascale_gain: scale must be >= 1, got {scale}")
-    return (stats.var + stats.sqr) / (stats.var / scale + stats.sqr)
+    sigma2 = stats.batch_variance(base_batch)
+    return (sigma2 + stats.sqr) / (sigma2 / scale + stats.sqr)
+
+
+def optimal_batch(a: float, b: float, noise_scale: float, lo: float = 1, hi: float = float("inf")) -> float:
+    """The global batch M maximising goodput when a step takes ``a + b M`` seconds: goodput is
+    proportional to M / (a + b M) / (phi + M), whose maximum is at M = sqrt(a phi / b); clipped
+    to ``[lo, hi]`` (goodput rises below the optimum and falls above it)."""
+    if a < 0 or b <= 0 or noise_scale < 0:
+        raise DistlabError(
+            f"optimal_batch: need a >= 0 s, b > 0 s per sample and a noise scale >= 0, got {a}, {b}, {noise_scale}"
+        )
+    if lo > hi:
+        raise DistlabError(f"optimal_batch: the bounds exclude every batch (lo {lo} > hi {hi})")
+    return min(max((a * noise_scale / b) ** 0.5, lo), hi)
 
 
 def goodput(throughput: ArrayLike, batch: ArrayLike, noise_scale: float, base_batch: float) -> Any:

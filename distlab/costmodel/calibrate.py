@@ -341,8 +341,8 @@ def check_links_measured(params: CostParams, info: Mapping[str, Any], resources:
             "host's workers reach the others on the address Dask knows them by (distlab binds gloo to it: "
             "GLOO_SOCKET_IFNAME overrides), then run lab.calibrate() again"
         )
-    # the exchange between two hosts measured for itself, else every collective that crossed them
-    probe = ["sendrecv/inter"] if "sendrecv/inter" in fitted else fitted
+    # the messages between two hosts measured for themselves, else every collective that crossed them
+    probe = [k for k in ("send/inter", "sendrecv/inter") if k in fitted] or fitted
     shares = {}
     for k in probe:
         alpha, beta = params.alpha_beta[k]

@@ -8,7 +8,9 @@ are the textbook ones for the algorithms gloo and NCCL use for large messages:
 - binomial-tree reduce and broadcast: ``ceil(log2 p) (alpha + n beta)``
 - ring all-gather of ``n`` bytes contributed per rank: ``(p-1) alpha + (p-1) n beta``
   (linear in p: every rank ends up receiving every other rank's contribution)
-- one point-to-point message (send/recv, one-peer gossip): ``alpha + n beta``
+- one point-to-point message (send/recv, one-peer gossip): ``alpha + n beta``; ``sendrecv`` is a
+  pairwise exchange (each side sends and receives ``n`` at once, as gossip does), ``send`` one
+  message one way: a link's own rate (gloo's exchange over a shaped TCP link can get half of it)
 
 Functions take numpy arrays (or scalars) of ``p`` so the simulator evaluates many configurations
 at once; a world of one rank costs nothing.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
+COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv", "send")
 LINK_CLASSES = ("intra", "inter")
 
 
@@ -39,7 +41,7 @@ def factors(collective: str, p: np.ndarray | float) -> tuple[np.ndarray, np.ndar
         return r, r
     if collective == "allgather":
         return (p - 1) * many, (p - 1) * many
-    if collective == "sendrecv":
+    if collective in ("sendrecv", "send"):
         one = np.where(many, 1.0, 0.0)
         return one, one
     raise ValueError(f"collective {collective!r}: expected one of {COLLECTIVES}")

@@ -106,12 +106,14 @@ class CostModel:
         }
 
     def links(self, resources: ResourceSpec | None = None) -> dict[str, Link]:
-        """Point-to-point figures per link class, to fill a ``ResourceSpec.links`` after calibration."""
+        """Point-to-point figures per link class, to fill a ``ResourceSpec.links`` after calibration:
+        a one-way message's where measured (``send``: the link's own rate), else an exchange's."""
         table = self.link_table(resources)
-        return {
-            lk: Link(table[lk]["sendrecv"][0], 1.0 / max(table[lk]["sendrecv"][1], 1e-30))
-            for lk in LINK_CLASSES
-        }
+        out = {}
+        for lk in LINK_CLASSES:
+            c = "send" if f"send/{lk}" in self.params.alpha_beta else "sendrecv"
+            out[lk] = Link(table[lk][c][0], 1.0 / max(table[lk][c][1], 1e-30))
+        return out
 
     def slowdowns(self, c: CompiledStrategy, hosts: Sequence[tuple[int, int | None]]) -> tuple[float, float]:
         """How much slower than profiled the busiest host's ranks compute, with ``hosts`` = (ranks, cores)

@@ -44,14 +44,14 @@ def sweep_frame(
     n_s, n_e = len(items), len(worlds_e)
     rph = max(1, math.ceil(resources.world / max(resources.num_hosts, 1)))
     cores = resources.cores.get(resources.hosts[0]) if resources.hosts else None
-    table = cm.link_table(resources)
+    table, links = cm.link_table(resources), cm.links(resources)
     alpha = {c: np.empty((1, n_e)) for c in COLLECTIVES}
     beta = {c: np.empty((1, n_e)) for c in COLLECTIVES}
     slow, opt_slow = np.empty((n_s, n_e)), np.empty((n_s, n_e))
     sliced = np.empty((1, n_e))
     for e, (w, bw) in enumerate(zip(worlds_e, bws)):
         link = "inter" if math.ceil(w / rph) > 1 else "intra"
-        scale = 1.0 if bw is None else (1.0 / table[link]["sendrecv"][1]) / float(bw)
+        scale = 1.0 if bw is None else links[link].bandwidth / float(bw)
         for c in COLLECTIVES:
             alpha[c][0, e], beta[c][0, e] = table[link][c][0], table[link][c][1] * scale
         slows = np.array([cm.slowdowns(c, [(min(w, rph), cores)]) for c in items])

@@ -304,7 +304,7 @@ class Lab:
             return profiles[n]
 
         st, _ = _v.resolve_strategy(strategy, model, res, profile, batch_size=batch_size or hint)
-        _v.check_strategy_fits(st, model, res.world)
+        _v.check_strategy_fits(st, model, res.world, optimizer)
         b = batch_size or st.batch.per_replica
         if data is None:
             data = _v.synthetic_data(model, profile(b), max(b * st.world * 4, 256), seed)

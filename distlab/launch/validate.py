@@ -81,8 +81,9 @@ def resolve_strategy(
     return st, profile
 
 
-def check_strategy_fits(st: Strategy, model: Any, available: int) -> None:
-    """The strategy plans exactly this model's variables (names and shapes) and fits the cluster."""
+def check_strategy_fits(st: Strategy, model: Any, available: int, optimizer: Any = None) -> None:
+    """The strategy plans exactly this model's variables (names and shapes), its batch settings
+    run (with ``optimizer``, the launch's optimizer factory), and it fits the cluster."""
     import importlib
 
     sv = importlib.import_module(
@@ -93,6 +94,11 @@ def check_strategy_fits(st: Strategy, model: Any, available: int) -> None:
         sv.check(st, prof)
     except StrategyError as exc:
         raise StrategyError(f"strategy {st.name} does not fit model {type(model).__name__}: {exc}") from None
+    from distlab.adaptive import scaling
+
+    scaling.check_rule(st.batch.lr_scaling, f"strategy {st.name}: batch.lr_scaling")
+    if optimizer is not None and st.batch.lr_scaling != "none":
+        scaling.check_optimizer(optimizer([p for p in model.parameters() if p.requires_grad]), st.batch.lr_scaling)
     if st.world > available:
         raise LaunchError(
             f"strategy: planned for {st.world} ranks but the Lab has {available} workers; "

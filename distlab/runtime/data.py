@@ -28,13 +28,18 @@ def first_batch(data: Any, n: int) -> tuple[Any, Any]:
 class RankBatches:
     """Rank r's batch at data position ``pos`` (global samples seen before the step).
 
-    The global batch is positions ``[pos, pos + G)`` with ``G = batch * world``; rank r reads
-    ``[pos + r*batch, pos + (r+1)*batch)``. Positions wrap around the dataset (epochs); with
-    ``shuffle`` each epoch e reads through ``randperm(len, seed + e)``, the same on every rank.
+    The global batch is positions ``[pos, pos + G)`` with ``G = batch * accumulation * world``;
+    rank r's micro-batch i reads ``[pos + (r*accumulation + i)*batch, ...)``, ``batch`` samples:
+    every position of the global batch once, each rank's micro-batches side by side. Positions
+    wrap around the dataset (epochs); with ``shuffle`` each epoch e reads through
+    ``randperm(len, seed + e)``, the same on every rank.
     """
 
-    def __init__(self, data: Any, batch: int, rank: int, world: int, shuffle: bool, seed: int) -> None:
+    def __init__(
+        self, data: Any, batch: int, rank: int, world: int, shuffle: bool, seed: int, accumulation: int = 1
+    ) -> None:
         self.data, self.batch, self.rank, self.world = data, batch, rank, world
+        self.accumulation = accumulation
         self.shuffle, self.seed = shuffle, seed
         self.n = len(data)
         self._perms: dict[int, torch.Tensor] = {}
@@ -59,8 +64,13 @@ class RankBatches:
             out[mask] = self._perms[e][positions[mask] % self.n]
         return out
 
-    def get(self, pos: int) -> tuple[Any, Any]:
-        start = pos + self.rank * self.batch
+    @property
+    def global_batch(self) -> int:
+        """Samples of one optimizer step over every rank: the data position advances by this."""
+        return self.batch * self.accumulation * self.world
+
+    def get(self, pos: int, micro: int = 0) -> tuple[Any, Any]:
+        start = pos + (self.rank * self.accumulation + micro) * self.batch
         idx = self._index(torch.arange(start, start + self.batch))
         if self._tensors is not None:
             x, y = self._tensors[0][idx], self._tensors[1][idx]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -54,6 +55,13 @@ class DDPSynchronizer:
     def zero_grad(self) -> None:
         self.local_opt.zero_grad(set_to_none=True)
         self.comm_time = 0.0
+
+    @contextmanager
+    def micro(self, last: bool) -> Iterator[None]:
+        """A micro-batch before the last one of a step runs under DDP's ``no_sync``: its gradients
+        accumulate locally and the reducer all-reduces once, in the last micro-batch's backward."""
+        with nullcontext() if last else self.wrapped.no_sync():
+            yield
 
     def begin(self, step: int) -> None:
         pass

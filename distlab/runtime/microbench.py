@@ -127,6 +127,15 @@ def _op(name: str, nbytes: int, local: int, members: Sequence[int], group: Any) 
                 work.wait()
 
         return exchange
+    if name == "send":  # pairs (0,1), (2,3), ...: the first sends, the second receives (one way)
+        partner = local ^ 1
+        if partner >= len(members):
+            return lambda: None
+        peer = members[partner]
+        if local % 2 == 0:
+            return lambda: dist.send(x, peer, group=group)
+        y = torch.empty_like(x)
+        return lambda: dist.recv(y, peer, group=group)
     raise ValueError(f"collectives: unknown {name!r}; expected some of {COLLECTIVES}")
 
 
@@ -178,7 +187,7 @@ def microbench_rank(
                 fn = _op(name, int(nbytes), local, members, group)
                 seconds = _max_median(_time_reps(fn, repeats, group), group)
                 tick(f"{name} {nbytes} B on {world}")
-                on = pair_link if name == "sendrecv" else link
+                on = pair_link if name in ("sendrecv", "send") else link
                 rows.append({**base, "link": on, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
     if compute:
         rows.extend(_compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
@@ -264,8 +273,8 @@ def microbench_worlds(
                     microbench_rank(rank, k, group=group, sizes=sizes, time_budget=budget / len(worlds))
                 )
             dist.barrier()
-        # several hosts: rank 0 and the first rank of another host exchange alone, so the link
-        # between hosts is measured by itself (sendrecv/inter), not shared with other pairs
+        # several hosts: rank 0 and the first rank of another host, alone, send one way (the link's
+        # rate: send/inter) and exchange (sendrecv/inter, as gossip does), not shared with other pairs
         hosts: list[Any] = [None] * world
         dist.all_gather_object(hosts, rank_host())
         other = next((i for i, h in enumerate(hosts) if h != hosts[0]), None)
@@ -274,7 +283,7 @@ def microbench_worlds(
             if rank in (0, other):
                 rows.extend(
                     microbench_rank(
-                        rank, 2, group=pair, sizes=LINK_SIZES, collectives=("sendrecv",), compute=False,
+                        rank, 2, group=pair, sizes=LINK_SIZES, collectives=("send", "sendrecv"), compute=False,
                         time_budget=budget / len(worlds),
                     )
                 )

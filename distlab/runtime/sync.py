@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -82,6 +83,7 @@ class Synchronizer:
             else None
         )
         self.comm_time = 0.0
+        self._syncing = True  # False during the micro-batches before the last one of a step
 
     # -- backward ----------------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -94,7 +96,24 @@ class Synchronizer:
         self._next = 0
         self.comm_time = 0.0
 
+    @property
+    def launched(self) -> int:
+        """Gradient tasks (buckets, PS reduces) launched so far in this step."""
+        return self._next
+
+    @contextmanager
+    def micro(self, last: bool) -> Iterator[None]:
+        """One micro-batch's forward and backward: gradients accumulate locally, and only the
+        last micro-batch of a step launches the gradient work (every sync kind syncs once)."""
+        self._syncing = last
+        try:
+            yield
+        finally:
+            self._syncing = True
+
     def _on_ready(self, p: torch.Tensor) -> None:
+        if not self._syncing:
+            return
         self.last_ready = time.perf_counter()
         for t in self._tasks_of.get(id(p), ()):
             self._pending[id(t)] -= 1

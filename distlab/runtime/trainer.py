@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from distlab.adaptive import scaling
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
 from distlab.runtime.allocator import tune_allocator
@@ -168,8 +169,14 @@ def _train(
     sync = _make_sync(job, model, units, make_opt, wait)
     forward = getattr(sync, "wrapped", model)
     batch = job.batch_size or job.strategy.batch.per_replica
-    G = batch * job.world
-    data = RankBatches(job.data, batch, job.rank, job.world, job.shuffle, job.seed)
+    accum = job.strategy.batch.accumulation
+    data = RankBatches(job.data, batch, job.rank, job.world, job.shuffle, job.seed, accum)
+    G = data.global_batch
+    # the optimizer's rate is set for the base batch (one replica's micro-batch); one step takes G
+    rule = scaling.check_rule(job.strategy.batch.lr_scaling)
+    for opt in (sync.local_opt, sync.server_opt):
+        scaling.check_optimizer(opt, rule)
+    gain = scaling.fixed_gain(rule, G / batch)
     pos = job.sample_offset
     if job.resume_from:
         state = ckpt.load(job.resume_from)
@@ -191,16 +198,20 @@ def _train(
                 break
             progress["step"] = step
             t0 = time.perf_counter()
-            x, y = data.get(pos)
-            x, y = to_device(x, job.device), to_device(y, job.device)
             sync.zero_grad()
             sync.begin(step)
-            loss = loss_fn(call_model(forward, x), y)
-            loss.backward()
+            loss_value = 0.0
+            for micro in range(accum):  # gradients accumulate; the last micro-batch syncs them
+                x, y = data.get(pos, micro)
+                x, y = to_device(x, job.device), to_device(y, job.device)
+                with sync.micro(micro == accum - 1):
+                    loss = loss_fn(call_model(forward, x), y)
+                    (loss / accum if accum > 1 else loss).backward()
+                loss_value += float(loss.detach()) / accum
             t_bwd = time.perf_counter()
-            sync.step(step)
+            with scaling.scaled([sync.local_opt, sync.server_opt], gain):
+                sync.step(step)
             exposed = max(0.0, t_bwd - sync.last_ready) if sync.last_ready else 0.0
-            loss_value = float(loss.detach())
             t1 = time.perf_counter()
             pos += G
             rec = dict(

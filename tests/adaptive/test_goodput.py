@@ -7,6 +7,7 @@ from distlab.adaptive import (
     GradientStats,
     adascale_gain,
     best_batch,
+    optimal_batch,
     estimate_gradient_stats,
     goodput,
     statistical_efficiency,
@@ -38,8 +39,28 @@ def test_efficiency_and_goodput_hand_values():
 def test_adascale_gain_limits():
     pure_signal = GradientStats(sqr=1.0, var=0.0)
     pure_noise = GradientStats(sqr=1e-12, var=1.0)
-    assert adascale_gain(pure_signal, 8) == pytest.approx(1.0)
-    assert adascale_gain(pure_noise, 8) == pytest.approx(8.0, rel=1e-6)
+    assert adascale_gain(pure_signal, 8, 32) == pytest.approx(1.0)
+    assert adascale_gain(pure_noise, 8, 32) == pytest.approx(8.0, rel=1e-6)
+
+
+def test_adascale_gain_takes_the_base_batch_variance_from_the_per_sample_trace():
+    # the base-batch variance sigma^2 = tr(Sigma) / M0 = 48 / 16 = 3, |G|^2 = 1, scale 3: (3 + 1) / (1 + 1)
+    assert adascale_gain(GradientStats(sqr=1.0, var=48.0), 3, 16) == pytest.approx(2.0)
+    assert GradientStats(sqr=1.0, var=48.0).batch_variance(16) == 3.0
+
+
+def test_efficiency_at_noise_scale_64_from_base_batch_16():
+    got = statistical_efficiency(np.array([16, 32, 64, 128, 256]), noise_scale=64, base_batch=16)
+    np.testing.assert_allclose(got, [1, 0.8333, 0.625, 0.4167, 0.25], atol=1e-4)
+
+
+def test_the_goodput_optimal_batch_of_a_linear_step_time_is_sqrt_a_phi_over_b():
+    a, b, phi = 0.02, 1e-4, 64.0
+    batches = np.arange(1, 4000)
+    measured = batches[np.argmax(batches / (a + b * batches) * statistical_efficiency(batches, phi, 1))]
+    assert optimal_batch(a, b, phi) == pytest.approx((a * phi / b) ** 0.5)
+    assert measured == pytest.approx(optimal_batch(a, b, phi), abs=1)
+    assert optimal_batch(a, b, phi, lo=1, hi=64) == 64  # within the bounds
 
 
 def test_best_batch_trades_throughput_for_efficiency():
@@ -52,7 +73,8 @@ def test_best_batch_trades_throughput_for_efficiency():
 @pytest.mark.parametrize("call", [
     lambda: estimate_gradient_stats(64, 1.0, 32, 1.0),
     lambda: statistical_efficiency(0, 1, 1),
-    lambda: adascale_gain(GradientStats(1, 1), 0.5),
+    lambda: adascale_gain(GradientStats(1, 1), 0.5, 16),
+    lambda: optimal_batch(0.1, 1e-3, 64, lo=128, hi=64),
     lambda: best_batch(lambda b: 1.0, [], 1, 1),
 ])
 def test_bad_input_is_a_distlab_error(call):

@@ -38,15 +38,15 @@ def test_the_lab_attaches_and_sees_two_hosts_with_their_ranks(hosts, lab):
 def test_calibration_measures_the_link_between_hosts_at_its_configured_rate(lab):
     cm = lab.calibrate(cache=False, progress=False, sizes=[65536, 1 << 20, 4 << 20, 8 << 20])
     ab = cm.params.alpha_beta
-    assert {"allreduce/intra", "allreduce/inter", "sendrecv/intra", "sendrecv/inter"} <= set(ab)
-    inter = 1.0 / ab["sendrecv/inter"][1]  # bytes per second of one exchange between the hosts
+    assert {"allreduce/intra", "allreduce/inter", "send/inter", "sendrecv/intra", "sendrecv/inter"} <= set(ab)
+    links = cm.links(lab.resources)
+    inter = links["inter"].bandwidth  # bytes per second of one message, one way, between the hosts
     intra = 1.0 / ab["sendrecv/intra"][1]
     limit = rate_bits(RATE) / 8
     print(f"inter-host {inter / 1e6:.1f} MB/s against the limit's {limit / 1e6:.1f}; intra-host {intra / 1e6:.1f}")
-    # Alone on a quiet machine this measured 118-121 MB/s against 125 (issue 22's 15%); inside the
-    # full suite, beside the other modules' leftovers, 67 MB/s. So: never above the link's rate,
-    # at least 40% of it, and a class of its own, well below loopback inside a host.
-    assert 0.4 * limit <= inter <= 1.15 * limit
+    # one way (send/inter), the link's own rate: 118-121 MB/s against 125 when measured alone
+    # (gloo's two-way exchange, sendrecv/inter, gets 60-120 MB/s on the same link: gossip's figure)
+    assert 0.85 * limit <= inter <= 1.15 * limit
     assert intra > 2 * limit and intra > 3 * inter  # loopback inside a host is not held to the link's rate
 
 

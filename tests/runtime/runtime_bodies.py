@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -158,17 +159,21 @@ def make_job(
     rank: int, world: int, addr: str, port: int, case: str, model_kind: str, opt: str, steps: int, **kw: Any
 ) -> RankJob:
     model = MODELS[model_kind]()
-    extra = {"ddp": True} if case.endswith("+ddp") else {}
-    if case.endswith("+per_table"):  # the sparse kernels one table at a time (the benchmark's baseline)
-        extra = {"sparse_exchange": "per_table"}
     run_id = f"{case}-{model_kind}-{opt}-{kw.pop('tag', '')}"
-    case = case.removesuffix("+ddp").removesuffix("+per_table")
+    case, flags = case_flags(case)
+    extra = {"ddp": True} if "ddp" in flags else {}
+    if "per_table" in flags:  # the sparse kernels one table at a time (the benchmark's baseline)
+        extra = {"sparse_exchange": "per_table"}
+    strategy = strategy_for(case, model, world)
+    if flags.get("acc", 1) > 1 or flags.get("lr", "none") != "none":
+        batch = dataclasses.replace(strategy.batch, accumulation=flags.get("acc", 1), lr_scaling=flags.get("lr", "none"))
+        strategy = dataclasses.replace(strategy, batch=batch)
     return RankJob(
         rank=rank,
         world=world,
         master_addr=addr,
         master_port=port,
-        strategy=strategy_for(case, model, world),
+        strategy=strategy,
         model=model,
         steps=steps,
         data=dataset(model_kind),
@@ -181,6 +186,28 @@ def make_job(
         extra=extra,
         **kw,
     )
+
+
+def case_flags(case: str) -> tuple[str, dict[str, Any]]:
+    """``builder:AllReduce+ddp+acc3+linear`` -> the case and its flags: ``ddp``, ``per_table``,
+    ``acc`` (micro-batches per step), ``lr`` (the learning-rate scaling rule)."""
+    base, *parts = case.split("+")
+    flags: dict[str, Any] = {}
+    for part in parts:
+        if part.startswith("acc"):
+            flags["acc"] = int(part[3:])
+        elif part in ("linear", "sqrt", "adascale"):
+            flags["lr"] = part
+        else:
+            flags[part] = True
+    return base, flags
+
+
+def lr_gain(case: str, world: int) -> float:
+    """The gain the case's scaling rule gives a global batch of ``BATCH * acc * world`` (base: BATCH)."""
+    _, flags = case_flags(case)
+    scale = flags.get("acc", 1) * world
+    return {"none": 1.0, "linear": float(scale), "sqrt": scale**0.5}[flags.get("lr", "none")]
 
 
 def equivalence_body(
@@ -201,13 +228,18 @@ def equivalence_body(
     return out
 
 
-def reference_weights(model_kind: str, opt: str, steps: int, world: int) -> dict[str, torch.Tensor]:
-    """One process training on the whole global batch (mean loss), same data order."""
+def reference_weights(
+    model_kind: str, opt: str, steps: int, world: int, accumulation: int = 1, gain: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """One process training on the whole global batch (mean loss), same data order, at ``gain``
+    times the optimizer's rate."""
     from distlab.runtime.trainer import default_loss
 
     model = MODELS[model_kind]()
     optim = optimizer_factory(opt)(list(model.parameters()))
-    G = BATCH * world
+    for g in optim.param_groups:
+        g["lr"] *= gain
+    G = BATCH * world * accumulation
     data = RankBatches(dataset(model_kind), G, 0, 1, True, 3)
     for t in range(steps):
         x, y = data.get(t * G)
