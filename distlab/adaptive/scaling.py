@@ -24,6 +24,7 @@ from typing import Any
 
 from distlab.errors import LaunchError
 from distlab.strategy.types import LR_SCALING as RULES
+
 # the rules the runtime executes today; launch refuses the others in one line
 RUN = ("none", "linear", "sqrt")
 

@@ -7,9 +7,9 @@ from distlab.adaptive import (
     GradientStats,
     adascale_gain,
     best_batch,
-    optimal_batch,
     estimate_gradient_stats,
     goodput,
+    optimal_batch,
     statistical_efficiency,
 )
 from distlab.errors import DistlabError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_bodies import BATCH, case_flags, equivalence_body, lr_gain, reference_weights
+from runtime_bodies import case_flags, equivalence_body, lr_gain, reference_weights
 
 from distlab.adaptive import scaling
 from distlab.errors import LaunchError
@@ -88,9 +88,10 @@ def test_a_rule_the_runtime_does_not_run_or_an_optimizer_without_a_rate_is_one_e
 
 
 def test_only_the_last_micro_batch_launches_the_gradient_work():
+    from runtime_bodies import MODELS, strategy_for
+
     from distlab.runtime.plan import build_units
     from distlab.runtime.sync import Synchronizer
-    from runtime_bodies import MODELS, strategy_for
 
     model = MODELS["dense"]()
     st = strategy_for("builder:AllReduce", model, 2)
