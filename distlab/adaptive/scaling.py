@@ -25,8 +25,9 @@ from typing import Any
 from distlab.errors import LaunchError
 from distlab.strategy.types import LR_SCALING as RULES
 
-# the rules the runtime executes today; launch refuses the others in one line
-RUN = ("none", "linear", "sqrt")
+# the rules the runtime executes (all of them: adascale with the noise scale measured live);
+# launch refuses any other in one line
+RUN = ("none", "linear", "sqrt", "adascale")
 
 
 def check_rule(rule: str, where: str = "batch.lr_scaling") -> str:

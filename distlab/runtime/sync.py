@@ -40,9 +40,12 @@ class Synchronizer:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         wait: Callable[[Any], None] = block,
         packed: bool = True,
+        noise: Any = None,
     ) -> None:
-        """``packed``: every sparse table in one exchange (runtime/sparse.py); False runs one per table."""
-        self.wait, self.packed = wait, packed
+        """``packed``: every sparse table in one exchange (runtime/sparse.py); False runs one per table.
+        ``noise``: a ``runtime.noise.GradNoise`` that sees each local gradient before the sync and
+        the averaged ones after it."""
+        self.wait, self.packed, self.noise = wait, packed, noise
         self.model, self.units, self.rank, self.world = model, units, rank, world
         sparse = sparse_param_ids(model)
         order = {id(p): i for i, p in enumerate(model.parameters())}
@@ -95,6 +98,8 @@ class Synchronizer:
         self._pending = {id(t): len(t.params) for t in self.tasks}
         self._next = 0
         self.comm_time = 0.0
+        if self.noise is not None:
+            self.noise.begin_step()
 
     @property
     def launched(self) -> int:
@@ -115,6 +120,8 @@ class Synchronizer:
         if not self._syncing:
             return
         self.last_ready = time.perf_counter()
+        if self.noise is not None:  # its local norm, before a bucket averages it in place
+            self.noise.on_local_grad(p)
         for t in self._tasks_of.get(id(p), ()):
             self._pending[id(t)] -= 1
         self._launch_ready()
@@ -145,6 +152,8 @@ class Synchronizer:
             allgather_sparse(group, self.wait)
         for group in [served] if self.packed else [[u] for u in served]:
             gather_sparse_to_servers(group, self.world, self.rank, self.wait)
+        if self.noise is not None:
+            self.noise.after_sync()
         comm = time.perf_counter() - t0
         self.broadcast.before_step(self.server_opt)
         if self.local_opt is not None:
@@ -174,3 +183,5 @@ class Synchronizer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self.noise is not None:
+            self.noise.close()

@@ -121,10 +121,23 @@ def _is_comm_error(exc: BaseException) -> bool:
     )
 
 
+def measures_noise(job: RankJob) -> bool:
+    """The run measures its gradient noise scale: AdaScale needs it, ``extra["noise_scale"]`` asks."""
+    return job.strategy.batch.lr_scaling == "adascale" or bool(job.extra.get("noise_scale", False))
+
+
 def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable) -> Any:
     s = job.strategy
     ef = bool(s.options.get("error_feedback", False))
-    if s.gossip is None and ddp_applies(model, units, ef) and job.extra.get("ddp", False) and job.world > 1:
+    noise = None
+    if measures_noise(job):
+        from distlab.runtime.noise import GradNoise
+
+        batch = job.batch_size or s.batch.per_replica
+        noise = GradNoise(units, make_opt, job.rank, job.world, batch, s.batch.accumulation, wait)
+    # DDP's reducer averages local gradients out of reach of the noise measurement's hooks
+    ddp = noise is None and job.extra.get("ddp", False) and job.world > 1
+    if s.gossip is None and ddp and ddp_applies(model, units, ef):
         return DDPSynchronizer(model, units, make_opt, job.device)
     gossiping = any(u.sync.kind == "gossip" for u in units)
     topo = resolve_topology(s, job.topology) if gossiping else None
@@ -140,6 +153,7 @@ def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Call
         bucket_bytes=int(job.extra.get("bucket_bytes", DEFAULT_BUCKET_BYTES)),
         wait=wait,
         packed=_sparse_exchange(job) == "packed",
+        noise=noise,
     )
 
 
@@ -176,7 +190,11 @@ def _train(
     rule = scaling.check_rule(job.strategy.batch.lr_scaling)
     for opt in (sync.local_opt, sync.server_opt):
         scaling.check_optimizer(opt, rule)
-    gain = scaling.fixed_gain(rule, G / batch)
+    scale = G / batch
+    noise = getattr(sync, "noise", None)
+    if noise is not None:
+        noise.use_optimizers(sync.local_opt, sync.server_opt)
+    progress_samples = float(job.extra.get("progress", 0.0))
     pos = job.sample_offset
     if job.resume_from:
         state = ckpt.load(job.resume_from)
@@ -209,7 +227,8 @@ def _train(
                     (loss / accum if accum > 1 else loss).backward()
                 loss_value += float(loss.detach()) / accum
             t_bwd = time.perf_counter()
-            with scaling.scaled([sync.local_opt, sync.server_opt], gain):
+            gains = noise.gains(scale) if rule == "adascale" else scaling.fixed_gain(rule, scale)
+            with scaling.scaled([sync.local_opt, sync.server_opt], gains):
                 sync.step(step)
             exposed = max(0.0, t_bwd - sync.last_ready) if sync.last_ready else 0.0
             t1 = time.perf_counter()
@@ -229,6 +248,9 @@ def _train(
                     ),
                 )
             )
+            if noise is not None:
+                rec.update(adaptive_columns(noise, batch, G, gains, t1 - t0, progress_samples))
+                progress_samples = rec["progress"]
             records.append(rec)
             if emit is not None:
                 emit(rec)
@@ -247,6 +269,29 @@ def _train(
         "checkpoint": str(last_ckpt) if last_ckpt else None,
         "consensus_distance": distance,
         "stopped": stopped,
+    }
+
+
+def adaptive_columns(
+    noise: Any, base_batch: int, global_batch: int, gains: Any, seconds: float, progress: float
+) -> dict[str, float]:
+    """A step's adaptive figures: the noise scale phi (samples), the statistical efficiency of the
+    global batch against the base (Pollux: (phi + M0) / (phi + M)), the mean learning-rate gain,
+    progress in scale-invariant samples (each step adds M x efficiency: what the base batch
+    would have needed for the same progress) and this step's goodput (samples/s x efficiency)."""
+    from distlab.adaptive.goodput import statistical_efficiency
+
+    phi = noise.estimate.noise_scale
+    eff = 1.0 if phi is None else float(statistical_efficiency(global_batch, phi, base_batch))
+    g = [gains] if isinstance(gains, (int, float)) else list(gains) or [1.0]
+    return {
+        "global_batch": global_batch,
+        "accumulation": noise.accum,
+        "noise_scale": float("nan") if phi is None else float(phi),
+        "efficiency": eff,
+        "lr_gain": float(sum(g) / len(g)),
+        "progress": progress + global_batch * eff,
+        "goodput": global_batch * eff / seconds if seconds > 0 else float("nan"),
     }
 
 

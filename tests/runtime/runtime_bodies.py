@@ -493,3 +493,52 @@ def nccl_equivalence_body(rank: int, world: int, addr: str, port: int, cases: li
             "steps": res["steps"],
         }
     return out
+
+
+# -- the gradient noise scale -------------------------------------------------------------------
+class Quadratic(torch.nn.Module):
+    """Per-sample loss 1/2 |w - c_i|^2 (with ``quadratic_loss``): the gradient is w - mean(c)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(w.clone())
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return self.w - c
+
+
+def quadratic_loss(out: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (out * out).sum(1).mean()
+
+
+def noisy_quadratic(d: int = 64, s2: float = 1.0, n: int = 8192, seed: int = 0) -> tuple[torch.Tensor, TensorDataset]:
+    """w with |w - mu|^2 = 1 and samples c_i ~ N(mu, s2 I): G = w - mu, tr(Sigma) = d s2, phi = d s2."""
+    g = torch.Generator().manual_seed(seed)
+    mu = torch.randn(d, generator=g)
+    u = torch.randn(d, generator=g)
+    w = mu + u / u.norm()
+    c = mu + s2**0.5 * torch.randn(n, d, generator=g)
+    return w, TensorDataset(c, torch.zeros(n))
+
+
+def noise_body(rank: int, world: int, addr: str, port: int, modes: list[tuple], steps: int) -> dict:
+    """For each (per-replica batch, accumulation[, lr scaling rule]): the noise scale measured after
+    ``steps`` frozen steps (SGD at rate 0) on the noisy quadratic, and the records' adaptive columns."""
+    from distlab.runtime.trainer import run_rank
+    from distlab.strategy.types import BatchConfig
+
+    out = {}
+    for b, k, *rule in modes:
+        w, data = noisy_quadratic()
+        model = Quadratic(w)
+        st = strategy_for("builder:AllReduce", model, world)
+        st = dataclasses.replace(st, batch=BatchConfig(per_replica=b, accumulation=k, lr_scaling=(rule or ["none"])[0]))
+        job = RankJob(
+            rank=rank, world=world, master_addr=addr, master_port=port, strategy=st, model=model, steps=steps,
+            data=data, loss=quadratic_loss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.0), batch_size=b,
+            seed=1, run_id=f"noise-{b}-{k}-{rule}", timeout=60.0, extra={"noise_scale": True},
+        )
+        res = run_rank(job)
+        last = res["records"][-1]
+        out[(b, k, *rule)] = {key: last[key] for key in ("noise_scale", "efficiency", "global_batch", "lr_gain", "progress")}
+    return out
