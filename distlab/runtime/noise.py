@@ -77,7 +77,7 @@ class GradNoise:
         self._micro = np.zeros(self.groups)
         self._prev: dict[int, torch.Tensor] | None = None
         self._hooks: list[Any] = []
-        if world == 1 and accumulation > 1:  # each micro-batch's own gradient, before accumulation
+        if world == 1:  # each micro-batch's own gradient, before accumulation (when there are several)
             for p in {id(u.param): u.param for u in self.units}.values():
                 self._hooks.append(p.register_hook(self._micro_hook(p)))
 
@@ -113,13 +113,14 @@ class GradNoise:
         else:
             self._differenced(glob)
 
-    def gains(self, scale: float) -> list[float]:
-        """AdaScale's gain per group of each optimizer (in ``use_optimizers`` order): r, or sqrt(r)
-        for Adam-like optimizers; 1 before the first estimate."""
+    def gains(self, scale: float, base_batch: int) -> list[float]:
+        """AdaScale's gain per group of each optimizer (in ``use_optimizers`` order) for a global
+        batch ``scale`` times ``base_batch``: r, or sqrt(r) for Adam-like optimizers; 1 before the
+        first estimate."""
         per_group = []
         for gi in range(self.groups):
             stats = self.estimate.stats(gi)
-            r = 1.0 if stats is None or scale <= 1 else adascale_gain(stats, scale, self.batch)
+            r = 1.0 if stats is None or scale <= 1 else adascale_gain(stats, scale, base_batch)
             per_group.append(r**0.5 if self.adam else r)
         out = []
         for opt in self.optimizers:
@@ -136,6 +137,8 @@ class GradNoise:
     # -- internals --------------------------------------------------------------------------------
     def _micro_hook(self, p: torch.Tensor) -> Callable[[torch.Tensor], None]:
         def hook(g: torch.Tensor) -> None:
+            if self.accum < 2:
+                return
             for u in self.units_of.get(id(p), ()):
                 # the micro-batch's loss was divided by the number of micro-batches: undo it
                 self._micro[self.group_of[id(u.target)]] += _sq(u.view(g) * self.accum, self._weight(u))

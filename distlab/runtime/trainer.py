@@ -11,12 +11,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from distlab.adaptive import scaling
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
+from distlab.runtime.adaptive import BatchState
 from distlab.runtime.allocator import tune_allocator
 from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
-from distlab.runtime.data import RankBatches, call_model, to_device
+from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer, ddp_applies
 from distlab.runtime.gossip import resolve_topology
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
@@ -122,8 +122,26 @@ def _is_comm_error(exc: BaseException) -> bool:
 
 
 def measures_noise(job: RankJob) -> bool:
-    """The run measures its gradient noise scale: AdaScale needs it, ``extra["noise_scale"]`` asks."""
-    return job.strategy.batch.lr_scaling == "adascale" or bool(job.extra.get("noise_scale", False))
+    """The run measures its gradient noise scale: AdaScale and the goodput controller need it,
+    ``extra["noise_scale"]`` asks for it."""
+    return (
+        job.strategy.batch.lr_scaling == "adascale"
+        or bool(job.extra.get("noise_scale", False))
+        or job.extra.get("adaptive") is not None
+    )
+
+
+def _controller(job: RankJob) -> Any:
+    """The goodput controller of an adaptive run: ``extra["adaptive"]`` holds the predicted
+    seconds per step of every allowed (per-replica batch, accumulation), as ``[[b, k, s], ...]``."""
+    spec = job.extra.get("adaptive")
+    if spec is None:
+        return None
+    from distlab.adaptive.controller import GoodputController
+
+    table = {(int(b), int(k)): float(s) for b, k, s in spec["table"]}
+    base = int(job.extra.get("base_batch") or job.batch_size or job.strategy.batch.per_replica)
+    return GoodputController(table, job.world, base)
 
 
 def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable) -> Any:
@@ -182,19 +200,8 @@ def _train(
     loss_fn = job.loss or default_loss
     sync = _make_sync(job, model, units, make_opt, wait)
     forward = getattr(sync, "wrapped", model)
-    batch = job.batch_size or job.strategy.batch.per_replica
-    accum = job.strategy.batch.accumulation
-    data = RankBatches(job.data, batch, job.rank, job.world, job.shuffle, job.seed, accum)
-    G = data.global_batch
-    # the optimizer's rate is set for the base batch (one replica's micro-batch); one step takes G
-    rule = scaling.check_rule(job.strategy.batch.lr_scaling)
-    for opt in (sync.local_opt, sync.server_opt):
-        scaling.check_optimizer(opt, rule)
-    scale = G / batch
     noise = getattr(sync, "noise", None)
-    if noise is not None:
-        noise.use_optimizers(sync.local_opt, sync.server_opt)
-    progress_samples = float(job.extra.get("progress", 0.0))
+    batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, _controller(job))
     pos = job.sample_offset
     if job.resume_from:
         state = ckpt.load(job.resume_from)
@@ -202,6 +209,7 @@ def _train(
         sync.refresh_shadows()
         restore_state(sync.local_opt, units, state["optimizer"])
         restore_state(sync.server_opt, units, state["optimizer"])
+        batches.load_state_dict(state.get("adaptive"))
     # collectives keep ranks within one step of each other; gossip ranks within the graph's diameter
     stop = StopSignal(store, should_stop, margin=job.world + 1 if sync.gossip is not None else 2)
     records: list[dict[str, Any]] = []
@@ -219,20 +227,21 @@ def _train(
             sync.zero_grad()
             sync.begin(step)
             loss_value = 0.0
+            accum = batches.accum
             for micro in range(accum):  # gradients accumulate; the last micro-batch syncs them
-                x, y = data.get(pos, micro)
+                x, y = batches.data.get(pos, micro)
                 x, y = to_device(x, job.device), to_device(y, job.device)
                 with sync.micro(micro == accum - 1):
                     loss = loss_fn(call_model(forward, x), y)
                     (loss / accum if accum > 1 else loss).backward()
                 loss_value += float(loss.detach()) / accum
             t_bwd = time.perf_counter()
-            gains = noise.gains(scale) if rule == "adascale" else scaling.fixed_gain(rule, scale)
-            with scaling.scaled([sync.local_opt, sync.server_opt], gains):
+            gains = batches.gains()
+            with batches.scaled(gains):
                 sync.step(step)
             exposed = max(0.0, t_bwd - sync.last_ready) if sync.last_ready else 0.0
             t1 = time.perf_counter()
-            pos += G
+            pos_before, pos = pos, pos + batches.global_batch
             rec = dict(
                 zip(
                     STEP_RECORD_KEYS,
@@ -248,14 +257,12 @@ def _train(
                     ),
                 )
             )
-            if noise is not None:
-                rec.update(adaptive_columns(noise, batch, G, gains, t1 - t0, progress_samples))
-                progress_samples = rec["progress"]
+            rec.update(batches.after_step(pos_before, pos, t1 - t0, gains))
             records.append(rec)
             if emit is not None:
                 emit(rec)
             if job.checkpoint_dir and job.checkpoint_every and (step + 1) % job.checkpoint_every == 0:
-                last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos)
+                last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos, batches)
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
     finally:
         sync.close()
@@ -272,30 +279,9 @@ def _train(
     }
 
 
-def adaptive_columns(
-    noise: Any, base_batch: int, global_batch: int, gains: Any, seconds: float, progress: float
-) -> dict[str, float]:
-    """A step's adaptive figures: the noise scale phi (samples), the statistical efficiency of the
-    global batch against the base (Pollux: (phi + M0) / (phi + M)), the mean learning-rate gain,
-    progress in scale-invariant samples (each step adds M x efficiency: what the base batch
-    would have needed for the same progress) and this step's goodput (samples/s x efficiency)."""
-    from distlab.adaptive.goodput import statistical_efficiency
-
-    phi = noise.estimate.noise_scale
-    eff = 1.0 if phi is None else float(statistical_efficiency(global_batch, phi, base_batch))
-    g = [gains] if isinstance(gains, (int, float)) else list(gains) or [1.0]
-    return {
-        "global_batch": global_batch,
-        "accumulation": noise.accum,
-        "noise_scale": float("nan") if phi is None else float(phi),
-        "efficiency": eff,
-        "lr_gain": float(sum(g) / len(g)),
-        "progress": progress + global_batch * eff,
-        "goodput": global_batch * eff / seconds if seconds > 0 else float("nan"),
-    }
-
-
-def _checkpoint(job: RankJob, model: torch.nn.Module, sync: Any, units: list, step: int, samples: int) -> Any:
+def _checkpoint(
+    job: RankJob, model: torch.nn.Module, sync: Any, units: list, step: int, samples: int, batches: Any
+) -> Any:
     opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world)
     if job.rank != 0:
         return None
@@ -307,5 +293,6 @@ def _checkpoint(job: RankJob, model: torch.nn.Module, sync: Any, units: list, st
         "strategy": job.strategy.to_json(indent=None),
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer": opt_state,
+        "adaptive": batches.state_dict(),
     }
     return ckpt.save(job.checkpoint_dir, payload)

@@ -9,6 +9,8 @@ from distlab.errors import StrategyError
 from distlab.strategy.builders._registry import build, register
 from distlab.strategy.types import LR_SCALING, BatchConfig, Strategy
 
+MAX_ACCUMULATION = 4  # the builder's default
+
 
 @register("AdaptiveBatch")
 def build_adaptive_batch(
@@ -19,13 +21,22 @@ def build_adaptive_batch(
     lr_scaling: str = "adascale",
     accumulation: int = 1,
     batch_size: int | None = None,
+    local_bsz_bounds: tuple[int, int] | None = None,
+    max_batch_size: int | None = None,
+    max_accumulation: int = MAX_ACCUMULATION,
     **base_options: Any,
 ) -> Strategy:
-    """The ``base`` builder's strategy with ``batch.lr_scaling`` set (AdaScale by default, as in AdaptDL).
+    """The ``base`` builder's strategy, trained with an adaptive batch (AdaptDL/Pollux).
 
-    Extra options go to the base builder. The batch size is where adaptation starts; the
-    runtime's goodput controller (Pollux/AdaptDL) moves it and rescales the learning rate.
+    The run measures its gradient noise scale live and, at each epoch boundary, its goodput
+    controller (``distlab.adaptive.controller``) picks the per-replica batch (within
+    ``local_bsz_bounds``, default: the starting batch to 8 times it) and the micro-batches per
+    step (up to ``max_accumulation``) with the best goodput, the global batch at most
+    ``max_batch_size``; the learning rate follows ``lr_scaling`` (AdaScale by default). Extra
+    options go to the base builder. ``batch_size`` and ``accumulation`` are where it starts.
     """
+    from distlab.adaptive.controller import Bounds
+
     if base == "AdaptiveBatch":
         raise StrategyError("AdaptiveBatch: base cannot be AdaptiveBatch itself")
     if lr_scaling not in LR_SCALING:
@@ -35,5 +46,24 @@ def build_adaptive_batch(
     if not isinstance(accumulation, int) or isinstance(accumulation, bool) or accumulation < 1:
         raise StrategyError(f"AdaptiveBatch: accumulation must be a positive integer, got {accumulation!r}")
     inner = build(base, profile, resources, batch_size=batch_size, **base_options)
-    batch = BatchConfig(inner.batch.per_replica, accumulation, lr_scaling)
-    return dataclasses.replace(inner, batch=batch)
+    b = inner.batch.per_replica
+    lo, hi = (b, 8 * b) if local_bsz_bounds is None else tuple(local_bsz_bounds)
+    Bounds((lo, hi), max_accumulation, max_batch_size).check(inner.world)
+    if not lo <= b <= hi:
+        raise StrategyError(
+            f"AdaptiveBatch: the starting batch {b} is outside local_bsz_bounds ({lo}, {hi}); give a "
+            "batch_size inside them or wider bounds"
+        )
+    return dataclasses.replace(inner, batch=BatchConfig(b, accumulation, lr_scaling))
+
+
+def adaptive_bounds(strategy: Strategy) -> Any:
+    """The controller's bounds of an AdaptiveBatch strategy, from its recorded options and its
+    starting batch (None: not an adaptive strategy, its batch is fixed)."""
+    from distlab.adaptive.controller import Bounds
+
+    if strategy.builder != "AdaptiveBatch":
+        return None
+    o, b = strategy.options, strategy.batch.per_replica
+    lo, hi = o.get("local_bsz_bounds") or (b, 8 * b)
+    return Bounds((int(lo), int(hi)), int(o.get("max_accumulation", MAX_ACCUMULATION)), o.get("max_batch_size"))

@@ -1,0 +1,122 @@
+"""The goodput controller (Pollux/AdaptDL): the global batch, and its split into per-replica batch
+and accumulation, that maximise goodput within the user's bounds.
+
+goodput(M) = throughput(M) x efficiency(M), efficiency = (phi + M0) / (phi + M). Throughput comes
+from distlab's cost model: the launcher predicts the step time of every allowed (per-replica
+batch, accumulation) for the run's strategy and cluster (``step_table``), and the controller
+refits that table online from the run's own step times (a configuration it has run is priced by
+its measured median; the others by their prediction times the measured-over-predicted ratio of
+the configurations run). Decisions are taken only at epoch boundaries, and only when the best
+configuration's goodput beats the current one's by ``hysteresis`` (AdaptDL issue 27: batch sizes
+thrashing between near-equal choices).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from distlab.adaptive.goodput import statistical_efficiency
+from distlab.errors import StrategyError
+
+HYSTERESIS = 0.05  # a new configuration must promise this much more goodput
+MIN_UPDATES = 20  # noise-scale updates before the first decision (its average is noise before)
+KEEP = 20  # step times kept per configuration for its median
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the controller may choose: per-replica batches ``per_replica`` (lo, hi), micro-batches
+    per step up to ``max_accumulation``, a global batch of at most ``max_global`` samples."""
+
+    per_replica: tuple[int, int]
+    max_accumulation: int = 1
+    max_global: int | None = None
+
+    def check(self, world: int, where: str = "AdaptiveBatch") -> Bounds:
+        lo, hi = self.per_replica
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise StrategyError(
+                f"{where}: local_bsz_bounds must be two integers 1 <= lo <= hi, got {self.per_replica!r}"
+            )
+        if not isinstance(self.max_accumulation, int) or self.max_accumulation < 1:
+            raise StrategyError(f"{where}: max_accumulation must be an integer >= 1, got {self.max_accumulation!r}")
+        if self.max_global is not None and self.max_global < lo * world:
+            raise StrategyError(
+                f"{where}: max_batch_size {self.max_global} excludes every batch: the smallest is "
+                f"local_bsz_bounds[0] x {world} ranks = {lo * world}; raise max_batch_size or lower local_bsz_bounds"
+            )
+        return self
+
+    def configurations(self, world: int) -> list[tuple[int, int]]:
+        """Every allowed (per-replica batch, accumulation): powers of two within the bounds, and the bounds."""
+        lo, hi = self.per_replica
+        sizes = sorted({lo, hi, *(2**i for i in range(int(math.log2(hi)) + 1) if lo <= 2**i <= hi)})
+        out = [
+            (b, k)
+            for b in sizes
+            for k in range(1, self.max_accumulation + 1)
+            if self.max_global is None or b * k * world <= self.max_global
+        ]
+        return out
+
+
+@dataclass
+class GoodputController:
+    """Chooses (per-replica batch, accumulation) for ``world`` ranks from ``step_table`` (predicted
+    seconds per optimizer step of each allowed configuration) and the noise scale."""
+
+    step_table: Mapping[tuple[int, int], float]
+    world: int
+    base_batch: int
+    hysteresis: float = HYSTERESIS
+    measured: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.step_table:
+            raise StrategyError("GoodputController: no configuration within the bounds")
+        self.step_table = {tuple(k): float(v) for k, v in dict(self.step_table).items()}
+
+    def observe(self, config: tuple[int, int], seconds: float) -> None:
+        """One optimizer step of ``config`` took ``seconds`` (the slowest rank's)."""
+        times = self.measured.setdefault(tuple(config), [])
+        times.append(float(seconds))
+        del times[:-KEEP]
+
+    def step_time(self, config: tuple[int, int]) -> float:
+        """Seconds per step of ``config``: measured where run, else predicted x the runs' ratio."""
+        config = tuple(config)
+        if len(self.measured.get(config, ())) >= 3:
+            return statistics.median(self.measured[config])
+        ratios = [
+            statistics.median(v) / self.step_table[c]
+            for c, v in self.measured.items()
+            if len(v) >= 3 and self.step_table.get(c, 0) > 0
+        ]
+        ratio = statistics.median(ratios) if ratios else 1.0
+        return self.step_table[config] * ratio
+
+    def goodput(self, config: tuple[int, int], noise_scale: float) -> float:
+        b, k = config
+        m = b * k * self.world
+        return m / self.step_time(config) * float(statistical_efficiency(m, noise_scale, self.base_batch))
+
+    def decide(self, current: tuple[int, int], noise_scale: float | None, updates: int) -> tuple[int, int]:
+        """The configuration for the next epoch: the best by goodput if it beats ``current`` by the
+        hysteresis margin, else ``current`` (also before the noise scale has settled)."""
+        current = tuple(current)
+        if noise_scale is None or updates < MIN_UPDATES or not math.isfinite(noise_scale):
+            return current
+        best = max(self.step_table, key=lambda c: (self.goodput(c, noise_scale), -c[1], c[0]))
+        if current not in self.step_table:
+            return best
+        if self.goodput(best, noise_scale) > (1 + self.hysteresis) * self.goodput(current, noise_scale):
+            return best
+        return current
+
+
+def step_table(predict: Callable[[int, int], float], configs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    """``predict(per_replica, accumulation)`` seconds for every configuration."""
+    return {c: float(predict(*c)) for c in configs}
