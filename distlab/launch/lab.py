@@ -343,6 +343,7 @@ class Lab:
             checkpoint_every=checkpoint_every,
             timeout=float(timeout or self.timeout),
             run_id=run_id,
+            extra=self._adaptive_extra(profile(b), res, st, b),
         )
 
         def replan(survivors: list[str]) -> tuple[Any, list[int]]:
@@ -368,6 +369,15 @@ class Lab:
         if block:
             run.wait()
         return run
+
+    def _adaptive_extra(self, profile: Any, res: ResourceSpec, st: Any, batch: int) -> dict[str, Any]:
+        """An AdaptiveBatch launch: the controller's table, predicted by ``lab.cost_model`` (the
+        default model, refitted by the run's own step times, before a calibration)."""
+        from distlab.costmodel import CostModel
+        from distlab.launch.adaptive import adaptive_extra
+
+        sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
+        return adaptive_extra(self.cost_model or CostModel.default(), profile, sub, st, batch)
 
     def _forecast(self, profile: Any, res: ResourceSpec, st: Any) -> Forecast | None:
         if self.cost_model is None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from launch_helpers import Blobs, TinyNet, allreduce_strategy
 
+import distlab as dl
 from distlab.errors import DistlabError, LaunchError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -263,3 +264,34 @@ def test_data_that_does_not_fit_the_model_is_one_line_naming_the_batch(clean_lab
     bad = torch.utils.data.TensorDataset(torch.randn(16, 5), torch.randint(0, 2, (16,)))
     with pytest.raises(LaunchError, match=r"a batch of 8 samples \(input \[8, 5\]\) does not fit model IdsAndDense"):
         clean_lab.launch(IdsAndDense(), strategy="AllReduce", data=bad, steps=2, batch_size=8)
+
+
+def test_an_adaptive_batch_launch_measures_its_noise_and_reports_goodput(clean_lab, tiny, blobs):
+    prof = dl.profile(tiny, batch_size=8)
+    st = dl.strategy.build("AdaptiveBatch", prof, clean_lab.resources, batch_size=8, local_bsz_bounds=(8, 64))
+    run = clean_lab.launch(tiny, strategy=st, steps=120, data=blobs, optimizer=lambda p: torch.optim.SGD(p, lr=0.05))
+    run.wait(timeout=120)
+    df = run.metrics
+    cols = {"global_batch", "accumulation", "noise_scale", "efficiency", "lr_gain", "progress", "goodput"}
+    assert cols <= set(df.columns)
+    last = df[df.step == df.step.max()].iloc[0]
+    assert last["noise_scale"] > 0 and 0 < last["efficiency"] <= 1 and last["lr_gain"] >= 1
+    assert df.groupby("step")["global_batch"].nunique().max() == 1  # every rank used the same batch
+    assert (df.groupby("rank")["progress"].diff().dropna() > 0).all()  # progress only grows
+    # a changed batch keeps the data position exact: each step advances it by its own global batch
+    r0 = df[df["rank"] == 0].sort_values("step")
+    assert (r0["samples"].diff().dropna().to_numpy() == r0["global_batch"].to_numpy()[1:]).all()
+
+
+def test_a_scaling_rule_the_optimizer_cannot_take_is_refused_before_the_launch(clean_lab, tiny, blobs):
+    class NoRate(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"momentum": 0.9})
+
+        def step(self, closure=None):
+            return None
+
+    prof = dl.profile(tiny, batch_size=8)
+    st = dl.strategy.build("AdaptiveBatch", prof, clean_lab.resources, batch_size=8, lr_scaling="linear")
+    with pytest.raises(DistlabError, match=r"NoRate has no numeric 'lr' .*use lr_scaling='none'"):
+        clean_lab.launch(tiny, strategy=st, steps=5, data=blobs, optimizer=NoRate)

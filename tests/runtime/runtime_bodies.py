@@ -542,3 +542,24 @@ def noise_body(rank: int, world: int, addr: str, port: int, modes: list[tuple], 
         last = res["records"][-1]
         out[(b, k, *rule)] = {key: last[key] for key in ("noise_scale", "efficiency", "global_batch", "lr_gain", "progress")}
     return out
+
+
+def adaptive_body(rank: int, world: int, addr: str, port: int, steps: int, n: int) -> list[dict]:
+    """An adaptive run on the noisy quadratic (rate 0, phi = 64) with a controller table whose
+    goodput optimum is a global batch of about 128; returns this rank's records."""
+    from distlab.adaptive.controller import Bounds
+    from distlab.runtime.trainer import run_rank
+    from distlab.strategy.types import BatchConfig
+
+    w, data = noisy_quadratic(n=n)
+    model = Quadratic(w)
+    st = strategy_for("builder:AllReduce", model, world)
+    st = dataclasses.replace(st, batch=BatchConfig(per_replica=4, accumulation=1, lr_scaling="adascale"))
+    configs = Bounds((4, 64), 2).configurations(world)
+    table = [[b, k, 0.05 + 2e-4 * b * k * world] for b, k in configs]
+    job = RankJob(
+        rank=rank, world=world, master_addr=addr, master_port=port, strategy=st, model=model, steps=steps,
+        data=data, loss=quadratic_loss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.0), batch_size=4,
+        seed=1, run_id="adaptive", timeout=60.0, extra={"adaptive": {"table": table}, "base_batch": 4},
+    )
+    return run_rank(job)["records"]

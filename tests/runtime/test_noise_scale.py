@@ -31,3 +31,22 @@ def test_the_noise_scale_is_within_15_percent_after_2000_steps(world):
             assert got["lr_gain"] == pytest.approx(want, rel=0.05)
             assert got["progress"] > 0
     assert out[0] == out[-1]  # every rank holds the same estimate
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_adaptive_run_changes_its_batch_only_at_epoch_boundaries_and_every_rank_alike():
+    from runtime_bodies import adaptive_body
+
+    n, steps = 256, 240
+    out = spawn_local(2, adaptive_body, steps, n, timeout=180)
+    recs = [[(r["step"], r["global_batch"], r["per_replica"], r["accumulation"], r["samples"]) for r in rank] for rank in out]
+    assert recs[0] == recs[1]  # the same decisions on both ranks
+    pos = 0
+    for (step, m, b, k, samples), nxt in zip(recs[0], recs[0][1:] + [None]):
+        assert m == b * k * 2 and samples == pos + m  # the position advances by the step's global batch
+        if nxt is not None and nxt[1] != m:
+            assert pos // n != samples // n, f"batch changed after step {step}, not at an epoch boundary"
+        pos = samples
+    assert recs[0][0][1] == 8 and recs[0][-1][1] > 8  # it grew from the base toward the optimum (~128)
+    assert all(r["lr_gain"] >= 1 for r in out[0]) and out[0][-1]["lr_gain"] > 1
