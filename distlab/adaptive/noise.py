@@ -7,7 +7,9 @@ micro-batches and their sum; or two consecutive steps). Since E|g_M|^2 = |G|^2 +
 each pair gives unbiased estimates of |G|^2 and of the per-sample tr(Sigma) (McCandlish et al.
 2018, appendix A.1). Single-step estimates are very noisy (|G|^2 is a small difference of large
 numbers), so both are smoothed by a bias-corrected exponential moving average, and the noise
-scale is the ratio of the averages (as AdaptDL does).
+scale is the ratio of the averages (as AdaptDL does). A step of a global batch ``scale`` times the
+base batch counts as ``scale`` base steps (decay ``smoothing ** scale``, AdaptDL's form): the
+average spans about the same number of samples at any batch size.
 
 Units: ``sqr`` is |G|^2 (squared gradient units), ``var`` is tr(Sigma) for one sample, the noise
 scale phi = var / sqr is in samples.
@@ -22,7 +24,7 @@ import numpy as np
 from distlab.adaptive.goodput import GradientStats
 from distlab.errors import DistlabError
 
-SMOOTHING = 0.999  # AdaptDL's default: an average over the last ~1,000 steps
+SMOOTHING = 0.999  # AdaptDL's default: an average over the last ~1,000 base-batch steps' samples
 
 
 def two_batch_estimates(
@@ -58,10 +60,13 @@ class NoiseScale:
         if self.var_avg is None:
             self.var_avg = np.zeros(self.groups)
 
-    def update(self, small: float, small_sqr: np.ndarray, big: float, big_sqr: np.ndarray) -> None:
-        """One step's squared norms (per group) at ``small`` and ``big`` samples."""
+    def update(
+        self, small: float, small_sqr: np.ndarray, big: float, big_sqr: np.ndarray, scale: float = 1.0
+    ) -> None:
+        """One step's squared norms (per group) at ``small`` and ``big`` samples; the step's global
+        batch is ``scale`` base batches."""
         sqr, var = two_batch_estimates(small, small_sqr, big, big_sqr)
-        a = self.smoothing
+        a = self.smoothing ** max(float(scale), 1.0)
         self.sqr_avg = a * self.sqr_avg + (1 - a) * sqr
         self.var_avg = a * self.var_avg + (1 - a) * var
         self.weight = a * self.weight + (1 - a)

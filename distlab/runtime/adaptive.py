@@ -52,7 +52,7 @@ class BatchState:
         self.global_batch = self.data.global_batch
         self.scale = self.global_batch / self.base
         if self.noise is not None:
-            self.noise.batch, self.noise.accum = self.batch, self.accum
+            self.noise.batch, self.noise.accum, self.noise.scale = self.batch, self.accum, self.scale
 
     def gains(self) -> Any:
         """The learning-rate gain (one, or one per parameter group) for this step."""

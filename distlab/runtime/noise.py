@@ -72,6 +72,7 @@ class GradNoise:
         for u in self.units:
             self.units_of.setdefault(id(u.param), []).append(u)
         self.estimate = NoiseScale(self.groups, smoothing)
+        self.scale = 1.0  # the step's global batch over the base batch (set by the batch state)
         self.optimizers: list[Any] = []
         self._local = np.zeros(self.groups)
         self._micro = np.zeros(self.groups)
@@ -107,9 +108,9 @@ class GradNoise:
             buf = torch.from_numpy(np.concatenate([self._local, glob]))
             self.wait(dist.all_reduce(buf, async_op=True))
             local_mean, glob = buf[: self.groups].numpy() / n, buf[self.groups :].numpy()
-            self.estimate.update(b * k, local_mean, b * k * n, glob)
+            self.estimate.update(b * k, local_mean, b * k * n, glob, self.scale)
         elif k > 1:
-            self.estimate.update(b, self._micro / k, b * k, glob)
+            self.estimate.update(b, self._micro / k, b * k, glob, self.scale)
         else:
             self._differenced(glob)
 
@@ -178,4 +179,4 @@ class GradNoise:
             gi, w = self.group_of[id(u.target)], self._weight(u)
             pair[gi] += _sq(a, w) + _sq(b, w)
             both[gi] += _sq((a + b) / 2, w)
-        self.estimate.update(self.batch, pair / 2, 2 * self.batch, both)
+        self.estimate.update(self.batch, pair / 2, 2 * self.batch, both, self.scale)
