@@ -33,6 +33,10 @@ SMALL: dict[str, dict] = {
     },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
+    "bench/adaptive-batch": {
+        "tasks": ["quadratic"], "sweep": [16], "steps": {"quadratic": 60, "digits": 60},
+        "target": {"quadratic": 40.0, "digits": 2.0}, "rounds": 1,
+    },
     "bench/two-hosts": {
         "rates": ["1gbit"], "strategies": ["AllReduce", "PSLoadBalancing"], "workers_per_host": 1,
         "rows_in_table": 2000, "width": 64, "steps": 4, "repeats": 1, "calibrate": False,
