@@ -26,11 +26,10 @@ import numpy as np
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.degree import strategy_in_degree
 from distlab.profile.model_profile import ModelProfile, VariableProfile
+from distlab.strategy.execution import BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_applies
 from distlab.strategy.types import Strategy, Sync
 
 INDEX_BYTES = 8  # int64 row index sent with every sparse row
-BUCKET_BYTES = 4 * 2**20  # the runtime's all-reduce bucket cap (runtime/allreduce.py imports it)
-DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -151,18 +150,6 @@ def _wire(nbytes: float, v: VariableProfile, sync: Sync) -> float:
     return nbytes
 
 
-def _ddp_applies(strategy: Strategy) -> bool:
-    """Mirror of runtime/ddp.py ``ddp_applies``: every variable one unpartitioned all-reduce, one compressor."""
-    if strategy.gossip is not None or strategy.world <= 1:
-        return False
-    comps = set()
-    for plan in strategy.variables:
-        if plan.partition is not None or plan.sync is None or plan.sync.kind != "allreduce":
-            return False
-        comps.add(plan.sync.compressor)
-    return len(comps) == 1
-
-
 def compile_strategy(
     profile: ModelProfile,
     strategy: Strategy,
@@ -177,7 +164,7 @@ def compile_strategy(
     by_name = {v.name: v for v in profile.variables}
     position = {v.name: i for i, v in enumerate(profile.variables)}  # model.parameters() order
     plans = sorted((pl for pl in strategy.variables if pl.name in by_name), key=lambda pl: -position[pl.name])
-    ddp = ddp and _ddp_applies(strategy)
+    ddp = ddp and ddp_applies(strategy)  # the runtime's own rule (strategy/execution.py)
 
     # units in reverse parameter order: (variable, sync, fraction of the variable)
     units = []

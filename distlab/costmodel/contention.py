@@ -17,11 +17,7 @@ On a CPU host with ``c`` cores and ``n`` ranks, each rank runs ``t = max(1, c //
 
 from __future__ import annotations
 
-
-def rank_threads(ranks_on_host: int, cores: int | None) -> int:
-    """Threads one rank runs when ``ranks_on_host`` ranks share ``cores`` cores."""
-    n = max(int(ranks_on_host), 1)
-    return max(1, int(cores) // n) if cores else 1
+from distlab.strategy.execution import rank_threads
 
 
 def time_slicing(ranks_on_host: int, cores: int | None) -> float:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
-from distlab.costmodel.compile import BUCKET_BYTES
 from distlab.errors import CalibrationError
 from distlab.resources import ResourceSpec
+from distlab.strategy.execution import BUCKET_BYTES
 
 PARAMS_VERSION = 1
 

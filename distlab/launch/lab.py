@@ -18,6 +18,7 @@ from distlab.launch import spmd
 from distlab.launch import validate as _v
 from distlab.launch.run import Forecast, Run, runs_frame
 from distlab.resources import ResourceSpec
+from distlab.strategy.execution import rank_threads
 from distlab.strategy.types import Strategy
 
 DEFAULT_BATCH = 32  # per-replica batch of a launch by builder name without batch_size=
@@ -224,7 +225,7 @@ class Lab:
 
     def _threads(self, res: ResourceSpec, workers: list[str]) -> list[int]:
         sub = _cluster.sub_resources(res, workers)
-        return [spmd.rank_threads(sub.cores.get(r.host, 1), len(sub.ranks_on(r.host))) for r in sub.ranks]
+        return [rank_threads(len(sub.ranks_on(r.host)), sub.cores.get(r.host, 1)) for r in sub.ranks]
 
     def _check_idle(self) -> None:
         """Open, no run in flight, and the embedded cluster whole again (a worker lost to a crash comes back)."""

@@ -85,11 +85,6 @@ def progress_topic(run_id: str) -> str:
     return f"distlab-progress-{run_id}"
 
 
-def rank_threads(cores: int, ranks_on_host: int) -> int:
-    """torch intra-op threads for one rank: the host's cores shared by its ranks, at least 1."""
-    return max(1, cores // max(1, ranks_on_host))
-
-
 def rank_entry(
     fn: Callable[..., Any],
     rank: int,

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.costmodel.compile import BUCKET_BYTES
 from distlab.runtime.compress import Compressor
 from distlab.runtime.plan import SyncUnit
+from distlab.strategy.execution import BUCKET_BYTES, bucket_layout
 
 # small enough to overlap with backward, large enough to amortise alpha; the cost model uses the same
 DEFAULT_BUCKET_BYTES = BUCKET_BYTES
@@ -92,23 +92,15 @@ def build_buckets(
     cap_bytes: int,
     wait: Callable[[Any], None],
 ) -> list[Bucket]:
-    """Group all-reduce units by (group, compressor, dtype, device), in the given order, split at ``cap_bytes``."""
-    by_group: dict[tuple, list[SyncUnit]] = {}
-    for u in units:
-        key = (u.sync.group or 0, u.sync.compressor, u.param.dtype, u.param.device)
-        by_group.setdefault(key, []).append(u)
+    """Buckets of the all-reduce units, in the given (gradient-ready) order, one open bucket per
+    (group, compressor, dtype, device), split at ``cap_bytes``: ``strategy.execution.bucket_layout``,
+    the layout the cost model prices."""
+    keys = [(u.sync.group or 0, u.sync.compressor, u.param.dtype, u.param.device) for u in units]
+    sizes = [u.view(u.param).numel() * u.param.element_size() for u in units]
+    compressors: dict[str, Compressor] = {}
     buckets: list[Bucket] = []
-    for (_, comp, _, _), us in by_group.items():
-        compressor = Compressor(comp, error_feedback)
-        current: list[SyncUnit] = []
-        size = 0
-        for u in us:
-            nbytes = u.view(u.param).numel() * u.param.element_size()
-            if current and size + nbytes > cap_bytes:
-                buckets.append(Bucket(current, compressor, len(buckets), world, wait))
-                current, size = [], 0
-            current.append(u)
-            size += nbytes
-        if current:
-            buckets.append(Bucket(current, compressor, len(buckets), world, wait))
+    for members in bucket_layout(list(zip(keys, sizes, strict=True)), cap_bytes):
+        comp = units[members[0]].sync.compressor
+        compressor = compressors.setdefault(comp, Compressor(comp, error_feedback))
+        buckets.append(Bucket([units[i] for i in members], compressor, len(buckets), world, wait))
     return buckets

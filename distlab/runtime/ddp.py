@@ -12,15 +12,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.sparse import sparse_param_ids
-
-
-def ddp_applies(model: torch.nn.Module, units: list[SyncUnit], error_feedback: bool) -> bool:
-    """DDP runs a strategy exactly when every variable is one unpartitioned all-reduce with one compressor."""
-    if error_feedback or not units or sparse_param_ids(model):
-        return False
-    comps = {u.sync.compressor for u in units}
-    return all(u.sync.kind == "allreduce" and u.axis is None for u in units) and len(comps) == 1
 
 
 class DDPSynchronizer:

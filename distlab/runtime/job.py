@@ -19,7 +19,10 @@ class RankJob:
 
     ``data`` is a map-style torch ``Dataset`` of ``(input, target)`` pairs. The global batch
     of step t (with ``shuffle=False``) is samples ``[t*G, (t+1)*G)`` with
-    ``G = batch_size * world``; rank r reads its contiguous ``batch_size`` slice of it.
+    ``G = batch_size * accumulation * world``; rank r reads its ``accumulation`` contiguous
+    micro-batches of ``batch_size`` (runtime/data.py), and syncs its gradients once, after the
+    last. The optimizer's rate is scaled by ``strategy.batch.lr_scaling`` around each step
+    (adaptive/scaling.py; the base batch is ``batch_size`` unless ``extra["base_batch"]``).
     ``sample_offset`` is the data position (global samples already seen) at step ``start_step``:
     step t reads ``[sample_offset + (t - start_step)*G, ... + G)``, so an elastic resume on a
     new world keeps its position in samples (pass the checkpoint's ``samples``). Positions
@@ -31,7 +34,10 @@ class RankJob:
     when dynamic, ``.at(step)``). ``extra`` keys the runtime reads: ``ddp`` (default False; True
     runs a pure all-reduce strategy with torch's DDP reducer instead of distlab's buckets; note
     that a DDP-wrapped group stays open after a failure, so peers then wait for ``timeout``),
-    ``bucket_bytes`` (all-reduce bucket cap, default 4 MiB).
+    ``bucket_bytes`` (all-reduce bucket cap, default 4 MiB), ``noise_scale`` (True: measure the
+    gradient noise scale, as AdaScale does anyway; runtime/noise.py), ``adaptive`` (the goodput
+    controller's table ``{"table": [[per_replica, accumulation, seconds], ...]}``: the batch is
+    re-chosen at epoch boundaries), ``base_batch``, ``progress`` (scale-invariant samples so far).
     ``run_id`` must be unique per rendezvous store (it prefixes the store's keys).
     """
 

@@ -143,3 +143,9 @@ def to_sparse_grad(idx: torch.Tensor, vals: torch.Tensor, shape: torch.Size, wor
     """Sum duplicate rows and average over the world: the gradient of the global mean loss."""
     g = torch.sparse_coo_tensor(idx.unsqueeze(0), vals, tuple(shape), check_invariants=False).coalesce()
     return g / world
+
+
+def sparse_names(model: torch.nn.Module, units: Any) -> set[str]:
+    """Names of the variables (of ``units``) whose gradients are sparse."""
+    ids = sparse_param_ids(model)
+    return {u.name for u in units if id(u.param) in ids}

@@ -17,7 +17,7 @@ from distlab.runtime.adaptive import BatchState
 from distlab.runtime.allocator import tune_allocator
 from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
 from distlab.runtime.data import call_model, to_device
-from distlab.runtime.ddp import DDPSynchronizer, ddp_applies
+from distlab.runtime.ddp import DDPSynchronizer
 from distlab.runtime.gossip import resolve_topology
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
 from distlab.runtime.optim_state import gather_state, restore_state
@@ -30,7 +30,9 @@ from distlab.runtime.process_group import (
     report_failure,
     resolve_backend,
 )
+from distlab.runtime.sparse import sparse_names
 from distlab.runtime.sync import Synchronizer
+from distlab.strategy.execution import ddp_applies
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -155,7 +157,7 @@ def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Call
         noise = GradNoise(units, make_opt, job.rank, job.world, batch, s.batch.accumulation, wait)
     # DDP's reducer averages local gradients out of reach of the noise measurement's hooks
     ddp = noise is None and job.extra.get("ddp", False) and job.world > 1
-    if s.gossip is None and ddp and ddp_applies(model, units, ef):
+    if ddp and ddp_applies(s, sparse_names(model, units), ef):
         return DDPSynchronizer(model, units, make_opt, job.device)
     gossiping = any(u.sync.kind == "gossip" for u in units)
     topo = resolve_topology(s, job.topology) if gossiping else None

@@ -1,0 +1,79 @@
+"""What the runtime executes for a strategy, described once: the runtime follows it and the cost
+model prices it (no second copy of a rule in either).
+
+- ``rank_threads``: torch intra-op threads per rank, the host's cores shared by its ranks;
+- ``ddp_applies``: whether torch's DDP reducer can run the strategy (every variable one
+  unpartitioned all-reduce with one compressor, no sparse gradients, no error feedback);
+- ``bucket_layout``: all-reduce buckets, in gradient-ready order, split at a byte cap per group;
+- ``accumulation``: micro-batches per optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from distlab.strategy.types import Strategy
+
+BUCKET_BYTES = 4 * 2**20  # the all-reduce bucket cap of distlab's kernel
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def rank_threads(ranks_on_host: int, cores: int | None) -> int:
+    """torch intra-op threads for one rank when ``ranks_on_host`` ranks share ``cores`` cores (>= 1)."""
+    n = max(int(ranks_on_host), 1)
+    return max(1, int(cores) // n) if cores else 1
+
+
+def ddp_applies(strategy: Strategy, sparse: Iterable[str] = (), error_feedback: bool = False) -> bool:
+    """torch's DDP reducer runs ``strategy`` exactly when every variable is one unpartitioned
+    all-reduce with one compressor, none has sparse gradients (names in ``sparse``), there is no
+    error feedback and no gossip, on two ranks or more."""
+    if error_feedback or strategy.gossip is not None or strategy.world <= 1 or not strategy.variables:
+        return False
+    sparse = set(sparse)
+    comps = set()
+    for plan in strategy.variables:
+        if plan.partition is not None or plan.sync is None or plan.sync.kind != "allreduce" or plan.name in sparse:
+            return False
+        comps.add(plan.sync.compressor)
+    return len(comps) == 1
+
+
+def bucket_layout(
+    entries: Sequence[tuple[Hashable, int]], cap: int = BUCKET_BYTES, first_cap: int | None = None
+) -> list[list[int]]:
+    """Buckets of ``entries`` (group key, bytes), given in gradient-ready order: one open bucket per
+    key, closed when the next entry would pass ``cap`` (``first_cap`` for the first bucket opened,
+    as DDP does); returns the entries' indices per bucket, in the order buckets open."""
+    buckets: list[list[int]] = []
+    open_: dict[Hashable, tuple[int, int]] = {}  # key -> (bucket index, bytes in it)
+    for i, (key, nbytes) in enumerate(entries):
+        hit = open_.get(key)
+        limit = first_cap if first_cap is not None and hit is not None and hit[0] == 0 else cap
+        if hit is None or (buckets[hit[0]] and hit[1] + nbytes > limit):
+            buckets.append([])
+            hit = (len(buckets) - 1, 0)
+        buckets[hit[0]].append(i)
+        open_[key] = (hit[0], hit[1] + int(nbytes))
+    return buckets
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One strategy's execution on a cluster: DDP or distlab's kernels, threads per rank, micro-batches."""
+
+    ddp: bool
+    threads: tuple[int, ...]
+    accumulation: int
+
+
+def describe(
+    strategy: Strategy, cores: dict[str, int | None], sparse: Iterable[str] = (), ddp: bool = True
+) -> Execution:
+    """The execution of ``strategy`` with ``cores`` per host (``ddp=False``: distlab's kernels always)."""
+    per_host: dict[str, int] = {}
+    for r in strategy.ranks:
+        per_host[r.host] = per_host.get(r.host, 0) + 1
+    threads = tuple(rank_threads(per_host[r.host], cores.get(r.host)) for r in strategy.ranks)
+    return Execution(ddp and ddp_applies(strategy, sparse), threads, max(strategy.batch.accumulation, 1))
