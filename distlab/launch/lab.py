@@ -6,6 +6,7 @@ import dataclasses
 import html
 import shutil
 import tempfile
+import time
 import uuid
 import weakref
 from collections.abc import Callable
@@ -223,6 +224,43 @@ class Lab:
             if on_tick is not None:
                 self.client.unsubscribe_topic(topic)
 
+    def scale(self, n: int, timeout: float | None = None) -> ResourceSpec:
+        """Resize the embedded cluster to ``n`` workers; returns ``lab.resources``.
+
+        A run in flight is paused first: its ranks stop at a step and write a checkpoint there.
+        Once the cluster has ``n`` workers, it resumes on all of them from that step, at the same
+        data position (every sample of an epoch seen once across resizes), its strategy re-planned
+        for the new world; an adaptive run re-chooses its batch for it. If the cluster does not
+        reach ``n`` workers within ``timeout`` (default: the Lab's), the run resumes on the workers
+        there are and one ``LaunchError`` says so; its checkpoint stays in place.
+        """
+        self._check_open()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise LaunchError(f"lab.scale({n!r}): a Lab needs at least 1 worker (lab.close() stops it)")
+        if self._cluster is None:
+            raise LaunchError(
+                "lab.scale: this Lab is attached to a cluster it did not start; scale that cluster with its "
+                "own tool (dask-jobqueue's cluster.scale(n), your Kubernetes deployment, more `dask worker` "
+                "processes): the Lab uses the workers it finds"
+            )
+        limit = float(timeout or self.timeout)
+        paused = [r for r in self._runs if not r.done and r.pause(limit)]
+        self._cluster.scale(n)
+        deadline = time.monotonic() + limit
+        while len(spmd.workers_info(self.client)) != n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        have = len(spmd.workers_info(self.client))
+        workers = list(self.resources.addresses)
+        for run in paused:
+            run.resume_on(workers)
+        if have != n:
+            raise LaunchError(
+                f"lab.scale({n}): the cluster has {have} workers after {limit:g} s"
+                + (f"; run {paused[0].id} resumed on them from its checkpoint" if paused else "")
+                + "; try again, or a longer timeout="
+            )
+        return self.resources
+
     def _threads(self, res: ResourceSpec, workers: list[str]) -> list[int]:
         sub = _cluster.sub_resources(res, workers)
         return [rank_threads(len(sub.ranks_on(r.host)), sub.cores.get(r.host, 1)) for r in sub.ranks]
@@ -347,9 +385,11 @@ class Lab:
             extra=self._adaptive_extra(profile(b), res, st, b),
         )
 
-        def replan(survivors: list[str]) -> tuple[Any, list[int]]:
+        def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
             sub = _cluster.sub_resources(self.resources, survivors)
-            return _replan(st, model, sub, profile), self._threads(self.resources, survivors)
+            new = _replan(st, model, sub, profile)
+            extra = self._adaptive_extra(profile(b), sub, new, b) if job.extra.get("adaptive") else {}
+            return new, self._threads(self.resources, survivors), extra
 
         run = Run(
             self,

@@ -95,6 +95,12 @@ class Run:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._cancel = False
+        # a resize (lab.scale): the ranks stop at a step, write a checkpoint there, and the run
+        # waits for its new workers (set by resume_on) before it resumes on them
+        self._pausing = False
+        self._paused = threading.Event()
+        self._resume_with: list[str] | None = None
+        self._resume = threading.Event()
         self._group: spmd.RankGroup | None = None
         self._state_dict: Any = None
         self._model: Any = None
@@ -151,6 +157,16 @@ class Run:
                     if self._cancel:  # cancel() ran while the ranks were being started
                         self._group.stop()
                     results = self._group.wait(None)
+                    if self._pausing and not self._cancel and not self._complete(results):
+                        self._group.close()
+                        new = self._wait_for_workers()
+                        if new is None:  # cancelled while paused
+                            self._status = "cancelled"
+                            return
+                        restart += 1
+                        workers = new
+                        job, threads = self._resume_job(job, workers, restart)
+                        continue
                 except (spmd.RankFailure, spmd.WorkerLost, LaunchError) as exc:
                     if self._group is not None:
                         self._group.close()
@@ -188,6 +204,55 @@ class Run:
                 pass
             self._done.set()
 
+    def _complete(self, results: list[dict[str, Any]]) -> bool:
+        """Every step ran (a stop asked for near the end may come too late to matter)."""
+        return not any(r.get("stopped") for r in results)
+
+    def _wait_for_workers(self) -> list[str] | None:
+        """(driver) Paused at a checkpoint: wait for ``resume_on``'s workers (None: cancelled)."""
+        self._status = "paused"
+        self._paused.set()
+        while not self._resume.wait(0.2):
+            if self._cancel:
+                return None
+        self._resume.clear()
+        self._paused.clear()
+        self._pausing = False
+        new, self._resume_with = self._resume_with, None
+        return new
+
+    def pause(self, timeout: float = CANCEL_WITHIN) -> bool:
+        """(Lab.scale) Stop the ranks at a step with a checkpoint written there; True once paused,
+        False if the run ended first. ``resume_on(workers)`` continues it."""
+        if self._done.is_set():
+            return False
+        if self._job.checkpoint_dir is None:
+            raise LaunchError(
+                f"run {self.id}: launched without checkpoints (elastic=False), so it cannot be resized; "
+                "launch with elastic=True"
+            )
+        self._pausing = True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            group = self._group
+            if group is not None and self._status == "running":
+                group.stop()
+                break
+            if self._done.is_set():
+                return False
+            time.sleep(0.05)
+        while time.monotonic() < deadline:
+            if self._paused.wait(0.1):
+                return True
+            if self._done.is_set():
+                return False
+        raise LaunchError(f"run {self.id}: ranks did not stop within {timeout:g} s for the resize")
+
+    def resume_on(self, workers: list[str]) -> None:
+        """Continue a paused run on ``workers`` from its checkpoint (the data position exact)."""
+        self._resume_with = list(workers)
+        self._resume.set()
+
     def _lost(self, workers: list[str], exc: BaseException) -> list[str]:
         """Workers that left the cluster by themselves (not the ones restarted to stop a stuck rank)."""
         if isinstance(exc, spmd.WorkerLost):
@@ -210,12 +275,13 @@ class Run:
             state = load(path)
             start_step = int(state.get("step", 0))
             offset = int(state.get("samples", start_step * (job.batch_size or self.batch_size) * job.world))
-        strategy, threads = self._replan(workers)
+        strategy, threads, extra = self._replan(workers)
         self.strategy = strategy
         new = dataclasses.replace(
             job,
             world=len(workers),
             strategy=strategy,
+            extra={**job.extra, **extra},
             start_step=start_step,
             sample_offset=offset,
             resume_from=str(path) if path is not None else None,

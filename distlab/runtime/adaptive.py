@@ -133,7 +133,13 @@ class BatchState:
             saved = NoiseScale.from_dict(state["noise"])
             if saved.groups == self.noise.estimate.groups:
                 self.noise.estimate = saved
-        if self.controller is not None and state.get("world") == self.job.world:
+        same_world = state.get("world") == self.job.world
+        if self.controller is not None and same_world:
             for key, v in (state.get("measured") or {}).items():
                 b, k = (int(x) for x in key.split(","))
                 self.controller.measured[(b, k)] = list(v)
+        if self.controller is not None:
+            if same_world and "batch" in state:
+                self.configure(int(state["batch"]), int(state["accumulation"]))
+            else:  # a resize: the batch re-optimised for the new world at once
+                self._decide()

@@ -223,6 +223,8 @@ def _train(
         for step in range(job.start_step, job.steps):
             if stop.stop_before(step):
                 stopped = True
+                if job.checkpoint_dir and step > job.start_step:  # a resize resumes exactly here
+                    last_ckpt = _checkpoint(job, model, sync, units, step, pos, batches)
                 break
             progress["step"] = step
             t0 = time.perf_counter()
