@@ -207,7 +207,7 @@ def _train(
     pos = job.sample_offset
     if job.resume_from:
         state = ckpt.load(job.resume_from)
-        model.load_state_dict(state["model"])
+        _load_model_state(model, state, job.resume_from)
         sync.refresh_shadows()
         restore_state(sync.local_opt, units, state["optimizer"])
         restore_state(sync.server_opt, units, state["optimizer"])
@@ -281,6 +281,32 @@ def _train(
         "consensus_distance": distance,
         "stopped": stopped,
     }
+
+
+def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) -> None:
+    """The checkpoint's weights into ``model``, or one error naming what does not match."""
+    saved = state.get("model") or {}
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    extra = sorted(set(saved) - set(own))
+    shapes = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if missing or extra or shapes:
+        what = "; ".join(
+            part
+            for part in (
+                f"missing {missing[:3]}" if missing else "",
+                f"unexpected {extra[:3]}" if extra else "",
+                f"shape of {shapes[0]}: {tuple(saved[shapes[0]].shape)} saved, {tuple(own[shapes[0]].shape)} here"
+                if shapes
+                else "",
+            )
+            if part
+        )
+        raise LaunchError(
+            f"RankJob.resume_from: checkpoint {path} was written by another model ({what}); resume it "
+            f"with the model that wrote it ({type(model).__name__} here)"
+        )
+    model.load_state_dict(saved)
 
 
 def _checkpoint(

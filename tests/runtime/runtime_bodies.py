@@ -563,3 +563,18 @@ def adaptive_body(rank: int, world: int, addr: str, port: int, steps: int, n: in
         seed=1, run_id="adaptive", timeout=60.0, extra={"adaptive": {"table": table}, "base_batch": 4},
     )
     return run_rank(job)["records"]
+
+
+def wrong_checkpoint_body(rank: int, world: int, addr: str, port: int, directory: str) -> str:
+    """Resume the sparse model from a checkpoint the dense model wrote: the error's text."""
+    from distlab.errors import LaunchError
+    from distlab.runtime import checkpoint
+    from distlab.runtime.trainer import run_rank
+
+    path = checkpoint.save(directory, {"step": 2, "samples": 8, "model": dense_model().state_dict(), "optimizer": {}})
+    job = make_job(rank, world, addr, port, "builder:AllReduce", "sparse", "sgd", 4, start_step=2, resume_from=str(path))
+    try:
+        run_rank(job)
+    except LaunchError as exc:
+        return str(exc)
+    return "no error"

@@ -62,3 +62,10 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, case):
         assert err < 1e-6, f"rank {r}: resumed run is {err:.2e} away"
     assert res[0]["checkpoint"].endswith("ckpt-000000004.pt") and res[1]["checkpoint"] is None
     assert res[0]["samples"] == 16
+
+
+def test_a_checkpoint_of_another_model_is_one_error_naming_what_differs(tmp_path):
+    from runtime_bodies import wrong_checkpoint_body
+
+    msg = spawn_local(1, wrong_checkpoint_body, str(tmp_path), timeout=60)[0]
+    assert "was written by another model (missing" in msg and "resume it with the model that wrote it" in msg, msg
