@@ -306,13 +306,17 @@ class DistlabMagics(Magics):
         """Train a model on the cluster with a strategy, on its data (--data; else synthetic
         data from its input_spec); the run goes in a variable (-o NAME, default run).
 
-        %distlab launch VAR --strategy NAME|FILE|VAR [--steps N] [model options]
+        %distlab launch VAR --strategy NAME|FILE|VAR [--steps N] [--adaptive] [model options]
             [--noblock] [-o NAME]
+
+        --adaptive: an adaptive batch (AdaptDL): the noise scale measured live, the batch
+        re-chosen for goodput at epoch boundaries, AdaScale learning-rate scaling.
         """
         p = _parser("launch")
         p.add_argument("var")
         p.add_argument("--strategy", "-s", required=True)
         p.add_argument("--steps", type=int, default=100)
+        p.add_argument("--adaptive", action="store_true")
         _model_options(p)
         p.add_argument("--noblock", action="store_true")
         p.add_argument("-o", "--output", default="run")
@@ -338,6 +342,8 @@ class DistlabMagics(Magics):
         if self.session.inputs_of(var).data is None:
             print(f"no --data for {var}: it trains on synthetic data from its input_spec "
                   f"(%distlab launch {var} --data DS ... trains on yours)")
+        if a.adaptive:
+            strategy = self.session.adaptive(var, model, strategy)
         run = self.session.launch(var, model, strategy, steps=a.steps)
         run.var_name = a.output
         self._store(a.output, run)

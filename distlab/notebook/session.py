@@ -8,6 +8,7 @@ The session outlives any one Lab: run history belongs to the notebook, so it sur
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from distlab.errors import DistlabError, LaunchError
@@ -191,6 +192,33 @@ class NotebookSession:
         self.current_lab.measure_model(model, data=inp.data, loss=inp.loss, batch_size=prof.batch_size)
 
     # -- runs ------------------------------------------------------------------------------------
+    def adaptive(self, var: str, model: Any, strategy: Any) -> Any:
+        """``strategy`` (a builder name, a Strategy, a JSON path) trained with an adaptive batch:
+        the AdaptiveBatch builder over its builder and options (unchanged if it already is one)."""
+        import distlab
+
+        if isinstance(strategy, str) and (os.path.exists(strategy) or strategy.endswith(".json")):
+            strategy = distlab.Strategy.load(strategy)
+        if isinstance(strategy, distlab.Strategy):
+            if strategy.builder == "AdaptiveBatch":
+                return strategy
+            if strategy.builder == "custom":
+                raise DistlabError(
+                    f"--adaptive: strategy {strategy.name} was not made by a builder, so it cannot be re-planned "
+                    "with an adaptive batch; give a builder name (e.g. --strategy AllReduce --adaptive)"
+                )
+            base, options = strategy.builder, dict(strategy.options)
+        else:
+            base, options = str(strategy), {}
+        inp = self.inputs_of(var)
+        options.setdefault("batch_size", inp.batch_size)
+        options = {k: v for k, v in options.items() if v is not None}
+        if base == "AdaptiveBatch":
+            return distlab.strategy.build(base, self.profile(var, model), self.resources(), **options)
+        return distlab.strategy.build(
+            "AdaptiveBatch", self.profile(var, model), self.resources(), base=base, **options
+        )
+
     def launch(self, var: str, model: Any, strategy: Any, steps: int) -> Any:
         inp = self.inputs_of(var)
         lab = self.lab()

@@ -111,6 +111,18 @@ def test_a_tabular_model_trains_on_an_x_y_pair_of_arrays(session_shell, capsys):
     assert acc > 0.5
 
 
+def test_launch_adaptive_trains_with_an_adaptive_batch_over_the_named_builder(session_shell, capsys):
+    sh, _ = session_shell
+    out, err = magic(sh, "launch tab --strategy PS --data pair --batch-size 8 --steps 400 --adaptive -o ad", capsys)
+    assert err == "", err
+    run = sh.user_ns["ad"]
+    assert run.status == "finished" and run.strategy.builder == "AdaptiveBatch"
+    assert run.strategy.options["base"] == "PS" and run.strategy.batch.lr_scaling == "adascale"
+    m = run.metrics
+    assert {"noise_scale", "global_batch", "goodput", "lr_gain"} <= set(m.columns)
+    assert m["noise_scale"].iloc[-1] > 0
+
+
 def test_the_ranking_has_the_single_process_row(session_shell, capsys):
     sh, _ = session_shell
     out, err = magic(sh, "simulate tab -o ranking", capsys)
