@@ -382,7 +382,8 @@ class Lab:
             checkpoint_every=checkpoint_every,
             timeout=float(timeout or self.timeout),
             run_id=run_id,
-            extra=self._adaptive_extra(profile(b), res, st, b),
+            # torch's DDP reducer where it applies (strategy/execution.py; the cost model prices it)
+            extra={"ddp": True, **self._adaptive_extra(profile(b), res, st, b)},
         )
 
         def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
