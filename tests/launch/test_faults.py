@@ -81,9 +81,10 @@ def test_ctrl_c_in_wait_cancels_the_run(clean_lab, tiny):
     run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs(), elastic=False)
     while len(run.metrics) < 2:
         time.sleep(0.05)
-    import _thread
+    import signal
 
-    threading.Timer(0.5, _thread.interrupt_main).start()
+    # Ctrl-C as a terminal sends it: a real SIGINT to this process (handled in the main thread)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt, match="cancelled"):
         run.wait(60)
     assert run.status == "cancelled"
