@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -76,19 +76,50 @@ def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny):
     _assert_reusable(clean_lab, tiny, Blobs())
 
 
-def test_ctrl_c_in_wait_cancels_the_run(clean_lab, tiny):
-    st = allreduce_strategy(tiny, clean_lab.resources)
-    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs(), elastic=False)
-    while len(run.metrics) < 2:
-        time.sleep(0.05)
-    import signal
+CTRL_C_SCRIPT = """
+import sys, time
+sys.path.insert(0, {here!r})
+from launch_helpers import Blobs, TinyNet
+import distlab as dl
 
-    # Ctrl-C as a terminal sends it: a real SIGINT to this process (handled in the main thread)
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt, match="cancelled"):
-        run.wait(60)
-    assert run.status == "cancelled"
-    assert spmd.active_on_cluster(clean_lab.client) == {}
+class SlowBlobs(Blobs):
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return super().__getitem__(i)
+
+if __name__ == "__main__":
+    with dl.Lab(2, timeout=60) as lab:
+        run = lab.launch(TinyNet(), strategy="AllReduce", steps=100000, data=SlowBlobs(), elastic=False)
+        while len(run.metrics) < 2:
+            time.sleep(0.05)
+        print("ready", flush=True)
+        try:
+            run.wait(60, progress=False)
+            print("not interrupted", run.status, flush=True)
+        except KeyboardInterrupt as exc:
+            print("interrupted:", exc, "|", run.status, "|", dl.launch.spmd.active_on_cluster(lab.client), flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_in_wait_cancels_the_run(tmp_path):
+    """A user's Ctrl-C (SIGINT from the terminal) during run.wait() cancels the run on every worker.
+    In a process of its own, as a notebook kernel or a script is: the signal goes to that process."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_SCRIPT.format(here=str(Path(__file__).parent)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "interrupted: run" in out and "cancelled on every worker | cancelled | {}" in out, out
 
 
 def _busy(seconds):
