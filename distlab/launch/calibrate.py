@@ -142,7 +142,7 @@ def calibrate_lab(
     naming them, marked ``fingerprint["disturbed"]``, and never cached.
     """
     from distlab.costmodel import CostModel
-    from distlab.launch.load import LoadMonitor, warn_disturbed
+    from distlab.launch.load import LoadMonitor, warn_disturbed, warn_if_workers_changed
 
     res = lab.resources
     if res.world < 2:
@@ -173,7 +173,7 @@ def calibrate_lab(
     finally:
         bar.close()
     loads = monitor.stop()
-    _warn_if_workers_changed(res, lab.resources)
+    warn_if_workers_changed(res, lab.resources)
     disturbed = warn_disturbed(
         "calibrate",
         loads,
@@ -189,35 +189,6 @@ def calibrate_lab(
         path.parent.mkdir(parents=True, exist_ok=True)
         cm.save(path)
     return cm
-
-
-def _warn_if_workers_changed(before: Any, after: Any) -> None:
-    """Workers that joined or left while the calibration ran: its figures describe the cluster as
-    it was when it started (and are cached for that set), not the one the Lab has now."""
-    import warnings
-
-    from distlab.launch.load import CalibrationWarning
-
-    joined = sorted(set(after.addresses) - set(before.addresses))
-    left = sorted(set(before.addresses) - set(after.addresses))
-    if not joined and not left:
-        return
-    what = "; ".join(
-        part
-        for part in (
-            f"joined: {', '.join(joined)}" if joined else "",
-            f"left: {', '.join(left)}" if left else "",
-        )
-        if part
-    )
-    warnings.warn(
-        CalibrationWarning(
-            f"calibrate: workers changed while it ran ({what}); its figures describe the {before.world} "
-            f"workers there when it started, the Lab has {after.world} now: run lab.calibrate() again to "
-            "measure them"
-        ),
-        stacklevel=3,
-    )
 
 
 QUICK_PASSES = 2  # a model's step measured before a launch or a simulation: seconds, not a minute

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import shutil
 import tempfile
@@ -17,6 +16,7 @@ from distlab.errors import LaunchError
 from distlab.launch import cluster as _cluster
 from distlab.launch import spmd
 from distlab.launch import validate as _v
+from distlab.launch.replan import replan as _replan
 from distlab.launch.run import Forecast, Run, runs_frame
 from distlab.resources import ResourceSpec
 from distlab.strategy.execution import rank_threads
@@ -582,30 +582,3 @@ def _profile(model: Any, batch_size: int, sample_input: Any = None) -> Any:
     from distlab.profile.torch_profiler import profile
 
     return profile(model, sample_input=sample_input, batch_size=batch_size)
-
-
-def _replan(st: Any, model: Any, res: ResourceSpec, profile: Callable[[], Any]) -> Any:
-    """The strategy re-planned for ``res`` (elastic resume on fewer workers)."""
-    if st.world == res.world and [(r.host, r.device) for r in st.ranks] == [
-        (r.host, r.device) for r in res.ranks
-    ]:
-        return st
-    try:
-        from distlab import strategy as strategies
-
-        # same per-replica batch and gradient accumulation: only the number of replicas changes
-        return dataclasses.replace(strategies.build(st.builder, profile(), res, **st.options), batch=st.batch)
-    except Exception as exc:  # noqa: BLE001
-        if st.builder == "custom" or not hasattr(strategies, "build"):
-            return _shrink(st, res, exc)
-        raise LaunchError(f"elastic resume: cannot re-plan {st.name} for {res.world} ranks ({exc})") from None
-
-
-def _shrink(st: Any, res: ResourceSpec, exc: Exception) -> Any:
-    """A hand-made strategy on fewer ranks: keep it if it names no rank that is gone."""
-    used = set(st.servers) | {s.server for p in st.variables for s in p.syncs if s.server is not None}
-    if used and max(used) >= res.world:
-        raise LaunchError(
-            f"elastic resume: strategy {st.name} uses server ranks {sorted(used)} and cannot run on {res.world} ranks ({exc})"
-        )
-    return dataclasses.replace(st, ranks=tuple(res.ranks))

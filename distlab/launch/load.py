@@ -187,3 +187,28 @@ def warn_disturbed(what: str, loads: list[HostLoad], consequence: str) -> bool:
     if bad:
         warnings.warn(f"{what}: {'; '.join(h.describe() for h in bad)}; {consequence}", CalibrationWarning, stacklevel=3)
     return bool(bad)
+
+
+def warn_if_workers_changed(before: Any, after: Any) -> None:
+    """Workers that joined or left while the calibration ran: its figures describe the cluster as
+    it was when it started (and are cached for that set), not the one the Lab has now."""
+    joined = sorted(set(after.addresses) - set(before.addresses))
+    left = sorted(set(before.addresses) - set(after.addresses))
+    if not joined and not left:
+        return
+    what = "; ".join(
+        part
+        for part in (
+            f"joined: {', '.join(joined)}" if joined else "",
+            f"left: {', '.join(left)}" if left else "",
+        )
+        if part
+    )
+    warnings.warn(
+        CalibrationWarning(
+            f"calibrate: workers changed while it ran ({what}); its figures describe the {before.world} "
+            f"workers there when it started, the Lab has {after.world} now: run lab.calibrate() again to "
+            "measure them"
+        ),
+        stacklevel=3,
+    )

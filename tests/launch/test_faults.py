@@ -77,7 +77,10 @@ def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny):
 
 
 CTRL_C_SCRIPT = """
-import sys, time
+import signal, sys, time
+# as in a terminal: Python's own Ctrl-C handler (a process started in the background, as a CI job
+# or `cmd &` may be, inherits SIGINT ignored, and Python then leaves it ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {here!r})
 from launch_helpers import Blobs, TinyNet
 import distlab as dl
