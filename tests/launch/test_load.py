@@ -89,3 +89,22 @@ def test_a_calibration_beside_busy_processes_warns_and_is_not_cached(clean_lab, 
     assert cm.fingerprint["disturbed"] is True and cm.fingerprint["load"][0]["foreign"] >= 1.0
     assert clean_lab.cost_model is cm  # usable in this session
     assert list(tmp_path.glob("calibration-*.json")) == []  # nothing poisoned is cached
+
+
+def test_workers_that_joined_or_left_during_a_calibration_are_one_warning_naming_them():
+    import dataclasses
+    import warnings
+
+    from distlab.launch.load import CalibrationWarning, warn_if_workers_changed
+    from distlab.resources import ResourceSpec
+
+    before = dataclasses.replace(ResourceSpec.local(2), addresses=("tcp://h:1", "tcp://h:2"))
+    after = dataclasses.replace(ResourceSpec.local(2), addresses=("tcp://h:1", "tcp://h:3"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warn_if_workers_changed(before, before)
+        assert seen == []
+        warn_if_workers_changed(before, after)
+    assert len(seen) == 1 and issubclass(seen[0].category, CalibrationWarning)
+    assert "joined: tcp://h:3; left: tcp://h:2" in str(seen[0].message)
+    assert "run lab.calibrate() again" in str(seen[0].message)
