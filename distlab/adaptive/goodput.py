@@ -43,10 +43,11 @@ def estimate_gradient_stats(small_batch: int, small_sqnorm: float, big_batch: in
 
     E|G_B|^2 = |G|^2 + tr(Sigma)/B, so two batch sizes pin both (McCandlish et al. 2018, App. A.1).
     """
+    from distlab.adaptive.noise import two_batch_estimates
+
     if not 0 < small_batch < big_batch:
         raise DistlabError(f"estimate_gradient_stats: need 0 < small_batch < big_batch, got {small_batch}, {big_batch}")
-    sqr = (big_batch * big_sqnorm - small_batch * small_sqnorm) / (big_batch - small_batch)
-    var = (small_sqnorm - big_sqnorm) / (1 / small_batch - 1 / big_batch)
+    sqr, var = (float(x) for x in two_batch_estimates(small_batch, small_sqnorm, big_batch, big_sqnorm))
     return GradientStats(sqr=max(sqr, 1e-30), var=max(var, 0.0))
 
 

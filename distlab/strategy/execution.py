@@ -5,13 +5,11 @@ model prices it (no second copy of a rule in either).
 - ``ddp_applies``: whether torch's DDP reducer can run the strategy (every variable one
   unpartitioned all-reduce with one compressor, no sparse gradients, no error feedback);
 - ``bucket_layout``: all-reduce buckets, in gradient-ready order, split at a byte cap per group;
-- ``accumulation``: micro-batches per optimizer step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
 
 from distlab.strategy.types import Strategy
 
@@ -57,23 +55,3 @@ def bucket_layout(
         buckets[hit[0]].append(i)
         open_[key] = (hit[0], hit[1] + int(nbytes))
     return buckets
-
-
-@dataclass(frozen=True)
-class Execution:
-    """One strategy's execution on a cluster: DDP or distlab's kernels, threads per rank, micro-batches."""
-
-    ddp: bool
-    threads: tuple[int, ...]
-    accumulation: int
-
-
-def describe(
-    strategy: Strategy, cores: dict[str, int | None], sparse: Iterable[str] = (), ddp: bool = True
-) -> Execution:
-    """The execution of ``strategy`` with ``cores`` per host (``ddp=False``: distlab's kernels always)."""
-    per_host: dict[str, int] = {}
-    for r in strategy.ranks:
-        per_host[r.host] = per_host.get(r.host, 0) + 1
-    threads = tuple(rank_threads(per_host[r.host], cores.get(r.host)) for r in strategy.ranks)
-    return Execution(ddp and ddp_applies(strategy, sparse), threads, max(strategy.batch.accumulation, 1))

@@ -9,7 +9,7 @@ import distlab as dl
 from distlab.costmodel.compile import compile_strategy
 from distlab.runtime.allreduce import build_buckets
 from distlab.runtime.plan import build_units
-from distlab.strategy.execution import BUCKET_BYTES, bucket_layout, ddp_applies, describe, rank_threads
+from distlab.strategy.execution import BUCKET_BYTES, bucket_layout, ddp_applies, rank_threads
 
 
 def test_threads_share_the_host_cores():
@@ -60,5 +60,3 @@ def test_ddp_applies_to_pure_all_reduce_only_and_both_sides_agree():
     wide_ar = dl.strategy.build("AllReduce", wide, res)
     assert sparse and not ddp_applies(wide_ar, sparse)
     assert not ddp_applies(dl.strategy.build("AllReduce", dense, dl.ResourceSpec.local(1)))
-    ex = describe(dl.strategy.build("AdaptiveBatch", dense, res, accumulation=3), {"127.0.0.1": 4})
-    assert ex.ddp and ex.threads == (2, 2) and ex.accumulation == 3
