@@ -103,13 +103,18 @@ class GoodputController:
         m = b * k * self.world
         return m / self.step_time(config) * float(statistical_efficiency(m, noise_scale, self.base_batch))
 
+    def best(self, noise_scale: float) -> tuple[int, int]:
+        """The configuration of highest goodput at ``noise_scale`` (ties: less accumulation, then
+        the larger per-replica batch), with no hysteresis."""
+        return max(self.step_table, key=lambda c: (self.goodput(c, noise_scale), -c[1], c[0]))
+
     def decide(self, current: tuple[int, int], noise_scale: float | None, updates: int) -> tuple[int, int]:
         """The configuration for the next epoch: the best by goodput if it beats ``current`` by the
         hysteresis margin, else ``current`` (also before the noise scale has settled)."""
         current = tuple(current)
         if noise_scale is None or updates < MIN_UPDATES or not math.isfinite(noise_scale):
             return current
-        best = max(self.step_table, key=lambda c: (self.goodput(c, noise_scale), -c[1], c[0]))
+        best = self.best(noise_scale)
         if current not in self.step_table:
             return best
         if self.goodput(best, noise_scale) > (1 + self.hysteresis) * self.goodput(current, noise_scale):

@@ -24,3 +24,39 @@ def adaptive_extra(cm: Any, profile: Any, resources: Any, st: Any, batch: int) -
     seconds = cm.evaluate_many(profile, resources, plans)["step_time"]
     table = [[b, k, float(s)] for (b, k), s in zip(configs, seconds, strict=True)]
     return {"adaptive": {"table": table}, "base_batch": int(batch)}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveForecast:
+    """What an adaptive strategy is predicted to do at a noise scale: the configuration the goodput
+    controller would choose (per-replica batch x accumulation x world = ``global_batch``), its
+    predicted ``step_time`` (s), ``throughput`` (samples/s), ``efficiency`` against the base batch
+    and ``goodput`` (samples/s x efficiency)."""
+
+    noise_scale: float
+    per_replica: int
+    accumulation: int
+    global_batch: int
+    step_time: float
+    throughput: float
+    efficiency: float
+    goodput: float
+
+
+def adaptive_forecast(cm: Any, profile: Any, resources: Any, st: Any, noise_scale: float) -> AdaptiveForecast | None:
+    """The configuration an AdaptiveBatch strategy's controller would choose at ``noise_scale``
+    (samples), priced by ``cm`` as a launch prices it; None for a strategy of fixed batch."""
+    from distlab.adaptive.controller import GoodputController
+    from distlab.adaptive.goodput import statistical_efficiency
+
+    base = st.batch.per_replica
+    extra = adaptive_extra(cm, profile, resources, st, base)
+    if not extra:
+        return None
+    table = {(int(b), int(k)): s for b, k, s in extra["adaptive"]["table"]}
+    ctl = GoodputController(table, st.world, base)
+    b, k = ctl.best(float(noise_scale))
+    m = b * k * st.world
+    seconds = ctl.step_time((b, k))
+    eff = float(statistical_efficiency(m, float(noise_scale), base))
+    return AdaptiveForecast(float(noise_scale), b, k, m, seconds, m / seconds, eff, m / seconds * eff)

@@ -54,12 +54,26 @@ class StrategyPicker(w.VBox):
     sliders (workers, link bandwidth) change only the prediction, not the cluster. With a Lab,
     predictions come from ``lab.cost_model`` (the model's own step measured on the workers), and
     the Launch button runs the selected strategy in the background on the first ``workers`` of
-    the cluster (all of them when the what-if asks for more), shows its steps, and adds the
-    measured point against the Lab's prediction to the chart; ``picker.wait()`` waits for it.
+    the cluster (all of them when the what-if asks for more), on ``data`` under ``loss`` (synthetic
+    data from the profile's input when no data is given), shows its steps, and adds the measured
+    point against the Lab's prediction to the chart; ``picker.wait()`` waits for it.
+
+    Adaptive strategies (AdaptiveBatch) also show goodput: the configuration their controller
+    would choose at the gradient noise scale in the "noise scale" box (``noise_scale=``, or
+    "measure" on the model's data: ``distlab.adaptive.measure.measure_noise_scale``).
     """
 
     def __init__(
-        self, profile: Any, lab_or_resources: Any, cost_model: Any = None, *, model: Any = None, top: int = 8
+        self,
+        profile: Any,
+        lab_or_resources: Any,
+        cost_model: Any = None,
+        *,
+        model: Any = None,
+        data: Any = None,
+        loss: Any = None,
+        noise_scale: float | None = None,
+        top: int = 8,
     ) -> None:
         from distlab import strategy as st
         from distlab.costmodel import CostModel
@@ -71,6 +85,7 @@ class StrategyPicker(w.VBox):
             raise DistlabError("StrategyPicker: second argument must be a Lab or a ResourceSpec")
         self.cost_model = cost_model if cost_model is not None else CostModel.default()
         self.model = model
+        self.data, self.loss = data, loss
         if self.lab is not None and model is not None and hasattr(model, "named_parameters"):
             # predict with what lab.launch predicts with (and lab.runs records): the Lab's cost model
             # with the model's own step measured on the workers (cached)
@@ -128,6 +143,15 @@ class StrategyPicker(w.VBox):
         self.bandwidth = w.FloatLogSlider(
             value=1.0, base=10, min=-2, max=2, step=0.1, description="bandwidth x", style=style
         )
+        self.noise_scale = w.BoundedFloatText(
+            value=float(noise_scale or 0.0), min=0.0, max=1e12, description="noise scale φ", style=style
+        )
+        self.measure_button = w.Button(
+            description="measure φ",
+            disabled=model is None or data is None,
+            tooltip="the gradient noise scale of the model on its data (needs model= and data=)",
+            layout=w.Layout(width="110px"),
+        )
         self.table = w.Select(
             options=[], rows=top, description="top", layout=w.Layout(width="100%"), style=style
         )
@@ -178,6 +202,9 @@ class StrategyPicker(w.VBox):
         ]
         for c in controls:
             c.observe(self._on_change, names="value")
+        self.noise_scale.observe(self._on_noise, names="value")
+        self.measure_button.on_click(self._on_measure)
+        controls = [*controls, w.HBox([self.noise_scale, self.measure_button])]
         self.table.observe(self._on_pick, names="value")
         self.launch_button.on_click(self._on_launch)
         left = w.VBox(controls, layout=w.Layout(width="380px"))
@@ -186,6 +213,7 @@ class StrategyPicker(w.VBox):
         self.add_class("distlab-picker")
         self.value: Any = None
         self.prediction: Any = None
+        self.noise_measurement: Any = None
         with self._reporting("planning"):
             self._refresh(rank=True)
 
@@ -238,7 +266,7 @@ class StrategyPicker(w.VBox):
             self._plan_line = (
                 f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
                 f"step {p.step_time * 1e3:,.1f} ms on {_workers(res.world)}"
-            )
+            ) + self._goodput_line(self.value, res)
             if rank or self._ranked is None:
                 self._rank(res)
             self._draw(res)
@@ -259,15 +287,52 @@ class StrategyPicker(w.VBox):
             head = pd.concat([table.head(max(self.top - 1, 1)), single])
         self._ranked = head.reset_index(drop=True)
         self.note.value = html.escape(note)
+        self._label_rows(res)
+        self.table.value = None
+
+    def _label_rows(self, res: Any) -> None:
+        """The ranking's rows as the list shows them: throughput and step time, and for an adaptive
+        strategy, when a noise scale is set, the goodput of the configuration it would choose."""
+        rows = []
+        for i, r in self._ranked.iterrows():
+            text = f"{r.throughput:>10,.0f}/s {r.step_time * 1e3:>8,.1f} ms  {r.strategy}"
+            f = self._forecast(r.plan, res)
+            if f is not None:
+                text += f"  (goodput {f.goodput:,.0f}/s at global batch {f.global_batch})"
+            rows.append((text, i))
         self._busy = True
         try:
-            self.table.options = [
-                (f"{r.throughput:>10,.0f}/s {r.step_time * 1e3:>8,.1f} ms  {r.strategy}", i)
-                for i, r in self._ranked.iterrows()
-            ]
-            self.table.value = None
+            value = self.table.value
+            self.table.options = rows
+            self.table.value = value if value is not None and value < len(rows) else None
         finally:
             self._busy = False
+
+    def _forecast(self, plan: Any, res: Any) -> Any:
+        """An adaptive plan's goodput forecast at the noise scale set; None without one (or for a
+        fixed batch)."""
+        from distlab.launch.adaptive import adaptive_forecast
+
+        phi = float(self.noise_scale.value or 0.0)
+        if phi <= 0 or getattr(plan, "builder", None) != "AdaptiveBatch":
+            return None
+        return adaptive_forecast(self._cm, self.profile, res.with_world(plan.world) if plan.world != res.world else res, plan, phi)
+
+    def _goodput_line(self, strategy: Any, res: Any) -> str:
+        """The plan line's goodput clause for an adaptive strategy ("" for a fixed batch)."""
+        if strategy.builder != "AdaptiveBatch":
+            return ""
+        f = self._forecast(strategy, res)
+        if f is None:
+            return (
+                "<br>goodput: set the noise scale φ (or measure it on the model's data) to see the batch "
+                "the controller would choose and its goodput"
+            )
+        return (
+            f"<br>goodput <b>{f.goodput:,.0f}</b> samples/s at φ = {f.noise_scale:,.4g}: the controller "
+            f"would train {f.per_replica} per replica x {f.accumulation} micro-batch(es) (global batch "
+            f"{f.global_batch}) at {f.throughput:,.0f} samples/s, statistical efficiency {f.efficiency:.2f}"
+        )
 
     def _draw(self, res: Any) -> None:
         rows = [(short_label("selected: " + self.value.name), self.prediction.breakdown)]
@@ -314,6 +379,32 @@ class StrategyPicker(w.VBox):
                 return
             rank = change.get("owner") in (self.workers, self.bandwidth)
             self._refresh(rank=rank)
+
+    def _on_noise(self, change: dict[str, Any]) -> None:
+        with self._reporting("noise scale"), self._lock:
+            if self._busy:
+                return
+            self._refresh()
+            self._label_rows(self.resources())
+
+    def _on_measure(self, _button: Any = None) -> Any:
+        """Measure the model's gradient noise scale on its data (in this process) and use it."""
+        from distlab.adaptive.measure import measure_noise_scale
+
+        with self._reporting("measure"):
+            if self.model is None or self.data is None:
+                raise DistlabError("measure φ: create the picker with model=... and data=... (or use %distlab pick VAR --data DS)")
+            with self._lock:
+                self._plan_line = "measuring the gradient noise scale on the model's data ..."
+                self._show()
+            m = measure_noise_scale(self.model, self.data, self.loss, batch_size=self.profile.batch_size)
+            self.noise_measurement = m
+            self.noise_scale.value = round(m.noise_scale, 4)  # redraws through _on_noise
+            with self._lock:
+                self._run_line = html.escape(f"measured: {m}")
+                self._show()
+            return m
+        return None
 
     def _on_pick(self, change: dict[str, Any]) -> None:
         with self._reporting("pick"), self._lock:
@@ -411,7 +502,7 @@ class StrategyPicker(w.VBox):
         try:
             with self._reporting("launch"):
                 cm = self.lab.cost_model
-                run = self.lab.launch(self.model, strategy=strategy, steps=steps)
+                run = self.lab.launch(self.model, strategy=strategy, steps=steps, data=self.data, loss=self.loss)
                 # lab.launch measured the model's own step first when its cost model changed (a refit
                 # comes only after the run has finished)
                 measured = self.lab.cost_model is not cm and run.status in ("pending", "running")

@@ -64,7 +64,14 @@ def _merge_ties(rows: Any) -> Any:
                 abs(float(r[c]) - float(k[c])) <= TIE * max(abs(float(k[c])), 1e-12)
                 for c in ("throughput", "step_time", "compute", "comm", "optimizer")
             )
-            if same and int(r["world"]) == int(k["world"]) and SINGLE_PROCESS not in (r["strategy"], k["strategy"]):
+            # an adaptive strategy is its own row: its batch changes as it trains (goodput tells it apart)
+            adaptive = (r.get("builder") == "AdaptiveBatch") != (k.get("builder") == "AdaptiveBatch")
+            if (
+                same
+                and not adaptive
+                and int(r["world"]) == int(k["world"])
+                and SINGLE_PROCESS not in (r["strategy"], k["strategy"])
+            ):
                 names[-1].append(str(r["strategy"]))
                 continue
         keep.append(i)

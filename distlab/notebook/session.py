@@ -180,7 +180,8 @@ class NotebookSession:
         prof = self.profile(var, model)
         lab = self.lab()
         self._measure(var, model, prof)
-        return StrategyPicker(prof, lab, self.cost_model, model=model)
+        inp = self.inputs_of(var)
+        return StrategyPicker(prof, lab, self.cost_model, model=model, data=inp.data, loss=inp.loss)
 
     def _measure(self, var: str, model: Any, prof: Any) -> None:
         """With a cluster, the model's compute comes from its own step on the workers (cached)."""

@@ -92,7 +92,7 @@ def test_what_if_workers_and_bandwidth_change_the_plan_and_the_chart(picker):
 def test_clicking_a_candidate_selects_it(picker):
     label, index = picker.table.options[3]
     picker.table.value = index
-    assert label.strip().endswith(picker.value.name)
+    assert label.split("  ")[-1].split(" = ")[0].strip() == picker.value.name  # of a merged tie, the first
     assert picker.value.world == 2 and picker.workers.value == 2
 
 
@@ -173,3 +173,44 @@ def test_without_a_lab_launch_is_disabled(picker):
 def test_a_non_resource_argument_is_a_clear_error(prof):
     with pytest.raises(DistlabError, match="Lab or a ResourceSpec"):
         StrategyPicker(prof, "cluster")
+
+
+def test_an_adaptive_strategy_shows_goodput_at_the_noise_scale_set(prof):
+    picker = StrategyPicker(prof, dl.ResourceSpec.local(workers=2), noise_scale=64)
+    adaptive = [label for label, _ in picker.table.options if "AdaptiveBatch" in label]
+    assert adaptive and all("goodput" in label for label in adaptive)
+    assert not any("goodput" in label for label, _ in picker.table.options if "AdaptiveBatch" not in label)
+    picker.builder.value = "AdaptiveBatch"
+    status = picker.status.value
+    found = re.search(r"goodput <b>([\d,]+)</b> samples/s at φ = 64: .* \(global batch (\d+)\) .* efficiency (0\.\d\d)", status)
+    assert found, status
+    eff = float(found.group(3))
+    assert eff == pytest.approx((64 + prof.batch_size) / (64 + int(found.group(2))), abs=0.01)
+    # a larger noise scale: larger batches are worth their samples, so the batch does not shrink
+    picker.noise_scale.value = 1e5
+    bigger = re.search(r"\(global batch (\d+)\)", picker.status.value)
+    assert int(bigger.group(1)) >= int(found.group(2))
+    picker.noise_scale.value = 0  # unknown: goodput asks for it
+    assert "goodput: set the noise scale" in picker.status.value
+    assert not any("goodput" in label for label, _ in picker.table.options)
+
+
+def test_measure_fills_the_noise_scale_from_the_model_on_its_data():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    prof = dl.profile(model, sample_input=torch.randn(8, 8), batch_size=8)
+    data = (torch.randn(512, 8), torch.randint(0, 3, (512,)))
+    picker = StrategyPicker(prof, dl.ResourceSpec.local(workers=2), model=model, data=data)
+    assert not picker.measure_button.disabled and picker.noise_scale.value == 0
+    picker.builder.value = "AdaptiveBatch"
+    picker.measure_button.click()
+    m = picker.noise_measurement
+    assert m is not None and m.noise_scale > 0 and picker.noise_scale.value == pytest.approx(m.noise_scale, rel=1e-3)
+    assert "goodput <b>" in picker.status.value and "measured: noise scale" in picker.status.value
+
+
+def test_measure_without_data_says_what_it_needs(picker):
+    assert picker.measure_button.disabled
+    picker.measure_button.click()
+    assert "measure φ: create the picker with model=... and data=..." in picker.status.value
