@@ -80,6 +80,7 @@ class Run:
         self.error: DistlabError | None = None
         self.traceback = ""
         self.checkpoint: str | None = None
+        self.view: Any = None  # the notebook's LiveView of this run, once shown
         self.launched_at = time.perf_counter()
         self.first_record_at: float | None = None
         self._model0, self._job, self._workers, self._threads, self._replan = (
@@ -325,7 +326,8 @@ class Run:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
-        """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers."""
+        """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers.
+        ``progress``: a progress bar after a second (not when the run's live view is showing)."""
         bar = None
         start = time.monotonic()
         try:
@@ -334,7 +336,7 @@ class Run:
                     raise LaunchError(
                         f"run {self.id}: still {self.status} after {timeout:g} s; wait longer or run.cancel()"
                     )
-                if progress and bar is None and time.monotonic() - start > 1.0:
+                if progress and self.view is None and bar is None and time.monotonic() - start > 1.0:
                     from tqdm.auto import tqdm
 
                     bar = tqdm(total=self.steps, desc=f"run {self.id}", unit="step", leave=False)
@@ -435,6 +437,37 @@ class Run:
             "predicted_comm": base.breakdown["comm"] if base is not None else math.nan,
             "predicted_optimizer": base.breakdown["optimizer"] if base is not None else math.nan,
         }
+
+    @property
+    def step_table(self) -> dict[tuple[int, int], float] | None:
+        """An adaptive run's predicted seconds per step of each (per-replica batch, accumulation)
+        its controller may choose, for the current world (None for a fixed batch)."""
+        table = (self._job.extra.get("adaptive") or {}).get("table")
+        return {(int(b), int(k)): float(s) for b, k, s in table} if table else None
+
+    def plot(self) -> Any:
+        """The run so far as a plotly figure: loss, throughput against the prediction, each rank's
+        step time, and an adaptive run's batch, noise scale and goodput (``notebook/live.py``)."""
+        from distlab.notebook.live import run_figure
+
+        return run_figure(self)
+
+    def live(self, interval: float = 1.0) -> Any:
+        """Show the run's card and figure in the notebook, redrawn every ``interval`` seconds until
+        it ends (the saved notebook keeps the last drawing); returns the ``LiveView``."""
+        from distlab.notebook.live import LiveView
+
+        self.view = LiveView(self, interval)
+        return self.view
+
+    def _ipython_display_(self) -> None:
+        """In a notebook a run shows as its live view; elsewhere (a terminal) as its one-line repr."""
+        from IPython import get_ipython
+
+        if getattr(get_ipython(), "kernel", None) is None:
+            print(repr(self))
+            return
+        self.live()
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {self._last_step()}/{self.steps} steps>"

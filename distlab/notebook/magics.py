@@ -349,15 +349,20 @@ class DistlabMagics(Magics):
         self._store(a.output, run)
         print(f"run {run.id} is in `{a.output}`: {a.output}.model is the trained model once it finishes, "
               f"{a.output}.metrics its steps")
+        if getattr(self.shell, "kernel", None) is not None:
+            run.live()  # in a notebook: drawn as it trains, and after the cell returns (--noblock)
         if a.noblock:
             return None
         try:
-            run.wait()
+            run.wait(progress=run.view is None)
         except KeyboardInterrupt:
             run.cancel()
             raise DistlabError(f"run {run.id} cancelled: Ctrl-C stopped it on every worker") from None
         finally:
-            display(run)
+            if run.view is not None:
+                run.view.join()  # its final drawing is in this cell's output before the cell ends
+            else:
+                display(run)
         return None
 
     def cmd_compare(self, argv: list[str]) -> Any:

@@ -270,7 +270,12 @@ def test_an_adaptive_batch_launch_measures_its_noise_and_reports_goodput(clean_l
     prof = dl.profile(tiny, batch_size=8)
     st = dl.strategy.build("AdaptiveBatch", prof, clean_lab.resources, batch_size=8, local_bsz_bounds=(8, 64))
     run = clean_lab.launch(tiny, strategy=st, steps=120, data=blobs, optimizer=lambda p: torch.optim.SGD(p, lr=0.05))
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.instance()  # a real IPython shell: the live view's displays go to its stdout
+    view = run.live(interval=0.2)
     run.wait(timeout=120)
+    view.join()
     df = run.metrics
     cols = {"global_batch", "accumulation", "noise_scale", "efficiency", "lr_gain", "progress", "goodput"}
     assert cols <= set(df.columns)
@@ -281,6 +286,17 @@ def test_an_adaptive_batch_launch_measures_its_noise_and_reports_goodput(clean_l
     # a changed batch keeps the data position exact: each step advances it by its own global batch
     r0 = df[df["rank"] == 0].sort_values("step")
     assert (r0["samples"].diff().dropna().to_numpy() == r0["global_batch"].to_numpy()[1:]).all()
+    # the live view drew while it trained, then once more at the end
+    assert view.error is None and view.drawn >= 2  # the first drawing, then at least the final one
+    fig = run.plot()
+    traces = {t.name: t for t in fig.data}
+    assert {"loss", "measured", "predicted", "rank 0", "rank 1", "global_batch", "noise_scale", "goodput"} <= set(traces)
+    assert list(traces["global_batch"].y) == list(r0["global_batch"])
+    # the reference line is the Lab's prediction of each step's configuration
+    table = run.step_table
+    want = [m / table[(b, m // (b * 2))] for m, b in zip(r0["global_batch"], r0["per_replica"])]
+    assert list(traces["predicted"].y) == pytest.approx(want)
+    assert "finished (120/120 steps)" in fig.layout.title.text
 
 
 def test_a_scaling_rule_the_optimizer_cannot_take_is_refused_before_the_launch(clean_lab, tiny, blobs):

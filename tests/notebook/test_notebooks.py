@@ -61,6 +61,17 @@ def test_every_notebook_has_small_parameters_and_a_parameters_cell():
         assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"), f"{name} has outputs"
 
 
+def _values(array) -> list:
+    """A plotly JSON array: a list, or plotly 6's typed array ({"dtype", "bdata": base64})."""
+    if isinstance(array, dict):
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
+    return list(array)
+
+
 def _errors(nb) -> list[str]:
     return [o.get("ename", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
@@ -75,6 +86,15 @@ def test_notebook_executes(name, tmp_path):
     assert plots, f"{name} showed no chart"
     html = export_html(out, tmp_path / "page.html").read_text()
     assert html.count('class="plotly-graph-div"') == len(plots)
+    if name == "quickstart":  # the run's live view: redrawn after its cell returned, final in the file
+        figs = [o["data"]["application/vnd.plotly.v1+json"] for o in plots]
+        live = [f for f in figs if f["layout"].get("title", {}).get("text", "").startswith("run ")]
+        assert len(live) == 1, [f["layout"].get("title") for f in figs]
+        steps = SMALL[name]["steps"]
+        assert f"finished ({steps}/{steps} steps)" in live[0]["layout"]["title"]["text"]
+        loss = [t for t in live[0]["data"] if t.get("name") == "loss"][0]
+        assert len(_values(loss["x"])) == steps and all(v == v for v in _values(loss["y"]))
+        assert {t.get("name") for t in live[0]["data"]} >= {"measured", "predicted", "rank 0", "rank 1"}
 
 
 @pytest.mark.timeout(600)

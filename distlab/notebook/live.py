@@ -1,0 +1,214 @@
+"""A run as a figure: loss, throughput against its prediction, each rank's step time and, for an
+adaptive run, its batch, noise scale and goodput; drawn live while the run trains.
+
+``run_figure(run)`` draws the run's records so far as a static plotly figure (``run.plot()``).
+``LiveView`` shows that figure in the notebook and redraws it every ``interval`` seconds from a
+thread of its own until the run ends, through an IPython display id: the output it updates
+keeps updating after the cell that launched the run has returned, holds plain figure JSON (no
+widget state), and the saved notebook and a papermill output keep the final figure.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+MAX_POINTS = 1500  # steps drawn per trace: a long run is thinned evenly, its last step kept
+SMOOTH = 9  # steps in the rolling median drawn over the per-step throughput
+RANK_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
+ADAPTIVE_COLUMNS = ("global_batch", "noise_scale", "goodput")
+
+
+def per_step(metrics: Any) -> Any:
+    """One row per step (the latest restart's where steps were re-run): mean loss, global samples,
+    duration (the slowest rank's wall-clock interval), throughput, and the adaptive columns."""
+    import pandas as pd
+
+    if metrics is None or len(metrics) == 0:
+        return pd.DataFrame(columns=["step", "loss", "samples", "duration", "throughput"])
+    m = metrics.sort_values(["restart", "rank", "step"])
+    by_rank = m.groupby(["restart", "rank"])
+    m = m.assign(duration=by_rank["wall_time"].diff(), gsamples=by_rank["samples"].diff())
+    agg = {"loss": ("loss", "mean"), "samples": ("gsamples", "max"), "duration": ("duration", "max")}
+    for c in (*ADAPTIVE_COLUMNS, "per_replica"):
+        if c in m.columns:
+            agg[c] = (c, "first")
+    steps = m.groupby(["restart", "step"]).agg(**agg).reset_index()
+    steps = steps.sort_values(["step", "restart"]).drop_duplicates("step", keep="last")
+    steps["throughput"] = steps["samples"] / steps["duration"]
+    return steps.reset_index(drop=True)
+
+
+def _thin(df: Any) -> Any:
+    if len(df) <= MAX_POINTS:
+        return df
+    k = math.ceil(len(df) / MAX_POINTS)
+    keep = list(range(0, len(df), k))
+    if keep[-1] != len(df) - 1:
+        keep.append(len(df) - 1)
+    return df.iloc[keep]
+
+
+def run_figure(run: Any) -> Any:
+    """The run's records so far as a plotly figure (see the module's docstring)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    metrics = run.metrics
+    steps = _thin(per_step(metrics))
+    adaptive = all(c in metrics.columns for c in ADAPTIVE_COLUMNS)
+    titles = ["loss", "throughput (samples/s)", "step time per rank (ms)"]
+    if adaptive:
+        titles += ["global batch (samples)", "noise scale φ (samples)", "goodput (samples/s)"]
+    rows = 3 if adaptive else 2
+    # a fixed batch: the per-rank step times take the whole second row
+    specs = [[{}, {}], [{}, {}], [{}, {}]] if adaptive else [[{}, {}], [{"colspan": 2}, None]]
+    fig = make_subplots(
+        rows=rows, cols=2, specs=specs, subplot_titles=titles, vertical_spacing=0.16 if rows == 2 else 0.11,
+        horizontal_spacing=0.1,
+    )
+    x = steps["step"] + 1
+    fig.add_trace(go.Scatter(x=x, y=steps["loss"], mode="lines", name="loss", showlegend=False), 1, 1)
+    tp = steps["throughput"]
+    fig.add_trace(
+        go.Scatter(x=x, y=tp, mode="lines", name="each step", line={"color": "#c6d4e6", "width": 1},
+                   legendgroup="tp", showlegend=False, hovertemplate="step %{x}<br>%{y:,.0f} samples/s<extra></extra>"),
+        1, 2,
+    )
+    fig.add_trace(
+        go.Scatter(x=x, y=tp.rolling(SMOOTH, min_periods=1).median(), mode="lines", name="measured",
+                   line={"color": "#4c78a8"}, hovertemplate="step %{x}<br>median %{y:,.0f} samples/s<extra></extra>"),
+        1, 2,
+    )
+    predicted = _predicted(run, steps)
+    if predicted is not None:
+        fig.add_trace(
+            go.Scatter(x=x, y=predicted, mode="lines", name="predicted", line={"color": "#e45756", "dash": "dash"},
+                       hovertemplate="step %{x}<br>predicted %{y:,.0f} samples/s<extra></extra>"),
+            1, 2,
+        )
+    if len(metrics):
+        last = metrics[metrics["restart"] == metrics["restart"].max()]
+        for i, (rank, g) in enumerate(last.groupby("rank")):
+            g = _thin(g.sort_values("step"))
+            fig.add_trace(
+                go.Scatter(x=g["step"] + 1, y=g["step_time"] * 1e3, mode="lines", name=f"rank {rank}",
+                           line={"color": RANK_COLOURS[i % len(RANK_COLOURS)], "width": 1},
+                           hovertemplate=f"rank {rank}<br>step %{{x}}<br>%{{y:.1f}} ms<extra></extra>"),
+                2, 1,
+            )
+        # the first step (warm-up) and rare stalls would flatten the rest: the axis stops above the 98th percentile
+        top = float(last["step_time"].quantile(0.98)) * 1e3 if len(last) else math.nan
+        if math.isfinite(top) and top > 0:
+            fig.update_yaxes(range=[0, 1.25 * top], row=2, col=1)
+    if adaptive:
+        for (row, col), c, colour in (((2, 2), "global_batch", "#54a24b"), ((3, 1), "noise_scale", "#b279a2"),
+                                      ((3, 2), "goodput", "#f58518")):
+            fig.add_trace(
+                go.Scatter(x=x, y=steps[c], mode="lines", name=c, showlegend=False, line={"color": colour,
+                           "shape": "hv" if c == "global_batch" else "linear"}),
+                row, col,
+            )
+    for r in range(1, rows + 1):
+        for c in (1, 2) if adaptive or r == 1 else (1,):
+            fig.update_xaxes(title_text="step" if r == rows else None, row=r, col=c)
+    fig.update_yaxes(rangemode="tozero", row=1, col=2)
+    done = f"{int(steps['step'].max()) + 1 if len(steps) else 0}/{run.steps} steps"
+    fig.update_layout(
+        title={"text": f"run {run.id}: {run.strategy.name}, {run.status} ({done})", "x": 0.01, "font": {"size": 14}},
+        height=300 * rows,
+        margin={"l": 50, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "right", "x": 1.0},
+        template="plotly_white",
+    )
+    if not len(steps):
+        fig.add_annotation(text="waiting for the first step ...", xref="paper", yref="paper", x=0.5, y=0.5,
+                           showarrow=False)
+    return fig
+
+
+def _predicted(run: Any, steps: Any) -> Any:
+    """The Lab's prediction per step: one value for a fixed batch, the prediction of each step's
+    configuration for an adaptive run (None without a prediction)."""
+    table = getattr(run, "step_table", None)
+    if table and "global_batch" in steps and len(steps):
+        per_replica = steps.get("per_replica")
+        out = []
+        for i, m in enumerate(steps["global_batch"]):
+            b = int(per_replica.iloc[i]) if per_replica is not None and per_replica.iloc[i] == per_replica.iloc[i] else None
+            k = int(m) // (b * run.world) if b else None
+            seconds = table.get((b, k))
+            out.append(m / seconds if seconds else math.nan)
+        return out
+    p = float(run.predicted_throughput)
+    if not math.isfinite(p) or not len(steps):
+        return None
+    return [p] * len(steps)
+
+
+def _bundle(fig: Any) -> dict[str, Any]:
+    """The figure as the notebook's plotly renderer shows it (its JSON, and HTML for exports)."""
+    import json
+
+    bundle = fig._repr_mimebundle_()
+    if isinstance(bundle, dict) and bundle:
+        return bundle
+    return {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": "<plotly figure>"}
+
+
+class LiveView:
+    """``run``'s card and figure in the notebook, redrawn every ``interval`` seconds until the run
+    ends (then once more, final). ``join()`` waits for that last drawing."""
+
+    def __init__(self, run: Any, interval: float = 1.0) -> None:
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.display import HTML, display
+
+        if not InteractiveShell.initialized():
+            from distlab.errors import DistlabError
+
+            raise DistlabError(
+                f"run {run.id}: live() draws in a notebook (an IPython shell); here use run.wait() "
+                "and run.plot().write_html('run.html')"
+            )
+        self.run, self.interval = run, float(interval)
+        self.card = display(HTML(run._repr_html_()), display_id=True)
+        # the figure's mime bundle, not the figure: plotly's own _ipython_display_ ignores display ids
+        self.figure = display(_bundle(run_figure(run)), raw=True, display_id=True)
+        self.drawn = 1
+        self.error: BaseException | None = None  # the last redraw's error, if one failed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"distlab-live-{run.id}", daemon=True)
+        self._thread.start()
+
+    def _draw(self) -> None:
+        from IPython.display import HTML
+
+        self.card.update(HTML(self.run._repr_html_()))
+        self.figure.update(_bundle(run_figure(self.run)), raw=True)
+        self.drawn += 1
+
+    def _loop(self) -> None:
+        seen = -1
+        while not self.run.done and not self._stop.is_set():
+            self._stop.wait(self.interval)
+            n = len(self.run.metrics)
+            if n != seen and not self.run.done:
+                seen = n
+                self._try_draw()
+        self._try_draw()  # final: the figure the saved notebook keeps
+
+    def _try_draw(self) -> None:
+        try:
+            self._draw()
+        except Exception as exc:  # noqa: BLE001 - a failed redraw must not end the view; the next may work
+            self.error = exc
+
+    def join(self, timeout: float | None = 30.0) -> LiveView:
+        self._thread.join(timeout)
+        return self
+
+    def stop(self) -> None:
+        """Stop redrawing (the figure stays as last drawn)."""
+        self._stop.set()
