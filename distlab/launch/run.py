@@ -350,6 +350,8 @@ class Run:
             if bar is not None:
                 bar.n = self._last_step()
                 bar.close()
+        if self.view is not None:  # its final drawing goes out with the cell that waits (papermill keeps it)
+            self.view.join()
         if self._status == "failed" and self.error is not None:
             raise self.error
         note = self.lab._take_note()
