@@ -9,7 +9,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
 $(STAMP): pyproject.toml constraints.txt kernels/distlab/kernel.json kernels/distlab/logo-32x32.png kernels/distlab/logo-64x64.png
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) torch==2.13.0
+	$(PIP) torch==2.13.0 tensorflow-cpu==2.21.0
 	$(PIP) -e ".[dev,bench]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	$(BIN)/jupyter kernelspec install --sys-prefix kernels/distlab >/dev/null

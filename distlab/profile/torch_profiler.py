@@ -107,10 +107,10 @@ def _is_keras(model: Any) -> bool:
     if not roots & {"keras", "tensorflow", "tf_keras"}:
         return False
     try:
-        import tensorflow  # noqa: F401
+        import keras  # noqa: F401
     except ImportError:
         raise ProfileError(
-            f"profile: {type(model).__name__} is a Keras model but TensorFlow is not installed; pip install distlab[tf]"
+            f"profile: {type(model).__name__} is a Keras model but Keras is not installed; pip install distlab[tf]"
         ) from None
     return True
 

@@ -22,7 +22,10 @@ def test_not_a_model():
     assert message([1, 2]) == "profile: expected a torch nn.Module or keras.Model, got list"
 
 
-def test_keras_model_without_tensorflow():
+def test_keras_model_without_keras(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "keras", None)  # as where Keras is not installed: its import fails
     Model = type("Model", (), {"__module__": "keras.src.models.model"})
     text = message(Model())
     assert "Keras" in text and "pip install distlab[tf]" in text

@@ -1,0 +1,167 @@
+"""Keras 3 models on distlab's torch runtime: a Keras model under the torch backend, as a torch module.
+
+Under ``KERAS_BACKEND=torch`` a Keras 3 model is a ``torch.nn.Module`` whose variables hold torch
+Parameters, but its parameter names follow auto-generated layer names and ``named_modules()``
+does not show its layers. ``KerasModule`` wraps it so the runtime sees what it expects: every
+trainable variable registered once under its Keras path (``"sequential/dense/kernel"``), in the
+order of ``model.trainable_variables``, the non-trainable ones (BatchNorm statistics) as buffers,
+and ``forward`` calling the model with ``training`` set from ``module.train()/eval()``. The
+registered tensors are the Keras variables' own, so an optimizer step on the module is a step of
+the Keras model.
+
+A ``KerasModule`` pickles as its ``.keras`` file (the weights included): unpickled in another
+process (a Dask worker), it selects the torch backend before Keras is first imported there and
+loads the file. Custom layers must be registered Keras serializables
+(``@keras.saving.register_keras_serializable()``) to load.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+from distlab.errors import LaunchError
+
+KERAS_ROOTS = {"keras", "tf_keras"}
+
+
+def is_keras_model(obj: Any) -> bool:
+    """``obj`` is a Keras model (Keras 3 or tf_keras), whatever its backend."""
+    if isinstance(obj, KerasModule):
+        return False
+    roots = {c.__module__.split(".")[0] for c in type(obj).__mro__}
+    return bool(roots & (KERAS_ROOTS | {"tensorflow"})) and hasattr(obj, "trainable_variables")
+
+
+def backend() -> str | None:
+    """The backend Keras runs on in this process (None: Keras not imported yet)."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    return str(keras.backend.backend())
+
+
+def use_torch_backend(where: str = "this process") -> Any:
+    """Import Keras on the torch backend (selecting it when Keras is not imported yet); one
+    ``LaunchError`` when Keras already runs on another backend here."""
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = "torch"
+    try:
+        import keras
+    except ImportError:
+        raise LaunchError(f"{where}: Keras is not installed; pip install keras (or distlab[tf])") from None
+    if keras.backend.backend() != "torch":
+        raise LaunchError(
+            f"{where}: Keras was imported with the {keras.backend.backend()} backend, and distlab's runtime "
+            "needs the torch backend; set KERAS_BACKEND=torch before the first `import keras` (restart the "
+            "kernel), or use lab.launch(..., backend='tensorflow')"
+        )
+    return keras
+
+
+def _path(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or variable.name).replace(".", "_")
+
+
+class KerasModule(torch.nn.Module):
+    """A Keras 3 model (torch backend) as the runtime's torch module: see ``distlab.keras_model``."""
+
+    def __init__(self, keras_model: Any) -> None:
+        super().__init__()
+        object.__setattr__(self, "keras_model", keras_model)  # not a submodule: its own names stay hidden
+        names = [_path(v) for v in keras_model.trainable_variables]
+        if len(set(names)) != len(names):
+            raise LaunchError(
+                f"model: Keras model {keras_model.name} has variables of the same path {sorted(names)}; "
+                "give its layers unique names"
+            )
+        for v in keras_model.trainable_variables:
+            self.register_parameter(_path(v), _torch_value(v))
+        for v in keras_model.non_trainable_variables:
+            self.register_buffer(_path(v), _torch_value(v).detach())
+
+    @property
+    def name(self) -> str:
+        return str(self.keras_model.name)
+
+    def forward(self, *inputs: Any) -> Any:
+        x = inputs[0] if len(inputs) == 1 else list(inputs)
+        return self.keras_model(x, training=self.training)
+
+    def keras_file(self) -> bytes:
+        """The model as a ``.keras`` file (architecture and current weights)."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "model.keras")
+            self.keras_model.save(path)
+            with open(path, "rb") as f:
+                return f.read()
+
+    def __reduce__(self) -> Any:
+        return (_from_keras_file, (self.keras_file(), self.training))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return _from_keras_file(self.keras_file(), self.training)
+
+    def __repr__(self) -> str:
+        return f"KerasModule({self.keras_model.name}: {len(list(self.parameters()))} variables)"
+
+
+def _torch_value(variable: Any) -> Any:
+    value = variable.value
+    if not isinstance(value, torch.Tensor):
+        raise LaunchError(f"model: Keras variable {_path(variable)} is not a torch tensor; Keras must use the torch backend")
+    return value
+
+
+def wrap(keras_model: Any) -> Any:
+    """A Keras model as a torch module for the runtime (see the module's docstring)."""
+    keras = use_torch_backend("lab.launch")
+    if not isinstance(keras_model, keras.Model):
+        raise LaunchError(
+            f"model: {type(keras_model).__name__} is a Keras model of another Keras ({type(keras_model).__module__}); "
+            "distlab's torch runtime runs Keras 3 models (import keras)"
+        )
+    if not keras_model.built:
+        raise LaunchError(
+            f"model: Keras model {keras_model.name} is not built; call it on a batch (or give it keras.Input) first"
+        )
+    return KerasModule(keras_model)
+
+
+def _from_keras_file(data: bytes, training: bool = True) -> Any:
+    keras = use_torch_backend(_where())
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.keras")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            model = keras.saving.load_model(path, compile=False)
+        except Exception as exc:  # noqa: BLE001 - a custom layer Keras cannot rebuild, among others
+            raise LaunchError(
+                f"model: the Keras model does not load from its .keras file in {_where()} ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); register custom layers "
+                "with @keras.saving.register_keras_serializable() in a module the workers import"
+            ) from None
+    module = KerasModule(model)
+    module.train(training)
+    return module
+
+
+def _where() -> str:
+    try:
+        from distributed import get_worker
+
+        return f"worker {get_worker().address}"
+    except (ImportError, ValueError):
+        return "this process"
+
+
+def unwrap(module: Any) -> Any:
+    """The Keras model a ``KerasModule`` wraps; anything else as it is."""
+    return module.keras_model if isinstance(module, KerasModule) else module
+
+

@@ -1,0 +1,64 @@
+"""Keras code for the tests, run in a process of its own per backend (Keras fixes its backend at
+its first import in a process): ``run(backend, function_name, *args)`` returns the function's
+JSON-able result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(backend: str, name: str, *args, timeout: float = 240) -> dict:
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(HERE)}
+    code = f"import json, keras_scripts as k; print('RESULT ' + json.dumps(k.{name}(*{list(args)!r})))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{name} under {backend} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def mlp(seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    keras.backend.clear_session()
+    return keras.Sequential(
+        [keras.Input((12,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(5)], name="mlp"
+    )
+
+
+def embedding_model():
+    import keras
+
+    keras.backend.clear_session()
+    ids = keras.Input((6,), dtype="int32")
+    h = keras.layers.Embedding(100, 8, name="table")(ids)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(ids, keras.layers.Dense(3, name="head")(h), name="emb")
+
+
+def profile_facts() -> dict:
+    """The profile of an MLP and of an embedding model, as the tests read it."""
+    import numpy as np
+
+    import distlab as dl
+
+    batch = 8
+    p = dl.profile(mlp(), sample_input=np.zeros((1, 12), "float32"), batch_size=batch)
+    e = dl.profile(embedding_model(), sample_input=np.zeros((2, 6), "int32"), batch_size=batch)
+    return {
+        "backend": p.meta["backend"],
+        "layers": [(layer.name, layer.kind, layer.flops_fwd, layer.flops_bwd, layer.params) for layer in p.layers],
+        "variables": [(v.name, list(v.shape), v.sparse, v.embedding, v.layer) for v in p.variables],
+        "grad_ready_order": list(p.grad_ready_order),
+        "step_time": p.step_time,
+        "layer_time_sum": sum(layer.time_fwd + layer.time_bwd for layer in p.layers),
+        "emb_variables": [(v.name, v.sparse, v.embedding) for v in e.variables],
+        "emb_layers": [(layer.name, layer.kind, layer.flops_fwd) for layer in e.layers],
+        "input_spec": e.input_spec,
+    }
