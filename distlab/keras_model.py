@@ -63,7 +63,27 @@ def use_torch_backend(where: str = "this process") -> Any:
     return keras
 
 
-def _path(variable: Any) -> str:
+def variable_names(keras_model: Any) -> dict[int, str]:
+    """A name for every variable of the model (by ``id``) that survives saving and loading:
+    the chain of layer names down to the layer that owns it, then its own name
+    (``"dense_1/kernel"``, ``"encoder/dense/kernel"``). Keras's own ``variable.path`` does not:
+    it carries the model's name only while the model built in this process lives."""
+    names: dict[int, str] = {}
+
+    def walk(layer: Any, chain: tuple[str, ...]) -> None:
+        inner = list(layer._flatten_layers(include_self=False, recursive=False))
+        for sub in inner:
+            walk(sub, (*chain, sub.name))
+        for v in [*layer.trainable_weights, *layer.non_trainable_weights]:
+            names.setdefault(id(v), "/".join((*chain, str(v.name))).replace(".", "_"))
+
+    walk(keras_model, ())
+    return names
+
+
+def _path(variable: Any, names: dict[int, str] | None = None) -> str:
+    if names is not None and id(variable) in names:
+        return names[id(variable)]
     return str(getattr(variable, "path", None) or variable.name).replace(".", "_")
 
 
@@ -73,16 +93,17 @@ class KerasModule(torch.nn.Module):
     def __init__(self, keras_model: Any) -> None:
         super().__init__()
         object.__setattr__(self, "keras_model", keras_model)  # not a submodule: its own names stay hidden
-        names = [_path(v) for v in keras_model.trainable_variables]
+        paths = variable_names(keras_model)
+        names = [_path(v, paths) for v in keras_model.trainable_variables]
         if len(set(names)) != len(names):
             raise LaunchError(
                 f"model: Keras model {keras_model.name} has variables of the same path {sorted(names)}; "
                 "give its layers unique names"
             )
         for v in keras_model.trainable_variables:
-            self.register_parameter(_path(v), _torch_value(v))
+            self.register_parameter(_path(v, paths), _torch_value(v))
         for v in keras_model.non_trainable_variables:
-            self.register_buffer(_path(v), _torch_value(v).detach())
+            self.register_buffer(_path(v, paths), _torch_value(v).detach())
 
     @property
     def name(self) -> str:
@@ -115,6 +136,24 @@ def _torch_value(variable: Any) -> Any:
     if not isinstance(value, torch.Tensor):
         raise LaunchError(f"model: Keras variable {_path(variable)} is not a torch tensor; Keras must use the torch backend")
     return value
+
+
+_WRAPPED: dict[int, tuple[Any, Any]] = {}  # id(keras model) -> (weakref to it, its KerasModule)
+
+
+def as_module(model: Any) -> Any:
+    """``model`` itself, or for a Keras model its ``KerasModule`` (one per Keras model, so a
+    relaunch finds its measured step and profile in the Lab's caches)."""
+    import weakref
+
+    if not is_keras_model(model):
+        return model
+    hit = _WRAPPED.get(id(model))
+    if hit is not None and hit[0]() is model:
+        return hit[1]
+    module = wrap(model)
+    _WRAPPED[id(model)] = (weakref.ref(model), module)
+    return module
 
 
 def wrap(keras_model: Any) -> Any:

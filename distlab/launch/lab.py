@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import LaunchError
+from distlab.keras_model import as_module
 from distlab.launch import cluster as _cluster
 from distlab.launch import spmd
 from distlab.launch import validate as _v
@@ -313,6 +314,7 @@ class Lab:
         steps = _v.check_positive("steps", steps)
         batch_size = _v.check_positive("batch_size", batch_size, optional=True)
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
+        model = as_module(model)  # a Keras 3 model: on the torch backend, as a torch module
         _v.check_model(model)
         self._check_idle()
         from distlab.data import as_dataset, describe
@@ -515,6 +517,7 @@ class Lab:
         from distlab.data import as_dataset
         from distlab.launch.calibrate import measure_model_lab
 
+        model = as_module(model)
         _v.check_model(model)
         self._check_idle()
         self.cost_model = measure_model_lab(

@@ -410,7 +410,9 @@ class Run:
                 raise LaunchError(f"run {self.id}: no trained model ({self.status}); wait() for it to finish")
             m = copy.deepcopy(self._model0)
             m.load_state_dict(self._state_dict)
-            self._model = m
+            from distlab.keras_model import unwrap
+
+            self._model = unwrap(m)  # a Keras model launched comes back as a Keras model
         return self._model
 
     @property

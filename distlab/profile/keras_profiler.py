@@ -49,6 +49,9 @@ def profile_keras(
     shapes = _record_shapes(model, layers, x)
     if not model.trainable_variables:
         raise ProfileError(f"profile: {name} has no trainable parameters, so there is nothing to distribute")
+    from distlab.keras_model import variable_names
+
+    paths = variable_names(model)
     owner = {id(v): layer for layer in layers for v in layer.trainable_weights}
     variables = []
     for v in model.trainable_variables:
@@ -58,7 +61,7 @@ def profile_keras(
         shape = tuple(int(d) for d in v.shape)
         variables.append(
             VariableProfile(
-                name=str(v.path).replace(".", "_"),
+                name=paths.get(id(v), _var_name(v)),
                 shape=shape,
                 dtype=dtype,
                 nbytes=int(np.prod(shape)) * dtype_bytes(dtype),
@@ -87,7 +90,7 @@ def profile_keras(
             )
         )
     called = [layer for layer in layers if id(layer) in shapes]
-    order = [_var_name(v) for layer in reversed(called) for v in reversed(layer.trainable_weights)]
+    order = [paths.get(id(v), _var_name(v)) for layer in reversed(called) for v in reversed(layer.trainable_weights)]
     names = [v.name for v in variables]
     order = [n for n in dict.fromkeys(order) if n in names]
     order += [n for n in reversed(names) if n not in order]

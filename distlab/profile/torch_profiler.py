@@ -79,6 +79,10 @@ def profile(
 
     The model's training mode, gradients, buffers and the global RNG state are restored.
     """
+    from distlab.keras_model import KerasModule
+
+    if isinstance(model, KerasModule):  # a Keras model as the runtime runs it: profiled as Keras
+        model = model.keras_model
     if _is_keras(model):
         from distlab.profile.keras_profiler import profile_keras
 

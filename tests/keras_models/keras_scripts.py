@@ -62,3 +62,49 @@ def profile_facts() -> dict:
         "emb_layers": [(layer.name, layer.kind, layer.flops_fwd) for layer in e.layers],
         "input_spec": e.input_spec,
     }
+
+
+def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_replica: int = 8) -> dict:
+    """A Keras MLP trained by the Lab on 2 ranks (torch backend) and by one process on the global
+    batch: their final weights, and what the run reports."""
+    import numpy as np
+    import torch
+
+    import distlab as dl
+    from distlab.keras_model import wrap
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 12)).astype("float32")
+    y = rng.integers(0, 5, size=256).astype("int64")
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1)
+
+    lab = dl.Lab(workers=2)
+    try:
+        model = mlp(seed=1)
+        run = lab.launch(model, strategy=builder, steps=steps, data=(x, y), optimizer=sgd, batch_size=per_replica,
+                         shuffle=False)
+        run.wait(timeout=180)
+        trained = run.model
+        out = {
+            "status": run.status,
+            "type": type(trained).__module__.split(".")[0] + "." + type(trained).__name__,
+            "strategy": run.strategy.name,
+            "losses": list(run.losses()),
+            "untouched": [w.tolist() for w in model.get_weights()] == [w.tolist() for w in mlp(seed=1).get_weights()],
+        }
+    finally:
+        lab.close()
+    ref = wrap(mlp(seed=1))
+    opt = sgd(ref.parameters())
+    g = 2 * per_replica
+    for step in range(steps):
+        xb, yb = torch.as_tensor(x[step * g:(step + 1) * g]), torch.as_tensor(y[step * g:(step + 1) * g])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(xb), yb).backward()
+        opt.step()
+    diffs = [float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), ref.keras_model.get_weights())]
+    out["max_weight_difference"] = max(diffs)
+    out["moved"] = max(float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), mlp(seed=1).get_weights()))
+    return out

@@ -23,8 +23,8 @@ def test_a_dense_layer_counts_exactly_two_b_in_out(facts):
 
 def test_variables_by_keras_path_and_gradients_ready_from_the_last_layer(facts):
     names = [v[0] for v in facts["variables"]]
-    assert names == ["mlp/dense/kernel", "mlp/dense/bias", "mlp/dense_1/kernel", "mlp/dense_1/bias"]
-    assert facts["grad_ready_order"][:2] == ["mlp/dense_1/bias", "mlp/dense_1/kernel"]
+    assert names == ["dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias"]
+    assert facts["grad_ready_order"][:2] == ["dense_1/bias", "dense_1/kernel"]
     assert sorted(facts["grad_ready_order"]) == sorted(names)
 
 
