@@ -293,6 +293,7 @@ class Lab:
         elastic: bool = True,
         timeout: float | None = None,
         block: bool = False,
+        backend: str = "torch",
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
 
@@ -314,6 +315,14 @@ class Lab:
         steps = _v.check_positive("steps", steps)
         batch_size = _v.check_positive("batch_size", batch_size, optional=True)
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
+        if backend == "tensorflow":  # a Keras model in TensorFlow's own multi-worker runtime
+            from distlab.launch.tf_native import launch_native
+
+            run = launch_native(self, model, strategy, steps=steps, data=data, loss=loss, optimizer=optimizer,
+                                batch_size=batch_size, shuffle=shuffle, seed=seed, timeout=timeout)
+            return run.wait() if block else run
+        if backend != "torch":
+            raise LaunchError(f"backend: {backend!r} is not one of 'torch', 'tensorflow'")
         model = as_module(model)  # a Keras 3 model: on the torch backend, as a torch module
         _v.check_model(model)
         self._check_idle()

@@ -63,8 +63,11 @@ class Run:
         forecast: Forecast | None = None,
         data_info: str = "",
         loss_info: str = "",
+        native: dict[str, Any] | None = None,
     ) -> None:
         self.id = run_id
+        self.native = native  # a native TensorFlow run's payload (launch/tf_native.py); None: torch
+        self.backend = "tensorflow" if native is not None else "torch"
         self.data_info = data_info  # what it trains on, in one line (name, size, shapes)
         self.loss_info = loss_info  # what it minimises
         self.var_name = "run"  # the notebook variable the card names (%distlab launch -o NAME)
@@ -145,11 +148,16 @@ class Run:
                     return
                 self._group = None
                 try:
+                    fn, args = (train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]))
+                    if self.native is not None:
+                        from distlab.launch.tf_native import train_rank_tf
+
+                        fn, args = train_rank_tf, (self.native, self._topic, restart, self.id, threads[0], job.timeout)
                     self._group = spmd.start_ranks(
                         client,
                         workers,
-                        train_rank,
-                        (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]),
+                        fn,
+                        args,
                         run_id=self.id,
                         threads=threads,
                         timeout=job.timeout,
@@ -408,6 +416,13 @@ class Run:
         if self._model is None:
             if self._state_dict is None:
                 raise LaunchError(f"run {self.id}: no trained model ({self.status}); wait() for it to finish")
+            if isinstance(self._state_dict, list):  # a native TensorFlow run: rank 0's Keras weights
+                import keras
+
+                clone = keras.models.clone_model(self._model0)
+                clone.set_weights(self._state_dict)
+                self._model = clone
+                return clone
             m = copy.deepcopy(self._model0)
             m.load_state_dict(self._state_dict)
             from distlab.keras_model import unwrap
@@ -424,7 +439,8 @@ class Run:
         base = self.forecast.base if self.forecast is not None else None
         return {
             "run_id": self.id,
-            "model": type(self._model0).__name__,
+            "model": _model_name(self._model0),
+            "backend": self.backend,
             "strategy": self.strategy.name,
             "world": self.world,
             "batch": self.batch_size,
@@ -515,6 +531,7 @@ class Run:
 RUN_COLUMNS = (
     "run_id",
     "model",
+    "backend",
     "strategy",
     "world",
     "batch",
@@ -531,6 +548,12 @@ RUN_COLUMNS = (
     "predicted_comm",
     "predicted_optimizer",
 )
+
+
+def _model_name(model: Any) -> str:
+    """A run's model in ``lab.runs``: a Keras model's own name, a torch module's class."""
+    name = getattr(model, "name", None)
+    return name if isinstance(name, str) and name else type(model).__name__
 
 
 def runs_frame(runs: list[Run]) -> Any:

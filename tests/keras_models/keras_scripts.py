@@ -108,3 +108,79 @@ def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_repl
     out["max_weight_difference"] = max(diffs)
     out["moved"] = max(float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), mlp(seed=1).get_weights()))
     return out
+
+
+def torch_route_builders(builders: list) -> dict:
+    """One short run of a Keras embedding model per builder on 2 ranks: status, loss, and whether
+    run.model holds the trained weights."""
+    import numpy as np
+
+    import distlab as dl
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 100, size=(256, 6)).astype("int32")
+    y = rng.integers(0, 3, size=256).astype("int64")
+    lab = dl.Lab(workers=2)
+    out = {}
+    try:
+        model = embedding_model()
+        prof = dl.profile(model, sample_input=x[:8], batch_size=8)
+        for name in builders:
+            st = dl.strategy.build(name, prof, lab.resources, batch_size=8)
+            run = lab.launch(model, strategy=st, steps=6, data=(x, y))
+            run.wait(timeout=180)
+            first, last = run.losses()
+            out[name] = {"status": run.status, "first": first, "last": last, "keras": hasattr(run.model, "get_weights"),
+                         "world": run.world}
+    finally:
+        lab.close()
+    return out
+
+
+def tensorflow_backend_launch() -> dict:
+    """lab.launch of a Keras model in a process whose Keras runs on TensorFlow: the error."""
+    import distlab as dl
+    from distlab.errors import DistlabError
+
+    lab = dl.Lab(workers=1)
+    try:
+        lab.launch(mlp(), strategy="AllReduce", steps=2)
+    except DistlabError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    finally:
+        lab.close()
+    return {"error": None}
+
+
+def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
+    """A Keras MLP trained natively (MultiWorkerMirroredStrategy) on 2 workers, twice on the same
+    workers: per run, the status, the first and last loss, each rank's weight checksum, and what
+    lab.runs says."""
+    import time
+
+    import numpy as np
+
+    import distlab as dl
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 12)).astype("float32")
+    y = (x[:, :5].argmax(1)).astype("int64")
+    lab = dl.Lab(workers=2)
+    out = {"runs": []}
+    try:
+        model = mlp(seed=2)
+        for _ in range(2 if twice else 1):
+            t0 = time.perf_counter()
+            run = lab.launch(model, strategy="AllReduce", steps=steps, data=(x, y), batch_size=16, backend="tensorflow")
+            run.wait(timeout=240)
+            m = run.metrics
+            last = m[m.step == m.step.max()]
+            out["runs"].append({
+                "status": run.status, "seconds": time.perf_counter() - t0, "losses": list(run.losses()),
+                "checksums": sorted(last["checksum"].tolist()), "throughput": run.throughput,
+                "model_type": type(run.model).__name__, "weights": float(sum(float(np.abs(w).sum()) for w in run.model.get_weights())),
+                "backend": lab.runs["backend"].iloc[-1], "world": run.world,
+            })
+    finally:
+        lab.close()
+    return out

@@ -15,3 +15,19 @@ def test_allreduce_on_two_ranks_equals_one_process_on_the_global_batch():
     assert out["moved"] > 1e-3  # it trained
     assert out["max_weight_difference"] < 1e-5, out
     assert out["untouched"]  # the user's model keeps its weights: the workers trained copies
+
+
+@pytest.mark.timeout(400)
+def test_every_kind_of_builder_trains_a_keras_model():
+    builders = ["PS", "PartitionedPS", "Parallax", "Gossip", "AdaptiveBatch"]
+    out = run("torch", "torch_route_builders", builders, timeout=380)
+    for name in builders:
+        assert out[name]["status"] == "finished" and out[name]["keras"] and out[name]["world"] == 2, (name, out[name])
+        assert out[name]["last"] == out[name]["last"]  # a number: the loss was computed
+
+
+@pytest.mark.timeout(200)
+def test_keras_on_tensorflow_in_the_notebook_is_one_error_naming_the_fix():
+    out = run("tensorflow", "tensorflow_backend_launch", timeout=180)
+    assert out["error"] == "LaunchError"
+    assert "KERAS_BACKEND=torch" in out["message"] and "tensorflow backend" in out["message"]

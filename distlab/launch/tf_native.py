@@ -1,0 +1,258 @@
+"""Native TensorFlow runs (``lab.launch(keras_model, ..., backend="tensorflow")``): each rank a
+child process of its pinned Dask task.
+
+The client builds one payload (``native_payload``): the model as a ``.keras`` file, the data as
+arrays, the loss and an optimizer factory. Each rank's task (``train_rank_tf``, run through the
+same SPMD launcher as torch ranks):
+
+1. picks a free port on its host and publishes ``host:port`` in the run's rendezvous store; reads
+   every rank's, so ``TF_CONFIG`` is built from ports the workers chose themselves;
+2. starts ``runtime/tf_child.py`` in a new process session with that ``TF_CONFIG``, reads its
+   per-step JSON records and forwards them as the run's live records;
+3. owns the deadlines: the child must report its first step within ``timeout`` seconds (a peer
+   that never starts blocks TensorFlow's strategy constructor with no timeout of its own), and a
+   step within ``timeout`` of the previous one; a stop request (cancel, a failed peer) or a
+   missed deadline kills the child's whole process group. No child outlives its task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from distlab.errors import LaunchError
+
+CHILD = Path(__file__).resolve().parents[1] / "runtime" / "tf_child.py"
+NATIVE_BUILDERS = ("AllReduce",)  # MultiWorkerMirroredStrategy; PS/PartitionedPS are not built yet
+POLL = 0.2  # seconds between checks of the child, the stop flag and the deadline
+
+
+def check_native(model: Any, strategy: Any) -> None:
+    """What the native route can run: a Keras 3 model, an AllReduce strategy, a clean environment."""
+    from distlab.keras_model import is_keras_model
+
+    if not is_keras_model(model):
+        raise LaunchError(
+            f"backend='tensorflow': model must be a Keras model, got {type(model).__name__}; "
+            "torch models run with backend='torch' (the default)"
+        )
+    if "TF_CONFIG" in os.environ:
+        raise LaunchError(
+            "backend='tensorflow': TF_CONFIG is set in this process's environment; distlab builds each rank's "
+            "TF_CONFIG from the ports its workers choose: unset it (del os.environ['TF_CONFIG'])"
+        )
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorflow") is None:
+            raise ImportError
+    except ImportError:
+        raise LaunchError(
+            "backend='tensorflow': TensorFlow is not installed; pip install 'distlab[tf]' (or run the Keras model "
+            "with backend='torch')"
+        ) from None
+    builder = getattr(strategy, "builder", strategy)
+    if builder not in NATIVE_BUILDERS:
+        raise LaunchError(
+            f"backend='tensorflow': strategy {getattr(strategy, 'name', strategy)} is not one TensorFlow runs natively "
+            f"here (natively: {', '.join(NATIVE_BUILDERS)}, as MultiWorkerMirroredStrategy); run it with backend='torch'"
+        )
+
+
+def native_payload(model: Any, data: Any, loss: Any, optimizer: Any, *, steps: int, batch: int, seed: int,
+                   shuffle: bool) -> dict[str, Any]:
+    """What every rank's child process needs, as bytes and arrays (built once, in the client)."""
+    import cloudpickle
+    import numpy as np
+
+    from distlab.data import as_dataset
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.keras")
+        model.save(path)
+        keras_file = Path(path).read_bytes()
+    ds = as_dataset(data)
+    tensors = getattr(ds, "tensors", None) or (getattr(ds, "inputs", None), getattr(ds, "targets", None))
+    if tensors[0] is None:
+        raise LaunchError("backend='tensorflow': data must be an (inputs, targets) pair of arrays or tensors")
+    x, y = (np.asarray(t.cpu() if hasattr(t, "cpu") else t) for t in tensors[:2])
+    job = {"steps": steps, "batch": batch, "seed": seed, "shuffle": shuffle, "loss": loss, "optimizer": optimizer}
+    return {"keras": keras_file, "x": x, "y": y, "job": cloudpickle.dumps(job)}
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _exchange_addresses(rank: int, world: int, master_addr: str, master_port: int, run_id: str,
+                        host: str, timeout: float) -> list[str]:
+    """Publish this rank's ``host:port`` in the run's store and read every rank's, in rank order."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
+    store.set(f"tf/{run_id}/{rank}", f"{host}:{_free_port(host)}")
+    return [store.get(f"tf/{run_id}/{r}").decode() for r in range(world)]
+
+
+def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, payload: dict[str, Any],
+                  topic: str, restart: int, run_id: str, threads: int, timeout: float) -> dict[str, Any]:
+    """(worker) One native TensorFlow rank: see the module's docstring."""
+    from distributed import get_worker
+
+    from distlab.launch import spmd
+
+    worker = get_worker()
+    host = spmd.host_of(worker.address)
+    addresses = _exchange_addresses(rank, world, master_addr, master_port, run_id, host, timeout)
+    job_dir = Path(tempfile.mkdtemp(prefix=f"distlab-tf-{run_id}-{rank}-"))
+    records: list[dict[str, Any]] = []
+    batch: list[dict[str, Any]] = []
+    sent = [0.0]
+
+    def emit(rec: dict[str, Any]) -> None:
+        batch.append(rec)
+        if not sent[0] or time.monotonic() - sent[0] >= 0.5:
+            worker.log_event(topic, {"records": list(batch)})
+            batch.clear()
+            sent[0] = time.monotonic()
+
+    proc = None
+    try:
+        import numpy as np
+
+        (job_dir / "model.keras").write_bytes(payload["keras"])
+        np.savez(job_dir / "data.npz", x=payload["x"], y=payload["y"])
+        (job_dir / "job.pkl").write_bytes(payload["job"])
+        env = {
+            **os.environ,
+            "TF_CONFIG": json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}),
+            "KERAS_BACKEND": "tensorflow",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "DISTLAB_TF_THREADS": str(threads),
+            "DISTLAB_TF_TIMEOUT": str(timeout),
+            "OMP_NUM_THREADS": str(threads),
+        }
+        stderr = open(job_dir / "stderr.log", "wb")  # noqa: SIM115 - closed in finally
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(job_dir)], stdout=subprocess.PIPE, stderr=stderr, env=env,
+            start_new_session=True,  # its own process group: killed whole, TensorFlow's threads and all
+        )
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def pump() -> None:
+            assert proc is not None and proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, name=f"distlab-tf-{rank}", daemon=True).start()
+        started, last = time.monotonic(), time.monotonic()
+        final: dict[str, Any] | None = None
+        ended = False
+        while not ended:
+            try:
+                line = lines.get(timeout=POLL)
+            except queue.Empty:
+                line = b""
+            if line is None:
+                ended = True
+            elif line:
+                text = line.decode(errors="replace").strip()
+                if not text.startswith("{"):
+                    continue
+                rec = json.loads(text)
+                last = time.monotonic()
+                if rec.get("final"):
+                    final = rec
+                    continue
+                rec.update(run_id=run_id, restart=restart, world=world)
+                records.append(rec)
+                emit(rec)
+            if spmd.should_stop(run_id):
+                return {"rank": rank, "records": records, "stopped": True, "state_dict": None}
+            waited = time.monotonic() - (last if records else started)
+            if not ended and waited > timeout:
+                what = "its next step" if records else "its first step (a peer may never have started)"
+                raise LaunchError(
+                    f"rank {rank}: the TensorFlow process gave no sign of {what} within {timeout:g} s; killed "
+                    "(lab.launch(..., timeout=...) gives it longer)"
+                )
+        code = proc.wait(timeout=timeout)
+        if code != 0 or final is None:
+            tail = (job_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-8:]
+            raise LaunchError(f"rank {rank}: the TensorFlow process exited with code {code}: " + " | ".join(tail)[-1200:])
+        if records:
+            records[-1]["checksum"] = final["checksum"]
+        weights = None
+        if rank == 0:
+            with np.load(job_dir / "weights.npz") as w:
+                weights = [w[f"arr_{i}"] for i in range(len(w.files))]
+        return {"rank": rank, "records": records, "state_dict": weights, "checkpoint": None, "stopped": False}
+    finally:
+        if batch:
+            worker.log_event(topic, {"records": list(batch)})
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def launch_native(lab: Any, model: Any, strategy: Any, *, steps: int, data: Any, loss: Any, optimizer: Any,
+                  batch_size: int | None, shuffle: bool, seed: int, timeout: float | None) -> Any:
+    """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
+    torch launch, then one rank per worker through ``train_rank_tf``."""
+    import uuid
+
+    from distlab.data import describe
+    from distlab.launch import validate as _v
+    from distlab.launch.lab import DEFAULT_BATCH, _profile
+    from distlab.launch.run import Run
+    from distlab.strategy.types import Strategy
+
+    check_native(model, strategy)
+    if data is None:
+        raise LaunchError("backend='tensorflow': data is required: an (inputs, targets) pair of arrays")
+    lab._check_idle()
+    res = lab.resources
+    b = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
+    payload = native_payload(model, data, loss, optimizer, steps=steps, batch=b, seed=seed, shuffle=shuffle)
+    prof = _profile(model, b, payload["x"][:b])
+    st, _ = _v.resolve_strategy(strategy, model, res, lambda n=None: prof, batch_size=b)
+    if st.world > res.world:
+        raise LaunchError(f"strategy: planned for {st.world} ranks but the Lab has {res.world} workers")
+    check_native(model, st)
+    workers = list(res.addresses)[: st.world]
+    run_id = f"r{len(lab._runs) + 1}-{uuid.uuid4().hex[:6]}"
+    from distlab.runtime.job import RankJob
+
+    job = RankJob(rank=0, world=st.world, master_addr="", master_port=0, strategy=st, model=None, steps=steps,
+                  data=None, batch_size=b, seed=seed, timeout=float(timeout or lab.timeout), run_id=run_id)
+    run = Run(
+        lab, run_id, model, st, job, workers, lab._threads(res, workers), elastic=False,
+        replan=lambda survivors: (_ for _ in ()).throw(LaunchError("native TensorFlow runs do not resize")),
+        forecast=lab._forecast(prof, res, st),
+        data_info=describe(data) + " (as arrays, in each TensorFlow process)",
+        loss_info=getattr(loss, "name", None) or (getattr(loss, "__name__", None) if loss else "Keras default"),
+        native=payload,
+    )
+    lab._runs.append(run)
+    run._start()
+    return run

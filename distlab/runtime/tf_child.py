@@ -1,0 +1,111 @@
+"""(child process) One rank of a native TensorFlow run: ``python tf_child.py JOB_DIR``.
+
+Started by its rank's pinned Dask task (``distlab.launch.tf_native``) with ``TF_CONFIG`` set, in
+a fresh process: TensorFlow's multi-worker strategy must be created before any other TensorFlow
+op, a process can host one such cluster only, and a peer that never arrives blocks its
+constructor with no timeout, so the task, not this process, owns the deadline and kills it.
+
+It imports nothing of distlab (torch stays out of the process). ``JOB_DIR`` holds ``model.keras``,
+``data.npz`` (``x``, ``y``) and ``job.pkl`` (a cloudpickled dict: steps, batch, seed, shuffle,
+the loss and an optimizer factory); ``DISTLAB_TF_THREADS`` and ``DISTLAB_TF_TIMEOUT`` (seconds
+for a collective) come in the environment. Each step prints one JSON line of record to
+stdout; at the end every rank prints a final line with a checksum of its weights, and rank 0
+saves them to ``weights.npz``.
+
+Training loop: AllReduce as ``MultiWorkerMirroredStrategy`` (ring all-reduce on CPUs), a custom
+loop (Keras 3's ``fit`` fails with two workers: keras#20585, tensorflow#72388). Rank r reads
+positions ``[pos + r*b, pos + (r+1)*b)`` of the epoch's order (a NumPy permutation seeded with
+``seed + epoch`` when shuffling), the data position advancing by ``b * world`` per step; the
+loss is averaged over the global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main(job_dir: str) -> int:
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import pickle
+
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("DISTLAB_TF_THREADS", "1")))
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    timeout = float(os.environ.get("DISTLAB_TF_TIMEOUT", "60"))
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)  # first TF op
+    import keras
+
+    with open(os.path.join(job_dir, "job.pkl"), "rb") as f:
+        job = pickle.load(f)  # after the strategy: the user's loss may build TensorFlow objects
+
+    cfg = json.loads(os.environ["TF_CONFIG"])
+    rank, world = int(cfg["task"]["index"]), len(cfg["cluster"]["worker"])
+    data = np.load(os.path.join(job_dir, "data.npz"))
+    x, y = data["x"], data["y"]
+    n, b = len(x), int(job["batch"])
+    with strategy.scope():
+        model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
+        optimizer = job["optimizer"]() if job.get("optimizer") else keras.optimizers.SGD(learning_rate=0.01)
+    if job.get("loss") is not None:
+        per_sample = job["loss"]
+    elif np.issubdtype(y.dtype, np.integer):
+        per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    else:
+        per_sample = keras.losses.MeanSquaredError(reduction=None)
+    global_batch = b * world
+
+    @tf.function
+    def train_step(xb, yb):
+        def step_fn(xb, yb):
+            with tf.GradientTape() as tape:
+                out = model(xb, training=True)
+                losses = per_sample(yb, out)
+                loss = tf.reduce_sum(losses) / global_batch if losses.shape.rank else losses / world
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        per_replica = strategy.run(step_fn, args=(xb, yb))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    orders: dict[int, np.ndarray] = {}
+
+    def rows(pos: int) -> np.ndarray:
+        positions = np.arange(pos + rank * b, pos + (rank + 1) * b)
+        if not job.get("shuffle"):
+            return positions % n
+        out = np.empty_like(positions)
+        for e in np.unique(positions // n):
+            if e not in orders:
+                orders.clear()
+                orders[int(e)] = np.random.default_rng(int(job["seed"]) + int(e)).permutation(n)
+            mask = positions // n == e
+            out[mask] = orders[int(e)][positions[mask] % n]
+        return out
+
+    pos = int(job.get("start", 0))
+    for step in range(int(job["steps"])):
+        idx = rows(pos)
+        t0 = time.perf_counter()
+        loss = float(train_step(tf.constant(x[idx]), tf.constant(y[idx])))
+        t1 = time.perf_counter()
+        pos += global_batch
+        rec = {"step": step, "rank": rank, "loss": loss, "samples": pos, "step_time": t1 - t0, "comm_time": 0.0,
+               "wall_time": time.time()}
+        print(json.dumps(rec), flush=True)
+    weights = model.get_weights()
+    checksum = float(sum(float(np.abs(w).astype("float64").sum()) for w in weights))
+    if rank == 0:
+        np.savez(os.path.join(job_dir, "weights.npz"), *weights)
+    print(json.dumps({"final": True, "rank": rank, "checksum": checksum}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
