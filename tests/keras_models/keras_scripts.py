@@ -184,3 +184,138 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
     finally:
         lab.close()
     return out
+
+
+def _children(run_id: str, rank: int | None = None) -> list:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "tf_child.py" in cmd and f"distlab-tf-{run_id}-" in cmd and (rank is None or f"-{run_id}-{rank}-" in cmd):
+            out.append(p)
+    return out
+
+
+def _no_children_within(run_id: str, seconds: float) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _children(run_id):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def native_faults(kind: str) -> dict:
+    """A native run on 2 workers whose rank 1 process is killed after its first steps ("exit"),
+    or stopped before its first step so that it never starts ("never"): how the run ends."""
+    import signal
+    import time
+
+    import numpy as np
+
+    import distlab as dl
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 12)).astype("float32")
+    y = rng.integers(0, 5, size=512).astype("int64")
+    lab = dl.Lab(workers=2)
+    try:
+        run = lab.launch(mlp(), strategy="AllReduce", steps=100000, data=(x, y), batch_size=8, backend="tensorflow",
+                         timeout=20)
+        deadline = time.monotonic() + 120
+        victim = []
+        while not victim and time.monotonic() < deadline:
+            if kind == "exit" and len(run.metrics) == 0:
+                time.sleep(0.1)
+                continue
+            victim = _children(run.id, 1)
+            time.sleep(0.05)
+        if not victim:
+            return {"error": "no child process of rank 1 seen"}
+        t0 = time.monotonic()
+        victim[0].send_signal(signal.SIGKILL if kind == "exit" else signal.SIGSTOP)
+        while not run.done and time.monotonic() - t0 < 120:
+            time.sleep(0.1)
+        out = {"status": run.status, "seconds": time.monotonic() - t0, "error": str(run.error)}
+        out["no_children"] = _no_children_within(run.id, 15)
+        return out
+    finally:
+        lab.close()
+
+
+def native_bad_input() -> dict:
+    """The errors of a native launch given what it cannot run."""
+    import os
+
+    import numpy as np
+    import torch
+
+    import distlab as dl
+    from distlab.errors import DistlabError
+
+    x, y = np.zeros((64, 12), "float32"), np.zeros(64, "int64")
+    lab = dl.Lab(workers=1)
+    out = {}
+
+    def attempt(key, **kw):
+        try:
+            args = {"model": mlp(), "strategy": "AllReduce", "steps": 2, "data": (x, y), "backend": "tensorflow", **kw}
+            lab.launch(**args)
+            out[key] = None
+        except DistlabError as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+
+    try:
+        attempt("torch_model", model=torch.nn.Linear(12, 5))
+        attempt("ps", strategy="PS")
+        attempt("no_data", data=None)
+        attempt("unknown_backend", backend="jax")
+        os.environ["TF_CONFIG"] = "{}"
+        attempt("tf_config")
+        del os.environ["TF_CONFIG"]
+    finally:
+        lab.close()
+    return out
+
+
+def keras_fit_multi_worker() -> dict:
+    """Keras 3's own fit under MultiWorkerMirroredStrategy with two worker processes (no distlab):
+    each process's exit code and the last line of its error."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    code = (
+        "import os, numpy as np, tensorflow as tf\n"
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+        "import keras\n"
+        "with strategy.scope():\n"
+        "    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+        "    m.compile(optimizer='sgd', loss='mse')\n"
+        "m.fit(np.zeros((64, 4), 'float32'), np.zeros((64, 2), 'float32'), batch_size=16, epochs=1, verbose=0)\n"
+    )
+    procs = []
+    for i in range(2):
+        env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
+            {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": i}})}
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=120)
+            out.append({"code": p.returncode, "error": (err.strip().splitlines() or [""])[-1][:300]})
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out.append({"code": None, "error": "hung for 120 s"})
+    return {"workers": out}

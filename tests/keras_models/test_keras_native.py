@@ -1,0 +1,61 @@
+"""Keras models trained natively by TensorFlow (backend="tensorflow"): MultiWorkerMirroredStrategy,
+each rank a child process of its pinned Dask task."""
+
+from __future__ import annotations
+
+import pytest
+from keras_scripts import run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(400)
+def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs_again():
+    out = run("torch", "native_allreduce", 30, True, timeout=380)
+    for r in out["runs"]:
+        assert r["status"] == "finished" and r["world"] == 2 and r["backend"] == "tensorflow"
+        a, b = r["checksums"]
+        assert a == pytest.approx(b, rel=1e-9)  # every replica holds the same weights
+        assert r["weights"] == pytest.approx(a, rel=1e-6)  # run.model holds them (a Keras model)
+        assert r["model_type"] == "Sequential"
+        first, last = r["losses"]
+        assert last < first
+        assert r["throughput"] > 0
+    assert len(out["runs"]) == 2  # a second native run on the same workers
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_exits_early_fails_the_run_within_10_s_and_leaves_no_process():
+    out = run("torch", "native_faults", "exit", timeout=280)
+    assert out["status"] == "failed", out
+    assert out["seconds"] < 10, out
+    assert "rank 1" in out["error"] and out["no_children"], out
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_never_starts_is_killed_at_the_deadline_and_leaves_no_process():
+    out = run("torch", "native_faults", "never", timeout=280)
+    assert out["status"] == "failed", out
+    assert "first step" in out["error"] and "20 s" in out["error"], out
+    assert out["seconds"] < 20 + 15, out  # the deadline, then the group's stop
+    assert out["no_children"], out
+
+
+@pytest.mark.timeout(200)
+def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix():
+    out = run("torch", "native_bad_input", timeout=180)
+    assert "LaunchError" in out["torch_model"] and "must be a Keras model" in out["torch_model"]
+    assert "not one TensorFlow runs natively" in out["ps"] and "backend='torch'" in out["ps"]
+    assert "data is required" in out["no_data"]
+    assert "'jax' is not one of" in out["unknown_backend"]
+    assert "TF_CONFIG is set" in out["tf_config"] and "unset it" in out["tf_config"]
+
+
+@pytest.mark.timeout(200)
+def test_guard_keras_3_multi_worker_fit_still_fails_upstream():
+    """keras#20585, tensorflow#72388: the day this fails, Keras's own fit works with two workers
+    and the native route could use it instead of its custom loop."""
+    out = run("tensorflow", "keras_fit_multi_worker", timeout=180)
+    assert all(w["code"] != 0 for w in out["workers"]), out
+    # the upstream failure itself, not a setup problem: fit hands a PerReplica value to a tensor op
+    assert any("PerReplica" in w["error"] for w in out["workers"]), out
