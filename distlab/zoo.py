@@ -258,17 +258,84 @@ _MODELS: dict[str, Callable[..., _ZooModel]] = {
 }
 
 
+# Keras 3 reference models: built under the torch backend when this process has not imported Keras
+# yet (so they run on distlab's runtime), under whatever backend it has otherwise.
+_KERAS_SPECS: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}  # id -> (weakref, input, target)
+
+
+def _keras_mlp(in_features: int = 32, width: int = 256, depth: int = 2, classes: int = 10) -> Any:
+    import keras
+
+    layers = [keras.Input((in_features,))]
+    layers += [keras.layers.Dense(width, activation="relu", name=f"hidden{i}") for i in range(depth)]
+    model = keras.Sequential([*layers, keras.layers.Dense(classes, name="out")], name="keras_mlp")
+    spec = ({"shape": [in_features], "dtype": "float32"}, {"shape": [], "dtype": "int64", "high": classes})
+    return model, spec
+
+
+def _keras_embedding(rows: int = 10_000, dim: int = 16, fields: int = 8, classes: int = 2) -> Any:
+    import keras
+
+    ids = keras.Input((fields,), dtype="int32")
+    h = keras.layers.Embedding(rows, dim, name="table")(ids)
+    h = keras.layers.Dense(64, activation="relu", name="hidden")(keras.layers.Flatten()(h))
+    model = keras.Model(ids, keras.layers.Dense(classes, name="out")(h), name="keras_embedding")
+    spec = ({"shape": [fields], "dtype": "int32", "high": rows}, {"shape": [], "dtype": "int64", "high": classes})
+    return model, spec
+
+
+_KERAS: dict[str, Callable[..., Any]] = {"keras_mlp": _keras_mlp, "keras_embedding": _keras_embedding}
+
+
+def keras_specs(model: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(input_spec, target_spec) of a Keras zoo model, None for any other model."""
+    hit = _KERAS_SPECS.get(id(model))
+    return (hit[1], hit[2]) if hit is not None and hit[0]() is model else None
+
+
+def _get_keras(name: str, seed: int, **size_options: Any) -> Any:
+    import inspect
+    import os
+    import sys
+    import weakref
+
+    if "keras" not in sys.modules:
+        os.environ.setdefault("KERAS_BACKEND", "torch")
+    try:
+        import keras
+    except ImportError:
+        raise DistlabError(f"zoo.get({name!r}): Keras is not installed; pip install 'distlab[tf]'") from None
+    build = _KERAS[name]
+    try:
+        inspect.signature(build).bind(**size_options)
+    except TypeError as exc:
+        known = ", ".join(inspect.signature(build).parameters)
+        raise DistlabError(f"zoo.get({name!r}): {exc}; size options are: {known}") from None
+    keras.utils.set_random_seed(seed)
+    model, (spec_in, spec_out) = build(**size_options)
+    _KERAS_SPECS[id(model)] = (weakref.ref(model), spec_in, spec_out)
+    return model
+
+
 def names() -> list[str]:
-    """Names of the reference models."""
+    """Names of the reference torch models (``keras_names()``: the Keras 3 ones)."""
     return list(_MODELS)
 
 
+def keras_names() -> list[str]:
+    """Names of the reference Keras 3 models."""
+    return list(_KERAS)
+
+
 def get(name: str, seed: int = 0, **size_options: Any) -> nn.Module:
-    """Build reference model ``name`` with ``size_options``, initialised from ``seed``."""
+    """Build reference model ``name`` with ``size_options``, initialised from ``seed`` (the
+    ``keras_*`` models are Keras 3 models: see ``_KERAS``)."""
+    if name in _KERAS:
+        return _get_keras(name, seed, **size_options)
     try:
         cls = _MODELS[name]
     except KeyError:
-        raise DistlabError(f"zoo: no model {name!r}; available: {', '.join(_MODELS)}") from None
+        raise DistlabError(f"zoo: no model {name!r}; available: {', '.join(names() + keras_names())}") from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:

@@ -94,9 +94,15 @@ def profile_keras(
     names = [v.name for v in variables]
     order = [n for n in dict.fromkeys(order) if n in names]
     order += [n for n in reversed(names) if n not in order]
+    from distlab.zoo import keras_specs
+
     spec: dict[str, Any] = {"shape": list(x.shape[1:]), "dtype": str(x.dtype)}
     if x.dtype.kind in "iu":
         spec["high"] = int(x.max()) + 1
+    target = None
+    zoo = keras_specs(model)
+    if zoo is not None:  # a zoo model: the specs synthetic data are drawn from
+        spec, target = zoo
     return ModelProfile(
         variables=tuple(variables),
         layers=tuple(rows),
@@ -104,6 +110,7 @@ def profile_keras(
         grad_ready_order=tuple(order),
         name=name,
         input_spec=spec,
+        target_spec=target,
         step_time=step_time,
         meta={
             "framework": "keras",

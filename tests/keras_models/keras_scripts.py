@@ -132,6 +132,11 @@ def torch_route_builders(builders: list) -> dict:
             first, last = run.losses()
             out[name] = {"status": run.status, "first": first, "last": last, "keras": hasattr(run.model, "get_weights"),
                          "world": run.world}
+        # a Keras zoo model on synthetic data drawn from its specs (no data=)
+        zoo = dl.zoo.get("keras_embedding", rows=500)
+        run = lab.launch(zoo, strategy="AllReduce", steps=4, batch_size=8)
+        run.wait(timeout=180)
+        out["zoo"] = {"status": run.status, "data": run.data_info, "model": lab.runs["model"].iloc[-1]}
     finally:
         lab.close()
     return out

@@ -32,6 +32,7 @@ SMALL: dict[str, dict] = {
         "warmup": 1, "repeats": 1,
     },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
+    "bench/keras-routes": {"model_options": {"width": 32}, "steps": 5, "rounds": 1},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/adaptive-batch": {
         "tasks": ["quadratic"], "sweep": [16], "steps": {"quadratic": 60, "digits": 60},
