@@ -330,6 +330,11 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
     out = []
     for i, item in enumerate(models):
         module, data, loss = (*item, None)[:3] if isinstance(item, tuple) and 2 <= len(item) <= 3 else (item, None, None)
+        from distlab.keras_model import as_module, unwrap
+
+        if data is None:
+            data = _keras_zoo_data(unwrap(module), max(256, 4 * max(batches)))
+        module = as_module(module)  # a Keras 3 model: as the torch runtime runs it
         if not hasattr(module, "named_parameters"):
             raise CalibrationError(
                 f"calibrate: models[{i}] is a {type(module).__name__}; give torch nn.Modules, or "
@@ -339,6 +344,15 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
             data = _synthetic_for(module, max(256, 4 * max(batches)), f"models[{i}]")
         out.append((model_key(variables_profile(module)), module, data, batches, loss))
     return out
+
+
+def _keras_zoo_data(model: Any, n: int) -> Any:
+    """Synthetic data of a Keras zoo model, from its specs (None for another Keras model)."""
+    from distlab.data import from_spec
+    from distlab.zoo import keras_specs
+
+    specs = keras_specs(model)
+    return from_spec(specs[0], specs[1], n, seed=0) if specs is not None else None
 
 
 def _synthetic_for(module: Any, n: int, where: str) -> Any:

@@ -99,6 +99,18 @@ def test_notebook_executes(name, tmp_path):
 
 
 @pytest.mark.timeout(600)
+def test_the_quickstart_takes_a_keras_zoo_model(tmp_path):
+    params = {**SMALL["quickstart"], "model_name": "keras_mlp"}
+    out = execute_notebook(ROOT / "notebooks" / "quickstart.ipynb", tmp_path / "quickstart.ipynb", params, progress=False)
+    nb = nbformat.read(out, as_version=4)
+    assert not _errors(nb)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "measured" in text and "samples/s" in text  # the launched runs measured their throughput
+    html = "".join("".join(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", []))
+    assert "keras_mlp" in html and "Dense" in html  # the profile names the Keras model and its layers
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", [n.removeprefix("bench/") for n in NOTEBOOKS if n.startswith("bench/")])
 def test_benchmark_writes_its_figures(name, tmp_path):
     result = bench.run_bench(name, SMALL[f"bench/{name}"], out_dir=tmp_path, progress=False)
