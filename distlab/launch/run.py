@@ -84,6 +84,7 @@ class Run:
         self.traceback = ""
         self.checkpoint: str | None = None
         self.view: Any = None  # the notebook's LiveView of this run, once shown
+        self.details: dict[str, Any] = {}  # a native TensorFlow run: where its variables were placed
         self.launched_at = time.perf_counter()
         self.first_record_at: float | None = None
         self._model0, self._job, self._workers, self._threads, self._replan = (
@@ -313,6 +314,7 @@ class Run:
             for rec in out.get("records") or []:
                 self._add(rec)
         r0 = results[0]
+        self.details = dict(r0.get("details") or {})
         self._state_dict = r0.get("state_dict")
         self.checkpoint = r0.get("checkpoint") or self.checkpoint
         if self.checkpoint is None and self._job.checkpoint_dir:

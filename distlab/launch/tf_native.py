@@ -1,5 +1,7 @@
 """Native TensorFlow runs (``lab.launch(keras_model, ..., backend="tensorflow")``): each rank a
-child process of its pinned Dask task.
+child process of its pinned Dask task. AllReduce runs as MultiWorkerMirroredStrategy; PS and
+PartitionedPS as ParameterServerStrategy (each rank's process a worker and a parameter server,
+rank 0's also the chief; the other ranks serve until the chief's rank says it is done).
 
 The client builds one payload (``native_payload``): the model as a ``.keras`` file, the data as
 arrays, the loss and an optimizer factory. Each rank's task (``train_rank_tf``, run through the
@@ -34,12 +36,13 @@ from typing import Any
 from distlab.errors import LaunchError
 
 CHILD = Path(__file__).resolve().parents[1] / "runtime" / "tf_child.py"
-NATIVE_BUILDERS = ("AllReduce",)  # MultiWorkerMirroredStrategy; PS/PartitionedPS are not built yet
+# the builders TensorFlow runs natively, and as what: MultiWorkerMirroredStrategy, ParameterServerStrategy
+NATIVE_BUILDERS = {"AllReduce": "mirrored", "PS": "ps", "PartitionedPS": "ps"}
 POLL = 0.2  # seconds between checks of the child, the stop flag and the deadline
 
 
 def check_native(model: Any, strategy: Any) -> None:
-    """What the native route can run: a Keras 3 model, an AllReduce strategy, a clean environment."""
+    """What the native route can run: a Keras 3 model, a builder of ``NATIVE_BUILDERS``, a clean environment."""
     from distlab.keras_model import is_keras_model
 
     if not is_keras_model(model):
@@ -66,29 +69,57 @@ def check_native(model: Any, strategy: Any) -> None:
     if builder not in NATIVE_BUILDERS:
         raise LaunchError(
             f"backend='tensorflow': strategy {getattr(strategy, 'name', strategy)} is not one TensorFlow runs natively "
-            f"here (natively: {', '.join(NATIVE_BUILDERS)}, as MultiWorkerMirroredStrategy); run it with backend='torch'"
+            f"here (natively: AllReduce as MultiWorkerMirroredStrategy, PS and PartitionedPS as ParameterServerStrategy); "
+            "run it with backend='torch'"
         )
 
 
-def native_payload(model: Any, data: Any, loss: Any, optimizer: Any, *, steps: int, batch: int, seed: int,
-                   shuffle: bool) -> dict[str, Any]:
-    """What every rank's child process needs, as bytes and arrays (built once, in the client)."""
-    import cloudpickle
+def arrays(data: Any) -> tuple[Any, Any]:
+    """``data`` as (inputs, targets) NumPy arrays: what the TensorFlow processes read."""
     import numpy as np
 
     from distlab.data import as_dataset
 
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "model.keras")
-        model.save(path)
-        keras_file = Path(path).read_bytes()
     ds = as_dataset(data)
     tensors = getattr(ds, "tensors", None) or (getattr(ds, "inputs", None), getattr(ds, "targets", None))
     if tensors[0] is None:
         raise LaunchError("backend='tensorflow': data must be an (inputs, targets) pair of arrays or tensors")
     x, y = (np.asarray(t.cpu() if hasattr(t, "cpu") else t) for t in tensors[:2])
-    job = {"steps": steps, "batch": batch, "seed": seed, "shuffle": shuffle, "loss": loss, "optimizer": optimizer}
-    return {"keras": keras_file, "x": x, "y": y, "job": cloudpickle.dumps(job)}
+    return x, y
+
+
+def _check_plain_sgd(optimizer: Any) -> None:
+    """Natively, partitioned variables train with plain SGD (Keras 3's optimizers cannot update
+    TensorFlow's ShardedVariables): refuse any other optimizer before the launch."""
+    if optimizer is None:
+        return
+    opt = optimizer()
+    if type(opt).__name__ != "SGD" or float(getattr(opt, "momentum", 0.0) or 0.0) != 0.0 or getattr(opt, "nesterov", False):
+        raise LaunchError(
+            f"optimizer: natively, PartitionedPS trains its partitioned variables with plain SGD (Keras 3's optimizers "
+            f"cannot update TensorFlow's partitioned variables), got {type(opt).__name__}; pass "
+            "optimizer=lambda: keras.optimizers.SGD(learning_rate=...) or use backend='torch'"
+        )
+
+
+def native_payload(model: Any, x: Any, y: Any, strategy: Any, loss: Any, optimizer: Any, *, steps: int, batch: int,
+                   seed: int, shuffle: bool, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """What every rank's child process needs, as bytes and arrays (built once, in the client):
+    the ``.keras`` file, the data, and the job (the mode the strategy's builder maps to; for
+    PartitionedPS the shards of its partitioned variables, TensorFlow's FixedShardsPartitioner)."""
+    import cloudpickle
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.keras")
+        model.save(path)
+        keras_file = Path(path).read_bytes()
+    partition = []
+    if strategy.builder == "PartitionedPS":  # AutoDist's shards, as TensorFlow's partitioner sees variables: by shape
+        partition = [(list(shapes[v.name]), v.partition.shards) for v in strategy.variables if v.partition is not None]
+        _check_plain_sgd(optimizer)
+    job = {"steps": steps, "batch": batch, "seed": seed, "shuffle": shuffle, "loss": loss, "optimizer": optimizer,
+           "partition": partition}
+    return {"keras": keras_file, "x": x, "y": y, "job": cloudpickle.dumps(job), "mode": NATIVE_BUILDERS[strategy.builder]}
 
 
 def _free_port(host: str) -> int:
@@ -97,16 +128,26 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _exchange_addresses(rank: int, world: int, master_addr: str, master_port: int, run_id: str,
-                        host: str, timeout: float) -> list[str]:
-    """Publish this rank's ``host:port`` in the run's store and read every rank's, in rank order."""
+def _store(master_addr: str, master_port: int, timeout: float) -> Any:
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
-    store.set(f"tf/{run_id}/{rank}", f"{host}:{_free_port(host)}")
-    return [store.get(f"tf/{run_id}/{r}").decode() for r in range(world)]
+    return dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
+
+
+def tf_config(store: Any, rank: int, world: int, run_id: str, host: str, mode: str) -> dict[str, Any]:
+    """This rank's ``TF_CONFIG``: each rank publishes the ports it chose on its host (a worker
+    task; in ``ps`` mode also a parameter server, and rank 0 the chief) and reads every rank's."""
+    jobs = ("worker",) if mode == "mirrored" else ("worker", "ps") + (("chief",) if rank == 0 else ())
+    store.set(f"tf/{run_id}/{rank}", json.dumps({job: f"{host}:{_free_port(host)}" for job in jobs}))
+    mine = [json.loads(store.get(f"tf/{run_id}/{r}").decode()) for r in range(world)]
+    cluster = {"worker": [m["worker"] for m in mine]}
+    if mode == "mirrored":
+        return {"cluster": cluster, "task": {"type": "worker", "index": rank}}
+    cluster.update(ps=[m["ps"] for m in mine], chief=[mine[0]["chief"]])
+    task = {"type": "chief", "index": 0} if rank == 0 else {"type": "worker", "index": rank}
+    return {"cluster": cluster, "task": {**task, "rank": rank}}
 
 
 def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, payload: dict[str, Any],
@@ -117,10 +158,15 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
     from distlab.launch import spmd
 
     worker = get_worker()
-    host = spmd.host_of(worker.address)
-    addresses = _exchange_addresses(rank, world, master_addr, master_port, run_id, host, timeout)
+    mode = payload.get("mode", "mirrored")
+    store = _store(master_addr, master_port, timeout)
+    config = tf_config(store, rank, world, run_id, spmd.host_of(worker.address), mode)
+    # a parameter-server rank other than the chief serves until the chief's rank says it is done
+    serving = mode == "ps" and rank != 0
+    done_key = f"tf/{run_id}/done"
     job_dir = Path(tempfile.mkdtemp(prefix=f"distlab-tf-{run_id}-{rank}-"))
     records: list[dict[str, Any]] = []
+    details: dict[str, Any] = {}
     batch: list[dict[str, Any]] = []
     sent = [0.0]
 
@@ -132,6 +178,7 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
             sent[0] = time.monotonic()
 
     proc = None
+    stderr = None
     try:
         import numpy as np
 
@@ -140,9 +187,10 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
         (job_dir / "job.pkl").write_bytes(payload["job"])
         env = {
             **os.environ,
-            "TF_CONFIG": json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}),
+            "TF_CONFIG": json.dumps(config),
             "KERAS_BACKEND": "tensorflow",
             "TF_CPP_MIN_LOG_LEVEL": "2",
+            "DISTLAB_TF_MODE": mode,
             "DISTLAB_TF_THREADS": str(threads),
             "DISTLAB_TF_TIMEOUT": str(timeout),
             "OMP_NUM_THREADS": str(threads),
@@ -161,7 +209,8 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
             lines.put(None)
 
         threading.Thread(target=pump, name=f"distlab-tf-{rank}", daemon=True).start()
-        started, last = time.monotonic(), time.monotonic()
+        started = last = time.monotonic()
+        seen = False  # any sign of life: a record, or a serving rank's "serving" line
         final: dict[str, Any] | None = None
         ended = False
         while not ended:
@@ -173,21 +222,24 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
                 ended = True
             elif line:
                 text = line.decode(errors="replace").strip()
-                if not text.startswith("{"):
-                    continue
-                rec = json.loads(text)
-                last = time.monotonic()
+                rec = json.loads(text) if text.startswith("{") else {}
+                if rec:
+                    seen, last = True, time.monotonic()
                 if rec.get("final"):
                     final = rec
-                    continue
-                rec.update(run_id=run_id, restart=restart, world=world)
-                records.append(rec)
-                emit(rec)
+                elif "placement" in rec:
+                    details["placement"] = rec["placement"]
+                elif "step" in rec:
+                    rec.update(run_id=run_id, restart=restart, world=world)
+                    records.append(rec)
+                    emit(rec)
             if spmd.should_stop(run_id):
                 return {"rank": rank, "records": records, "stopped": True, "state_dict": None}
-            waited = time.monotonic() - (last if records else started)
-            if not ended and waited > timeout:
-                what = "its next step" if records else "its first step (a peer may never have started)"
+            if serving and seen and store.check([done_key]):
+                return {"rank": rank, "records": [], "state_dict": None, "stopped": False}
+            waited = time.monotonic() - (last if seen else started)
+            if not ended and waited > timeout and not (serving and seen):
+                what = "its next step" if seen else "its first step (a peer may never have started)"
                 raise LaunchError(
                     f"rank {rank}: the TensorFlow process gave no sign of {what} within {timeout:g} s; killed "
                     "(lab.launch(..., timeout=...) gives it longer)"
@@ -202,7 +254,10 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
         if rank == 0:
             with np.load(job_dir / "weights.npz") as w:
                 weights = [w[f"arr_{i}"] for i in range(len(w.files))]
-        return {"rank": rank, "records": records, "state_dict": weights, "checkpoint": None, "stopped": False}
+            if mode == "ps":
+                store.set(done_key, "1")  # the serving ranks may stop
+        return {"rank": rank, "records": records, "state_dict": weights, "checkpoint": None, "stopped": False,
+                "details": details}
     finally:
         if batch:
             worker.log_event(topic, {"records": list(batch)})
@@ -212,6 +267,8 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
+        if stderr is not None:
+            stderr.close()
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
@@ -233,12 +290,14 @@ def launch_native(lab: Any, model: Any, strategy: Any, *, steps: int, data: Any,
     lab._check_idle()
     res = lab.resources
     b = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
-    payload = native_payload(model, data, loss, optimizer, steps=steps, batch=b, seed=seed, shuffle=shuffle)
-    prof = _profile(model, b, payload["x"][:b])
+    x, y = arrays(data)
+    prof = _profile(model, b, x[:b])
     st, _ = _v.resolve_strategy(strategy, model, res, lambda n=None: prof, batch_size=b)
     if st.world > res.world:
         raise LaunchError(f"strategy: planned for {st.world} ranks but the Lab has {res.world} workers")
     check_native(model, st)
+    payload = native_payload(model, x, y, st, loss, optimizer, steps=steps, batch=b, seed=seed, shuffle=shuffle,
+                             shapes={v.name: v.shape for v in prof.variables})
     workers = list(res.addresses)[: st.world]
     run_id = f"r{len(lab._runs) + 1}-{uuid.uuid4().hex[:6]}"
     from distlab.runtime.job import RankJob

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def main(job_dir: str) -> int:
@@ -107,5 +108,101 @@ def main(job_dir: str) -> int:
     return 0
 
 
+def serve_ps(job_dir: str) -> int:
+    """A parameter-server rank: this process hosts rank r's worker and parameter-server tasks
+    (in-process ``tf.distribute.Server``s); rank 0's process is also the chief, whose
+    ``ClusterCoordinator`` dispatches the steps. The other ranks serve until their task kills them."""
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import pickle
+
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("DISTLAB_TF_THREADS", "1")))
+    cfg = json.loads(os.environ["TF_CONFIG"])
+    cluster = tf.train.ClusterSpec(cfg["cluster"])
+    rank, world = int(cfg["task"]["index"]), len(cfg["cluster"]["worker"])
+    servers = [tf.distribute.Server(cluster, job_name=job, task_index=rank, protocol="grpc", start=True)
+               for job in ("worker", "ps")]
+    print(json.dumps({"serving": True, "rank": rank}), flush=True)
+    if cfg["task"]["type"] != "chief":
+        servers[0].join()  # until the task kills this process
+        return 0
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, task_type="chief", task_id=0, rpc_layer="grpc")
+    with open(os.path.join(job_dir, "job.pkl"), "rb") as f:
+        job = pickle.load(f)
+    partitioner = None
+    shards = {tuple(k): int(n) for k, n in job.get("partition") or []}  # variable shape -> shards (axis 0)
+    if shards:
+        def partitioner(shape: Any, dtype: Any) -> list[int]:  # noqa: ARG001 - TensorFlow's partitioner signature
+            dims = [int(d) for d in shape]
+            return [min(shards.get(tuple(dims), 1), dims[0] if dims else 1)] + [1] * max(len(dims) - 1, 0)
+    strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    import keras
+
+    data = np.load(os.path.join(job_dir, "data.npz"))
+    x, y = data["x"], data["y"]
+    b = int(job["batch"])
+    with strategy.scope():
+        model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
+        optimizer = job["optimizer"]() if job.get("optimizer") else keras.optimizers.SGD(learning_rate=0.01)
+    placement = {v.path: [str(getattr(s, "device", "")) for s in getattr(v.value, "variables", [v.value])]
+                 for v in model.trainable_variables}  # each variable's shards, in order, and their device
+    print(json.dumps({"placement": placement}), flush=True)
+    if job.get("loss") is not None:
+        loss_fn = job["loss"]
+    elif np.issubdtype(y.dtype, np.integer):
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    else:
+        loss_fn = keras.losses.MeanSquaredError()
+    seed = int(job["seed"])
+
+    def dataset_fn():
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        return ds.shuffle(min(len(x), 4096), seed=seed).batch(b, drop_remainder=True).prefetch(2)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    # partitioned variables are TensorFlow ShardedVariables, which Keras 3's optimizers cannot
+    # update: their shards take plain SGD at the optimizer's rate (launch checks it is plain SGD)
+    sharded = any(hasattr(v.value, "variables") for v in model.trainable_variables)
+    shard_vars = [s for v in model.trainable_variables for s in getattr(v.value, "variables", [v.value])]
+    rate = float(optimizer.learning_rate.numpy() if hasattr(optimizer.learning_rate, "numpy") else optimizer.learning_rate)
+
+    @tf.function
+    def train_step(it):
+        def step_fn(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            if sharded:
+                for var, g in zip(shard_vars, tape.gradient(loss, shard_vars)):
+                    var.assign_sub(rate * tf.convert_to_tensor(g))
+                return loss
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        xb, yb = next(it)
+        return strategy.run(step_fn, args=(xb, yb))
+
+    pos = 0
+    for step in range(int(job["steps"])):  # one step: one batch scheduled per worker
+        t0 = time.perf_counter()
+        values = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(world)]
+        coordinator.join()
+        t1 = time.perf_counter()
+        pos += world * b
+        loss = float(np.mean([v.fetch() for v in values]))
+        print(json.dumps({"step": step, "rank": 0, "loss": loss, "samples": pos, "step_time": t1 - t0,
+                          "comm_time": 0.0, "wall_time": time.time()}), flush=True)
+    weights = [np.asarray(w) for w in model.get_weights()]
+    np.savez(os.path.join(job_dir, "weights.npz"), *weights)
+    checksum = float(sum(float(np.abs(w).astype("float64").sum()) for w in weights))
+    print(json.dumps({"final": True, "rank": 0, "checksum": checksum}), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    mode = os.environ.get("DISTLAB_TF_MODE", "mirrored")
+    sys.exit(serve_ps(sys.argv[1]) if mode == "ps" else main(sys.argv[1]))

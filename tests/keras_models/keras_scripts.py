@@ -275,7 +275,7 @@ def native_bad_input() -> dict:
 
     try:
         attempt("torch_model", model=torch.nn.Linear(12, 5))
-        attempt("ps", strategy="PS")
+        attempt("gossip", strategy="Gossip")
         attempt("no_data", data=None)
         attempt("unknown_backend", backend="jax")
         os.environ["TF_CONFIG"] = "{}"
@@ -324,3 +324,45 @@ def keras_fit_multi_worker() -> dict:
             p.kill()
             out.append({"code": None, "error": "hung for 120 s"})
     return {"workers": out}
+
+
+def native_ps(builders: list, steps: int = 20) -> dict:
+    """An embedding model trained natively under ParameterServerStrategy on 2 workers (each hosting
+    a worker and a parameter-server task; rank 0 also the chief), per builder: status, losses,
+    where each variable's shards were placed."""
+    import numpy as np
+
+    import distlab as dl
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 1000, size=(1024, 6)).astype("int32")
+    y = (x[:, 0] % 3).astype("int64")
+    lab = dl.Lab(workers=2)
+    out = {}
+    try:
+        import keras
+
+        keras.backend.clear_session()
+        ids = keras.Input((6,), dtype="int32")
+        h = keras.layers.Flatten()(keras.layers.Embedding(1000, 16, name="table")(ids))
+        model = keras.Model(ids, keras.layers.Dense(3, name="head")(h), name="ps_model")
+        prof = dl.profile(model, sample_input=x[:8], batch_size=16)
+        for builder in builders:
+            st = dl.strategy.build(builder, prof, lab.resources, batch_size=16)
+            run = lab.launch(model, strategy=st, steps=steps, data=(x, y), backend="tensorflow", timeout=90,
+                             optimizer=lambda: keras.optimizers.SGD(learning_rate=0.5))
+            run.wait(timeout=300)
+            out[builder] = {
+                "status": run.status, "losses": list(run.losses()), "placement": run.details.get("placement"),
+                "model": type(run.model).__name__, "steps": int(run.metrics.step.max()) + 1,
+                "shards": {v.name: (v.partition.shards if v.partition else 1) for v in st.variables},
+            }
+        try:  # natively, partitioned variables train with plain SGD only
+            lab.launch(model, strategy="PartitionedPS", steps=2, data=(x, y), backend="tensorflow",
+                       optimizer=lambda: keras.optimizers.Adam())
+            out["adam"] = None
+        except dl.DistlabError as exc:
+            out["adam"] = str(exc)
+    finally:
+        lab.close()
+    return out

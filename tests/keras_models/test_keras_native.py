@@ -45,7 +45,7 @@ def test_a_rank_that_never_starts_is_killed_at_the_deadline_and_leaves_no_proces
 def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix():
     out = run("torch", "native_bad_input", timeout=180)
     assert "LaunchError" in out["torch_model"] and "must be a Keras model" in out["torch_model"]
-    assert "not one TensorFlow runs natively" in out["ps"] and "backend='torch'" in out["ps"]
+    assert "not one TensorFlow runs natively" in out["gossip"] and "backend='torch'" in out["gossip"]
     assert "data is required" in out["no_data"]
     assert "'jax' is not one of" in out["unknown_backend"]
     assert "TF_CONFIG is set" in out["tf_config"] and "unset it" in out["tf_config"]
@@ -59,3 +59,21 @@ def test_guard_keras_3_multi_worker_fit_still_fails_upstream():
     assert all(w["code"] != 0 for w in out["workers"]), out
     # the upstream failure itself, not a setup problem: fit hands a PerReplica value to a tensor op
     assert any("PerReplica" in w["error"] for w in out["workers"]), out
+
+
+@pytest.mark.timeout(400)
+def test_ps_and_partitioned_ps_run_as_parameter_server_strategy():
+    out = run("torch", "native_ps", ["PS", "PartitionedPS"], timeout=380)
+    servers = {"/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
+    for builder in ("PS", "PartitionedPS"):
+        r = out[builder]
+        assert r["status"] == "finished" and r["steps"] == 20 and r["model"] == "Functional", (builder, r)
+        first, last = r["losses"]
+        assert last < first, (builder, r)
+    # PS: whole variables, spread over the two servers
+    assert all(len(devices) == 1 for devices in out["PS"]["placement"].values())
+    assert {d for devices in out["PS"]["placement"].values() for d in devices} == servers
+    # PartitionedPS: the embedding table in the builder's shards, on both servers (AutoDist's PartitionedPS)
+    table = out["PartitionedPS"]["placement"]["table/embeddings"]
+    assert len(table) == out["PartitionedPS"]["shards"]["table/embeddings"] >= 2 and set(table) == servers
+    assert "plain SGD" in out["adam"] and "Adam" in out["adam"]
