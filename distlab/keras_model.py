@@ -37,14 +37,6 @@ def is_keras_model(obj: Any) -> bool:
     return bool(roots & (KERAS_ROOTS | {"tensorflow"})) and hasattr(obj, "trainable_variables")
 
 
-def backend() -> str | None:
-    """The backend Keras runs on in this process (None: Keras not imported yet)."""
-    keras = sys.modules.get("keras")
-    if keras is None:
-        return None
-    return str(keras.backend.backend())
-
-
 def use_torch_backend(where: str = "this process") -> Any:
     """Import Keras on the torch backend (selecting it when Keras is not imported yet); one
     ``LaunchError`` when Keras already runs on another backend here."""
@@ -87,6 +79,15 @@ def _path(variable: Any, names: dict[int, str] | None = None) -> str:
     return str(getattr(variable, "path", None) or variable.name).replace(".", "_")
 
 
+def keras_file(keras_model: Any) -> bytes:
+    """A Keras model as the bytes of its ``.keras`` file (architecture and current weights)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.keras")
+        keras_model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
 class KerasModule(torch.nn.Module):
     """A Keras 3 model (torch backend) as the runtime's torch module: see ``distlab.keras_model``."""
 
@@ -115,11 +116,7 @@ class KerasModule(torch.nn.Module):
 
     def keras_file(self) -> bytes:
         """The model as a ``.keras`` file (architecture and current weights)."""
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "model.keras")
-            self.keras_model.save(path)
-            with open(path, "rb") as f:
-                return f.read()
+        return keras_file(self.keras_model)
 
     def __reduce__(self) -> Any:
         return (_from_keras_file, (self.keras_file(), self.training))

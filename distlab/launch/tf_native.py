@@ -55,16 +55,13 @@ def check_native(model: Any, strategy: Any) -> None:
             "backend='tensorflow': TF_CONFIG is set in this process's environment; distlab builds each rank's "
             "TF_CONFIG from the ports its workers choose: unset it (del os.environ['TF_CONFIG'])"
         )
-    try:
-        import importlib.util
+    import importlib.util
 
-        if importlib.util.find_spec("tensorflow") is None:
-            raise ImportError
-    except ImportError:
+    if importlib.util.find_spec("tensorflow") is None:
         raise LaunchError(
             "backend='tensorflow': TensorFlow is not installed; pip install 'distlab[tf]' (or run the Keras model "
             "with backend='torch')"
-        ) from None
+        )
     builder = getattr(strategy, "builder", strategy)
     if builder not in NATIVE_BUILDERS:
         raise LaunchError(
@@ -109,17 +106,15 @@ def native_payload(model: Any, x: Any, y: Any, strategy: Any, loss: Any, optimiz
     PartitionedPS the shards of its partitioned variables, TensorFlow's FixedShardsPartitioner)."""
     import cloudpickle
 
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "model.keras")
-        model.save(path)
-        keras_file = Path(path).read_bytes()
+    from distlab.keras_model import keras_file
+
     partition = []
     if strategy.builder == "PartitionedPS":  # AutoDist's shards, as TensorFlow's partitioner sees variables: by shape
         partition = [(list(shapes[v.name]), v.partition.shards) for v in strategy.variables if v.partition is not None]
         _check_plain_sgd(optimizer)
     job = {"steps": steps, "batch": batch, "seed": seed, "shuffle": shuffle, "loss": loss, "optimizer": optimizer,
            "partition": partition}
-    return {"keras": keras_file, "x": x, "y": y, "job": cloudpickle.dumps(job), "mode": NATIVE_BUILDERS[strategy.builder]}
+    return {"keras": keras_file(model), "x": x, "y": y, "job": cloudpickle.dumps(job), "mode": NATIVE_BUILDERS[strategy.builder]}
 
 
 def _free_port(host: str) -> int:
@@ -272,6 +267,10 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
+def _no_replan(survivors: list[str]) -> Any:
+    raise LaunchError("native TensorFlow runs do not resize (elastic=False): relaunch on the workers there are")
+
+
 def launch_native(lab: Any, model: Any, strategy: Any, *, steps: int, data: Any, loss: Any, optimizer: Any,
                   batch_size: int | None, shuffle: bool, seed: int, timeout: float | None) -> Any:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
@@ -306,7 +305,7 @@ def launch_native(lab: Any, model: Any, strategy: Any, *, steps: int, data: Any,
                   data=None, batch_size=b, seed=seed, timeout=float(timeout or lab.timeout), run_id=run_id)
     run = Run(
         lab, run_id, model, st, job, workers, lab._threads(res, workers), elastic=False,
-        replan=lambda survivors: (_ for _ in ()).throw(LaunchError("native TensorFlow runs do not resize")),
+        replan=_no_replan,
         forecast=lab._forecast(prof, res, st),
         data_info=describe(data) + " (as arrays, in each TensorFlow process)",
         loss_info=getattr(loss, "name", None) or (getattr(loss, "__name__", None) if loss else "Keras default"),

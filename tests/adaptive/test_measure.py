@@ -4,39 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 import distlab as dl
 from distlab.adaptive.measure import measure_noise_scale
+from distlab.adaptive.quadratic import Quadratic, noisy_quadratic, quadratic_loss
 from distlab.errors import DistlabError
 from distlab.launch.adaptive import adaptive_forecast
 
 
-class Quadratic(torch.nn.Module):
-    """Per-sample loss 1/2 |w - c_i|^2: the gradient is w - mean(c), phi = d s^2 / |w - mu|^2."""
-
-    def __init__(self, w: torch.Tensor) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(w.clone())
-
-    def forward(self, c: torch.Tensor) -> torch.Tensor:
-        return self.w - c
-
-
-def quadratic_loss(out: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (out * out).sum(1).mean()
-
-
-def noisy_quadratic(d: int = 64, s2: float = 1.0, dist: float = 1.0, n: int = 8192):
-    g = torch.Generator().manual_seed(0)
-    mu, u = torch.randn(d, generator=g), torch.randn(d, generator=g)
-    w = mu + dist**0.5 * u / u.norm()
-    return Quadratic(w), TensorDataset(mu + s2**0.5 * torch.randn(n, d, generator=g), torch.zeros(n))
+def noisy_model(d: int = 64, s2: float = 1.0, dist: float = 1.0, n: int = 8192):
+    w, data = noisy_quadratic(d, s2, n, dist=dist)
+    return Quadratic(w), data
 
 
 @pytest.mark.parametrize("d, s2, dist", [(64, 1.0, 1.0), (16, 4.0, 0.25)])  # phi = 64 and 256
 def test_the_measured_noise_scale_is_the_known_one_and_the_model_is_unchanged(d, s2, dist):
-    model, data = noisy_quadratic(d, s2, dist)
+    model, data = noisy_model(d, s2, dist)
     before = model.w.detach().clone()
     m = measure_noise_scale(model, data, quadratic_loss, batch_size=16, steps=100)
     assert m.noise_scale == pytest.approx(d * s2 / dist, rel=0.15)
@@ -65,7 +48,7 @@ def test_a_batchnorm_model_keeps_its_running_statistics():
     ],
 )
 def test_bad_input_is_one_error_naming_the_field(kwargs, field):
-    model, data = noisy_quadratic(n=512)
+    model, data = noisy_model(n=512)
     args = {"model": model, "data": data, "loss": quadratic_loss, **kwargs}
     with pytest.raises(DistlabError, match=field):
         measure_noise_scale(args.pop("model"), args.pop("data"), args.pop("loss"), **args)

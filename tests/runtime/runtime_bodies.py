@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from distlab.adaptive.quadratic import Quadratic, noisy_quadratic, quadratic_loss
 from distlab.profile.model_profile import ModelProfile
 from distlab.runtime.data import RankBatches
 from distlab.runtime.job import RankJob
@@ -496,31 +497,6 @@ def nccl_equivalence_body(rank: int, world: int, addr: str, port: int, cases: li
 
 
 # -- the gradient noise scale -------------------------------------------------------------------
-class Quadratic(torch.nn.Module):
-    """Per-sample loss 1/2 |w - c_i|^2 (with ``quadratic_loss``): the gradient is w - mean(c)."""
-
-    def __init__(self, w: torch.Tensor) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(w.clone())
-
-    def forward(self, c: torch.Tensor) -> torch.Tensor:
-        return self.w - c
-
-
-def quadratic_loss(out: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (out * out).sum(1).mean()
-
-
-def noisy_quadratic(d: int = 64, s2: float = 1.0, n: int = 8192, seed: int = 0) -> tuple[torch.Tensor, TensorDataset]:
-    """w with |w - mu|^2 = 1 and samples c_i ~ N(mu, s2 I): G = w - mu, tr(Sigma) = d s2, phi = d s2."""
-    g = torch.Generator().manual_seed(seed)
-    mu = torch.randn(d, generator=g)
-    u = torch.randn(d, generator=g)
-    w = mu + u / u.norm()
-    c = mu + s2**0.5 * torch.randn(n, d, generator=g)
-    return w, TensorDataset(c, torch.zeros(n))
-
-
 def noise_body(rank: int, world: int, addr: str, port: int, modes: list[tuple], steps: int) -> dict:
     """For each (per-replica batch, accumulation[, lr scaling rule]): the noise scale measured after
     ``steps`` frozen steps (SGD at rate 0) on the noisy quadratic, and the records' adaptive columns."""
