@@ -29,6 +29,7 @@ from distlab.costmodel.compile import (
 from distlab.costmodel.compute import ComputeTable, model_key
 from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
+from distlab.costmodel.native import NativeParams
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
 from distlab.costmodel.refit import HALFLIFE, PRIOR, Correction, apply, fit_corrections
@@ -60,12 +61,14 @@ class CostModel:
         throughput_fit: dict[str, float] | None = None,
         compute_runs: Sequence[LocalStep | Mapping[str, Any]] = (),
         refits: Mapping[str, Correction] | None = None,
+        native: NativeParams | None = None,
     ) -> None:
         self.params = params or CostParams()
         self.fingerprint: dict[str, Any] = dict(fingerprint or {"calibrated": False})
         self.throughput_fit = dict(throughput_fit) if throughput_fit else None
         self.compute = ComputeTable(compute_runs)
         self.refits: dict[str, Correction] = dict(refits or {})
+        self.native = native  # TensorFlow's figures on this cluster (native.py), from calibrate(backend="tensorflow")
         self._compiled: dict[tuple[Any, ...], tuple[Any, Any, CompiledStrategy]] = {}
         self._timings: dict[int, tuple[Any, ProfileTiming]] = {}
         self._batches: dict[
@@ -338,12 +341,11 @@ class CostModel:
             dict(self.fingerprint),
             self.throughput_fit,
             self.compute.to_rows(),
-            {**self.refits, **fresh},
-        )
+            {**self.refits, **fresh}, native=self.native)
 
     def without_refit(self) -> CostModel:
         """This model without its refit corrections: the predictions a run's row should record for ``refit``."""
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, self.compute.to_rows())
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, self.compute.to_rows(), native=self.native)
 
     # -- calibration ------------------------------------------------------------------
     @classmethod
@@ -368,8 +370,7 @@ class CostModel:
             {**self.fingerprint, "overhead_runs": stored},
             self.throughput_fit,
             self.compute.to_rows(),
-            self.refits,
-        )
+            self.refits, native=self.native)
 
     def with_compute(self, runs: Sequence[LocalStep | Mapping[str, Any]]) -> CostModel:
         """This model plus measured local steps (compute.py); a new row replaces one for the same model, ranks, cores and batch."""
@@ -380,19 +381,23 @@ class CostModel:
             for r in self.compute.to_rows()
             if (r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) not in fresh
         ]
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, kept + new, self.refits)
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, kept + new, self.refits, native=self.native)
 
     def without_compute(self, keys: Any) -> CostModel:
         """This model less the measured local steps of the models ``keys`` (compute.model_key)."""
         drop = set(keys)
         rows = [r for r in self.compute.to_rows() if r["key"] not in drop]
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, rows, self.refits)
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, rows, self.refits, native=self.native)
+
+    def with_native(self, native: NativeParams) -> CostModel:
+        """This model plus TensorFlow's figures (native.py; ``lab.calibrate(backend="tensorflow")``)."""
+        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, self.compute.to_rows(), self.refits,
+                          native)
 
     def with_params(self, params: CostParams, **fingerprint: Any) -> CostModel:
         """This model with other params (the fingerprint gains ``fingerprint``'s entries)."""
         return type(self)(
-            params, {**self.fingerprint, **fingerprint}, self.throughput_fit, self.compute.to_rows(), self.refits
-        )
+            params, {**self.fingerprint, **fingerprint}, self.throughput_fit, self.compute.to_rows(), self.refits, native=self.native)
 
     @classmethod
     def fit(cls, measurements: Any) -> CostModel:
@@ -423,6 +428,7 @@ class CostModel:
             "throughput_fit": self.throughput_fit,
             "compute_runs": self.compute.to_rows(),
             "refit": {k: c.to_dict() for k, c in sorted(self.refits.items())},
+            "native": self.native.to_dict() if self.native is not None else None,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -455,6 +461,7 @@ class CostModel:
             d.get("throughput_fit"),
             d.get("compute_runs") or (),
             {str(k): Correction.from_dict(c) for k, c in (d.get("refit") or {}).items()},
+            NativeParams.from_dict(d["native"]) if d.get("native") else None,
         )
 
     def __repr__(self) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from distlab.errors import LaunchError
@@ -211,3 +213,17 @@ def sub_resources(res: ResourceSpec, addresses: list[str]) -> ResourceSpec:
         cores={h: c for h, c in res.cores.items() if h in hosts},
         addresses=tuple(addresses),
     )
+
+
+def unguarded_script() -> bool:
+    """The program is a script (not a notebook or a REPL) that did not reach its code through an
+    ``if __name__ == "__main__":`` block: spawned workers re-import it and start Labs of their own."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return False
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return False
+    return "__name__" not in text or "__main__" not in text

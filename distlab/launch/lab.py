@@ -104,7 +104,7 @@ class Lab:
             except BaseException as exc:
                 if self._remove_ckpt is not None:
                     self._remove_ckpt()
-                if isinstance(exc, Exception) and _unguarded_script():
+                if isinstance(exc, Exception) and _cluster.unguarded_script():
                     raise LaunchError(
                         "Lab(): the worker processes could not start: this script starts a Lab at its top "
                         "level, and each spawned worker re-runs the script; put the code under "
@@ -454,9 +454,10 @@ class Lab:
         each run again with it, and note when the latest runs all landed far from their predictions."""
         if self.cost_model is None or run.forecast is None:
             return
-        self.cost_model = self.cost_model.refit(self.runs)
+        runs = self.runs
+        self.cost_model = self.cost_model.refit(runs[runs["backend"] == "torch"])  # it models distlab's runtime
         for r in self._runs:
-            if r.forecast is not None:
+            if r.forecast is not None and r.backend == "torch":
                 f = r.forecast
                 r.refitted_throughput = float(self.cost_model.predict(f.profile, f.resources, r.strategy).throughput)
         done = [r for r in self._runs if r.status == "finished" and r.forecast is not None][-DRIFT_RUNS:]
@@ -492,8 +493,12 @@ class Lab:
         progress: bool = True,
         models: Any = (),
         batch_size: int = 32,
+        backend: str = "torch",
     ) -> Any:
         """Microbenchmark collectives and compute on this cluster and fit a ``CostModel`` (cached).
+
+        ``backend="tensorflow"``: TensorFlow's side instead, for native Keras runs, added to
+        ``lab.cost_model`` (costmodel/native.py).
 
         ``models``: nn.Modules (or ``(module, data)`` / ``(module, data, loss)``, data in any
         form ``lab.launch`` takes) to plan for; each one's own step is
@@ -505,6 +510,11 @@ class Lab:
         from distlab.launch.calibrate import calibrate_lab
 
         self._check_idle()
+        if backend != "torch":  # "tensorflow" (launch/tf_calibrate.py checks it)
+            from distlab.launch.tf_calibrate import calibrate_native
+
+            self.cost_model = calibrate_native(self, self.cost_model, models, batch_size, cache, progress, backend)
+            return self.cost_model
         models = [
             (m[0], as_dataset(m[1], f"models[{i}] data"), *m[2:]) if isinstance(m, tuple) and len(m) > 1 else m
             for i, m in enumerate(models)
@@ -556,22 +566,6 @@ class Lab:
             f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost model {cm}</p>"
             f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
         )
-
-
-def _unguarded_script() -> bool:
-    """The program is a script (not a notebook or a REPL) that did not reach its code through an
-    ``if __name__ == "__main__":`` block: spawned workers re-import it and start Labs of their own."""
-    import sys
-
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path or not str(path).endswith(".py"):
-        return False
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return False
-    return "__name__" not in text or "__main__" not in text
 
 
 def _warm_torch() -> bool:

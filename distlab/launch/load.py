@@ -51,8 +51,8 @@ class HostLoad:
         )
 
 
-def _proc_ticks(pid: int) -> tuple[int, int, str] | None:
-    """(parent pid, utime + stime ticks, command) of a process, or None when it is gone."""
+def _proc_ticks(pid: int) -> tuple[int, int, str, int] | None:
+    """(parent pid, utime + stime ticks, command, its reaped children's ticks) of a process, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")
@@ -60,7 +60,9 @@ def _proc_ticks(pid: int) -> tuple[int, int, str] | None:
         return None
     name = raw[raw.find("(") + 1 : raw.rfind(")")]
     rest = raw[raw.rfind(")") + 2 :].split()
-    return int(rest[1]), int(rest[11]) + int(rest[12]), name  # ppid, utime, stime (fields 4, 14, 15)
+    # ppid, utime + stime, and cutime + cstime (fields 4, 14-17): a child that ran and exited
+    # between two samples (a native TensorFlow rank) shows only in its parent's cutime
+    return int(rest[1]), int(rest[11]) + int(rest[12]), name, int(rest[13]) + int(rest[14])
 
 
 def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, Any]:
@@ -82,7 +84,7 @@ def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, An
                 procs[int(entry)] = got
     ours = {int(r) for r in roots if int(r) in procs}
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in procs.items():
+    for pid, (ppid, *_) in procs.items():
         children.setdefault(ppid, []).append(pid)
     todo = list(ours)
     while todo:
@@ -90,6 +92,7 @@ def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, An
             if child not in ours:
                 ours.add(child)
                 todo.append(child)
+    family = set(ours)  # whose reaped children are ours too
     ours |= {int(p) for p in alone if int(p) in procs}
     try:
         cores = len(os.sched_getaffinity(0))
@@ -102,8 +105,9 @@ def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, An
         "total": sum(fields),
         "cpus": cpus,
         "cores": cores,
-        "ticks": {pid: t for pid, (_, t, _) in procs.items()},
-        "names": {pid: name for pid, (_, _, name) in procs.items()},
+        "ticks": {pid: t for pid, (_, t, _, _) in procs.items()},
+        "reaped": {pid: procs[pid][3] for pid in family},
+        "names": {pid: name for pid, (_, _, name, _) in procs.items()},
         "ours": sorted(ours),
     }
 
@@ -127,6 +131,7 @@ def host_load(before: dict[str, Any], after: dict[str, Any]) -> HostLoad:
     }
     busy = after["busy"] - before["busy"]
     own = sum(d for pid, d in delta.items() if pid in ours)
+    own += sum(t - before.get("reaped", {}).get(pid, t) for pid, t in after.get("reaped", {}).items())
     # ticks are per CPU: a busy share of all CPUs' ticks times the CPUs is cores in use
     per_core = cpus / total
     foreign = max(busy - own, 0) * per_core

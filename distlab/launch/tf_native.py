@@ -180,21 +180,8 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
         (job_dir / "model.keras").write_bytes(payload["keras"])
         np.savez(job_dir / "data.npz", x=payload["x"], y=payload["y"])
         (job_dir / "job.pkl").write_bytes(payload["job"])
-        env = {
-            **os.environ,
-            "TF_CONFIG": json.dumps(config),
-            "KERAS_BACKEND": "tensorflow",
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "DISTLAB_TF_MODE": mode,
-            "DISTLAB_TF_THREADS": str(threads),
-            "DISTLAB_TF_TIMEOUT": str(timeout),
-            "OMP_NUM_THREADS": str(threads),
-        }
         stderr = open(job_dir / "stderr.log", "wb")  # noqa: SIM115 - closed in finally
-        proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(job_dir)], stdout=subprocess.PIPE, stderr=stderr, env=env,
-            start_new_session=True,  # its own process group: killed whole, TensorFlow's threads and all
-        )
+        proc = _start_child(job_dir, config, mode, threads, timeout, stderr)
         lines: queue.Queue[bytes | None] = queue.Queue()
 
         def pump() -> None:
@@ -256,19 +243,92 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
     finally:
         if batch:
             worker.log_event(topic, {"records": list(batch)})
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
+        _kill(proc)
         if stderr is not None:
             stderr.close()
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
+def _start_child(job_dir: Path, config: dict[str, Any], mode: str, threads: int, timeout: float, stderr: Any) -> Any:
+    """``runtime/tf_child.py`` on ``job_dir`` in its own process session (killed whole, TensorFlow's threads and all)."""
+    env = {
+        **os.environ,
+        "TF_CONFIG": json.dumps(config),
+        "KERAS_BACKEND": "tensorflow",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "DISTLAB_TF_MODE": mode,
+        "DISTLAB_TF_THREADS": str(threads),
+        "DISTLAB_TF_TIMEOUT": str(timeout),
+        "OMP_NUM_THREADS": str(threads),
+    }
+    return subprocess.Popen([sys.executable, str(CHILD), str(job_dir)], stdout=subprocess.PIPE, stderr=stderr, env=env,
+                            start_new_session=True)
+
+
+def _kill(proc: Any) -> None:
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def bench_rank_tf(rank: int, world: int, master_addr: str, master_port: int, payload: dict[str, Any], run_id: str,
+                  timeout: float) -> dict[str, Any]:
+    """(worker) One rank of ``lab.calibrate(backend="tensorflow")``: ``tf_child.py`` in ``bench``
+    mode under ``MultiWorkerMirroredStrategy`` (see its ``bench``), killed at ``timeout``; returns its JSON line."""
+    import numpy as np
+    import torch
+    from distributed import get_worker
+
+    from distlab.launch import spmd
+
+    store = _store(master_addr, master_port, timeout)
+    config = tf_config(store, rank, world, run_id, spmd.host_of(get_worker().address), "mirrored")
+    job_dir = Path(tempfile.mkdtemp(prefix=f"distlab-tf-bench-{run_id}-{rank}-"))
+    proc = None
+    try:
+        for i, (keras_bytes, x, y) in enumerate(payload["models"], start=1):  # model 0: the child's reference
+            (job_dir / f"model{i}.keras").write_bytes(keras_bytes)
+            np.savez(job_dir / f"data{i}.npz", x=x, y=y)
+        (job_dir / "job.pkl").write_bytes(payload["job"])
+        with open(job_dir / "stderr.log", "wb") as stderr:
+            proc = _start_child(job_dir, config, "bench", torch.get_num_threads(), timeout, stderr)
+            try:
+                out, _ = proc.communicate(timeout=payload["deadline"])
+            except subprocess.TimeoutExpired:
+                raise LaunchError(
+                    f"rank {rank}: TensorFlow's calibration did not finish within {payload['deadline']:g} s; killed"
+                ) from None
+        lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (job_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-8:]
+            raise LaunchError(f"rank {rank}: the TensorFlow process exited with code {proc.returncode}: "
+                              + " | ".join(tail)[-1200:])
+        return json.loads(lines[-1])
+    finally:
+        _kill(proc)
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
 def _no_replan(survivors: list[str]) -> Any:
     raise LaunchError("native TensorFlow runs do not resize (elastic=False): relaunch on the workers there are")
+
+
+def native_forecast(cm: Any, profile: Any, res: Any, st: Any) -> Any:
+    """The Lab's prediction of a native run (costmodel/native.py), or None before
+    ``lab.calibrate(backend="tensorflow")`` and for builders it does not predict."""
+    from distlab.costmodel.compute import model_key
+    from distlab.costmodel.native import predict_native
+    from distlab.launch import cluster as _cluster
+    from distlab.launch.run import Forecast
+
+    if cm is None or cm.native is None:
+        return None
+    sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
+    p = predict_native(cm.native, cm.without_refit(), profile, sub, st)
+    return Forecast(p, p, profile, sub, model_key(profile)) if p is not None else None
 
 
 def launch_native(lab: Any, model: Any, strategy: Any, *, steps: int, data: Any, loss: Any, optimizer: Any,
@@ -306,7 +366,7 @@ def launch_native(lab: Any, model: Any, strategy: Any, *, steps: int, data: Any,
     run = Run(
         lab, run_id, model, st, job, workers, lab._threads(res, workers), elastic=False,
         replan=_no_replan,
-        forecast=lab._forecast(prof, res, st),
+        forecast=native_forecast(lab.cost_model, prof, res, st),
         data_info=describe(data) + " (as arrays, in each TensorFlow process)",
         loss_info=getattr(loss, "name", None) or (getattr(loss, "__name__", None) if loss else "Keras default"),
         native=payload,

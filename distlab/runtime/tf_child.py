@@ -203,6 +203,105 @@ def serve_ps(job_dir: str) -> int:
     return 0
 
 
+def bench(job_dir: str) -> int:
+    """``lab.calibrate(backend="tensorflow")``'s measurements on one rank, under the same
+    ``MultiWorkerMirroredStrategy`` a native AllReduce run uses (``job.pkl``: ``sizes`` in bytes,
+    ``repeats``, ``steps``, and ``models``: (name, per-replica batches) each, ``model{i}.keras`` and
+    ``data{i}.npz`` beside it for i >= 1; model 0 is the reference model, built here). Prints one JSON line: per size, this rank's median seconds of one
+    all-reduce; per model and batch, the median local step (no strategy, every rank stepping at
+    once, as in a run); and for the reference model (``model0``) also its mirrored step, whose
+    excess over local step plus all-reduce is the strategy's own cost per step."""
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import pickle
+
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("DISTLAB_TF_THREADS", "1")))
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(os.environ.get("DISTLAB_TF_TIMEOUT", "60")))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)  # first TF op
+    import keras
+
+    with open(os.path.join(job_dir, "job.pkl"), "rb") as f:
+        job = pickle.load(f)
+    repeats, steps = int(job["repeats"]), int(job["steps"])
+
+    @tf.function
+    def all_reduce(t):
+        return strategy.run(lambda t: tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(t)), args=(t,))
+
+    def barrier() -> None:
+        all_reduce(tf.zeros([1]))
+
+    def median_time(fn: Any, n: int, warm: int = 2) -> float:
+        for _ in range(warm):
+            fn()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    out: dict[str, Any] = {"bench": True, "allreduce": [], "local": [], "mirrored": []}
+    for nbytes in job["sizes"]:
+        t = tf.ones([max(int(nbytes) // 4, 1)], tf.float32)
+        barrier()
+        out["allreduce"].append([int(nbytes), median_time(lambda t=t: all_reduce(t), repeats)])
+
+    def loss_for(y: Any) -> Any:
+        if np.issubdtype(y.dtype, np.integer):
+            return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        return keras.losses.MeanSquaredError(reduction=None)
+
+    def stepper(model: Any, optimizer: Any, per_sample: Any, divisor: int, replicated: bool) -> Any:
+        def step_fn(xb: Any, yb: Any) -> Any:
+            with tf.GradientTape() as tape:
+                losses = per_sample(yb, model(xb, training=True))
+                loss = tf.reduce_sum(losses) / divisor
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        if not replicated:
+            return tf.function(step_fn)
+        return tf.function(lambda xb, yb: strategy.reduce("SUM", strategy.run(step_fn, args=(xb, yb)), axis=None))
+
+    world = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    # the reference model (model0), built here: three Dense layers on 64 features, 10 classes
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    reference = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    reference.save(os.path.join(job_dir, "model0.keras"))
+    np.savez(os.path.join(job_dir, "data0.npz"), x=rng.standard_normal((256, 64)).astype("float32"),
+             y=rng.integers(0, 10, 256))
+    out["reference_bytes"] = int(sum(int(np.prod(v.shape)) * 4 for v in reference.trainable_variables))
+    for i, (name, batches) in enumerate(job["models"]):
+        data = np.load(os.path.join(job_dir, f"data{i}.npz"))
+        x, y = data["x"], data["y"]
+        path = os.path.join(job_dir, f"model{i}.keras")
+        kinds = [("local", False)] + ([("mirrored", True)] if i == 0 else [])
+        for kind, replicated in kinds:
+            for b in batches:
+                if replicated:
+                    with strategy.scope():
+                        model = keras.saving.load_model(path, compile=False)
+                        optimizer = keras.optimizers.SGD(learning_rate=0.01)
+                else:
+                    model = keras.saving.load_model(path, compile=False)
+                    optimizer = keras.optimizers.SGD(learning_rate=0.01)
+                step = stepper(model, optimizer, loss_for(y), b * world if replicated else b, replicated)
+                xb, yb = x[np.arange(b) % len(x)], y[np.arange(b) % len(x)]
+                barrier()  # every rank steps at once, as in a run
+                seconds = median_time(lambda s=step, xb=xb, yb=yb: float(s(tf.constant(xb), tf.constant(yb))), steps, warm=3)
+                out[kind].append([name, int(b), seconds])
+        barrier()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     mode = os.environ.get("DISTLAB_TF_MODE", "mirrored")
-    sys.exit(serve_ps(sys.argv[1]) if mode == "ps" else main(sys.argv[1]))
+    sys.exit({"ps": serve_ps, "bench": bench}.get(mode, main)(sys.argv[1]))

@@ -170,10 +170,20 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 12)).astype("float32")
     y = (x[:, :5].argmax(1)).astype("int64")
-    lab = dl.Lab(workers=2)
+    import tempfile
+    import warnings
+
+    lab = dl.Lab(workers=2, cache_dir=tempfile.mkdtemp(prefix="distlab-native-cache-"))
     out = {"runs": []}
     try:
         model = mlp(seed=2)
+        # TensorFlow's side measured for the predictions, then read back from the cache
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = lab.calibrate(backend="tensorflow", models=[(model, (x, y))], batch_size=16, progress=False).native
+            again = lab.calibrate(backend="tensorflow", models=[(model, (x, y))], batch_size=16, progress=False).native
+        out["calibration"] = {"native": first.to_dict(), "cached": again == first,
+                              "disturbed": any("calibrate" in str(w.message) for w in caught)}
         for _ in range(2 if twice else 1):
             t0 = time.perf_counter()
             run = lab.launch(model, strategy="AllReduce", steps=steps, data=(x, y), batch_size=16, backend="tensorflow")
@@ -185,6 +195,8 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
                 "checksums": sorted(last["checksum"].tolist()), "throughput": run.throughput,
                 "model_type": type(run.model).__name__, "weights": float(sum(float(np.abs(w).sum()) for w in run.model.get_weights())),
                 "backend": lab.runs["backend"].iloc[-1], "world": run.world,
+                "predicted": run.predicted_throughput, "refitted": lab.runs["refitted_throughput"].iloc[-1],
+                "prediction": run.forecast.prediction.strategy, "detail": run.forecast.prediction.detail,
             })
     finally:
         lab.close()
@@ -281,6 +293,13 @@ def native_bad_input() -> dict:
         os.environ["TF_CONFIG"] = "{}"
         attempt("tf_config")
         del os.environ["TF_CONFIG"]
+        for key, kw in {"calibrate_torch_model": {"models": [torch.nn.Linear(12, 5)]},
+                        "calibrate_one_worker": {"models": [(mlp(), (x, y))]}, "calibrate_no_data": {"models": [mlp()]}, "calibrate_backend": {"backend": "jax"}}.items():
+            try:
+                lab.calibrate(**{"backend": "tensorflow", **kw})
+                out[key] = None
+            except DistlabError as exc:
+                out[key] = f"{type(exc).__name__}: {exc}"
     finally:
         lab.close()
     return out

@@ -22,6 +22,14 @@ def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs
         assert last < first
         assert r["throughput"] > 0
     assert len(out["runs"]) == 2  # a second native run on the same workers
+    # calibrate(backend="tensorflow"): TensorFlow's all-reduce and this model's native step, cached
+    native = out["calibration"]["native"]
+    assert native["world"] == 2 and native["allreduce"][1] > 0 and len(native["local"]) == 1
+    assert sorted(next(iter(native["local"].values()))) == ["16", "4"]
+    assert out["calibration"]["cached"] or out["calibration"]["disturbed"]
+    for r in out["runs"]:  # predicted from those figures, not refitted as the torch runtime's
+        assert r["prediction"] == "AllReduce (tensorflow)" and r["detail"]["native_local_measured"] == 1.0
+        assert 0 < r["predicted"] < float("inf") and r["refitted"] != r["refitted"]  # NaN
 
 
 @pytest.mark.timeout(300)
@@ -49,6 +57,10 @@ def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix():
     assert "data is required" in out["no_data"]
     assert "'jax' is not one of" in out["unknown_backend"]
     assert "TF_CONFIG is set" in out["tf_config"] and "unset it" in out["tf_config"]
+    assert "CalibrationError" in out["calibrate_torch_model"] and "models[0] is a Linear" in out["calibrate_torch_model"]
+    assert "collectives need 2 or more" in out["calibrate_one_worker"]
+    assert "needs data" in out["calibrate_no_data"] and "(model, (x, y))" in out["calibrate_no_data"]
+    assert "backend must be 'torch' or 'tensorflow'" in out["calibrate_backend"]
 
 
 @pytest.mark.timeout(200)

@@ -44,6 +44,21 @@ def test_host_sample_counts_a_workers_children_as_its_own_and_the_notebooks_chil
         child.wait()
 
 
+def test_a_worker_child_that_ran_and_exited_between_samples_is_ours():
+    """A native TensorFlow rank is a child process of its worker that may start and end between
+    two samples: its CPU time shows in the worker's reaped-children ticks, not as other programs'."""
+    import os
+
+    from distlab.launch.load import host_load, host_sample
+
+    before = host_sample([os.getpid()])
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"],
+                   check=True)
+    after = host_sample([os.getpid()])
+    load = host_load(before, after)
+    assert load.ours * load.seconds >= 0.5  # the child's 0.6 s of CPU counted as the cluster's own
+
+
 def _hogs(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 

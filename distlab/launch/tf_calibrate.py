@@ -1,0 +1,135 @@
+"""``lab.calibrate(backend="tensorflow")``: TensorFlow's side of the cluster, for native predictions.
+
+One TensorFlow process per worker (``runtime/tf_child.py`` in ``bench`` mode, started and killed by
+its rank's pinned Dask task, as a native run's are: ``launch/tf_native.bench_rank_tf``) under
+``MultiWorkerMirroredStrategy`` measures its all-reduce at ``SIZES``, a reference Keras model's
+step locally and under the strategy, and each Keras model in ``models=`` stepping locally with
+every rank busy at ``batch_size`` and a quarter of it. ``costmodel/native.py`` fits and predicts.
+
+Cached per cluster and TensorFlow version in ``lab.cache_dir`` (``native-*.json``); a model measured
+before is not measured again. Under load from other programs the figures serve this session only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from distlab.errors import CalibrationError, LaunchError
+
+SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)  # bytes of one all-reduce
+REPEATS, STEPS = 10, 20  # timed all-reduces per size; timed local steps per model and batch
+REFERENCE = ("reference", 32)  # the child's reference model and its per-replica batch
+DATA_ROWS = 512  # rows of each model's data shipped to the workers
+
+
+def _tf_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        try:
+            return metadata.version("tensorflow-cpu")
+        except metadata.PackageNotFoundError:
+            raise CalibrationError(
+                "calibrate(backend='tensorflow'): TensorFlow is not installed; pip install 'distlab[tf]'"
+            ) from None
+
+
+def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, list[int]]]:
+    """(name, key, model, x, y, batches) per Keras model; one error naming a model that is not one."""
+    import distlab as dl
+    from distlab.costmodel.compute import model_key
+    from distlab.keras_model import is_keras_model
+    from distlab.launch.calibrate import _keras_zoo_data
+    from distlab.launch.tf_native import arrays
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise CalibrationError(f"calibrate: batch_size must be an integer >= 1, got {batch_size!r}")
+    batches = sorted({batch_size, max(1, batch_size // 4)})
+    out = []
+    for i, item in enumerate(models if isinstance(models, (list, tuple)) else [models]):
+        model, data = (item[0], item[1]) if isinstance(item, tuple) and len(item) >= 2 else (item, None)
+        if not is_keras_model(model):
+            raise CalibrationError(
+                f"calibrate(backend='tensorflow'): models[{i}] is a {type(model).__name__}; natively TensorFlow "
+                "runs Keras models: pass Keras models (or (keras_model, (x, y)) pairs)"
+            )
+        if data is None:
+            data = _keras_zoo_data(model, DATA_ROWS)
+        if data is None:
+            raise CalibrationError(
+                f"calibrate(backend='tensorflow'): models[{i}] ({model.name}) needs data: pass (model, (x, y))"
+            )
+        x, y = arrays(data)
+        x, y = x[:DATA_ROWS], y[:DATA_ROWS]
+        key = model_key(dl.profile(model, sample_input=x[: max(batches)]))
+        out.append((f"model{i + 1}", key, model, x, y, batches))
+    return out
+
+
+def calibrate_native(lab: Any, cm: Any, models: Any = (), batch_size: int = 32, cache: bool = True,
+                     progress: bool = True, backend: str = "tensorflow") -> Any:
+    """``cm`` (the default model when None) plus ``NativeParams`` measured on ``lab`` (see module docstring)."""
+    if backend != "tensorflow":
+        raise CalibrationError(f"calibrate: backend must be 'torch' or 'tensorflow', got {backend!r}")
+    from distlab.costmodel import CostModel
+    from distlab.costmodel.native import NativeParams, fit_native
+    from distlab.keras_model import keras_file
+    from distlab.launch.calibrate import Progress, cache_key
+    from distlab.launch.load import LoadMonitor, warn_disturbed
+    from distlab.launch.tf_native import bench_rank_tf
+
+    cm = cm if cm is not None else CostModel.default()
+    version = _tf_version()
+    cases = _cases(models or (), batch_size)
+    res = lab.resources
+    if res.world < 2:
+        raise CalibrationError(
+            f"calibrate(backend='tensorflow'): the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
+        )
+    path = Path(lab.cache_dir) / f"native-{cache_key(res, None)}-tf{version}.json"
+    cached = None
+    if cache and path.exists():
+        try:
+            cached = NativeParams.from_dict(json.loads(path.read_text()))
+        except (CalibrationError, ValueError, OSError):
+            cached = None  # measured again and overwritten
+    todo = [c for c in cases if cached is None or not all(b in cached.local.get(c[1], {}) for b in c[5])]
+    if cached is not None and not todo:
+        return cm.with_native(cached)
+    import cloudpickle
+
+    job = {"sizes": list(SIZES), "repeats": REPEATS, "steps": STEPS,
+           "models": [(REFERENCE[0], [REFERENCE[1]])] + [(name, batches) for name, _, _, _, _, batches in todo]}
+    # a TensorFlow start (~10 s), the sizes, and a compiled step per model and batch
+    deadline = 60.0 + 15.0 * sum(len(c[5]) for c in todo) + lab.timeout
+    payload = {"job": cloudpickle.dumps(job), "deadline": deadline,
+               "models": [(keras_file(m), x, y) for _, _, m, x, y, _ in todo]}
+    bar = Progress(1, f"calibrating TensorFlow on {res.world} ranks", progress)
+    bar.start(f"all-reduce and {len(todo) + 1} model step(s) under MultiWorkerMirroredStrategy")
+    monitor = LoadMonitor(lab.client).start()
+    try:
+        out = lab.run_ranks(bench_rank_tf, payload, uuid.uuid4().hex[:8], lab.timeout, timeout=deadline + lab.timeout)
+    except LaunchError as exc:
+        raise CalibrationError(f"calibrate(backend='tensorflow'): {exc}") from None
+    finally:
+        bar.done()
+        bar.close()
+    ref_bytes = int(out[0]["reference_bytes"])
+    native = fit_native(out, (REFERENCE[0], REFERENCE[1], ref_bytes), {c[0]: c[1] for c in todo}, version)
+    if cached is not None:
+        native = cached.with_local(native.local)  # the cluster's figures as first measured, more models
+    disturbed = warn_disturbed(
+        "calibrate(backend='tensorflow')", monitor.stop(),
+        "these figures describe that load: used for this session only, not cached",
+    )
+    if cache and not disturbed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(native.to_dict(), indent=1))
+        tmp.replace(path)
+    return cm.with_native(native)
