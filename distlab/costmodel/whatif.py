@@ -90,3 +90,43 @@ def sweep_frame(
             **{k: out[k].ravel() for k in ("throughput", "step_time", "compute", "comm", "optimizer")},
         }
     )
+
+
+# the inter-host networks a what-if offers: (one-way latency s, bandwidth bytes/s) of one link,
+# textbook figures for one flow (an MPI/NCCL-class stack, not a microbenchmark of this cluster)
+NETWORKS: dict[str, tuple[float, float] | None] = {
+    "as calibrated": None,  # the cost model's own figures (the resource spec's before a calibration)
+    "10 Gb/s Ethernet": (50e-6, 10e9 / 8),
+    "25 Gb/s Ethernet": (25e-6, 25e9 / 8),
+    "100 Gb/s Ethernet": (10e-6, 100e9 / 8),
+    "InfiniBand HDR (200 Gb/s)": (2e-6, 200e9 / 8),
+}
+
+
+def hosts_like(resources: ResourceSpec, hosts: int, per_host: int) -> ResourceSpec:
+    """``hosts`` hosts like the first of ``resources`` (its cores, its device kind), ``per_host``
+    ranks each: "what if I had N machines like this one". The cluster itself when it is that."""
+    from distlab.errors import ResourceError
+
+    for name, v in (("hosts", hosts), ("per_host", per_host)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ResourceError(f"what-if: {name} must be a positive integer, got {v!r}")
+    per = [len(resources.ranks_on(h)) for h in resources.hosts]
+    if hosts == len(per) and all(n == per_host for n in per):
+        return resources
+    return resources.with_world(hosts * per_host, per_host=per_host)
+
+
+def with_network(cm: CostModel, resources: ResourceSpec, latency: float, bandwidth: float) -> tuple[CostModel, ResourceSpec]:
+    """``cm`` and ``resources`` with the inter-host link replaced: every collective between hosts
+    costs ``latency`` per message and ``1 / bandwidth`` per byte (alpha-beta of one link)."""
+    from distlab.errors import ResourceError
+    from distlab.resources import Link
+
+    if not (latency > 0 and bandwidth > 0 and math.isfinite(latency) and math.isfinite(bandwidth)):
+        raise ResourceError(
+            f"what-if network: latency and bandwidth must be positive, got {latency!r} s and {bandwidth!r} bytes/s"
+        )
+    ab = {k: v for k, v in cm.params.alpha_beta.items() if not k.endswith("/inter")}
+    ab.update({f"{c}/inter": (float(latency), 1.0 / float(bandwidth)) for c in COLLECTIVES})
+    return cm.with_params(cm.params.with_(alpha_beta=ab)), resources.with_links(inter=Link(latency, bandwidth))

@@ -55,6 +55,8 @@ def run_figure(run: Any) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from distlab.notebook.figures import THEME, themed
+
     metrics = run.metrics
     steps = _thin(per_step(metrics))
     adaptive = all(c in metrics.columns for c in ADAPTIVE_COLUMNS)
@@ -64,10 +66,10 @@ def run_figure(run: Any) -> Any:
     rows = 3 if adaptive else 2
     # a fixed batch: the per-rank step times take the whole second row
     specs = [[{}, {}], [{}, {}], [{}, {}]] if adaptive else [[{}, {}], [{"colspan": 2}, None]]
-    fig = make_subplots(
+    fig = themed(make_subplots(
         rows=rows, cols=2, specs=specs, subplot_titles=titles, vertical_spacing=0.16 if rows == 2 else 0.11,
         horizontal_spacing=0.1,
-    )
+    ))
     x = steps["step"] + 1
     fig.add_trace(go.Scatter(x=x, y=steps["loss"], mode="lines", name="loss", showlegend=False), 1, 1)
     tp = steps["throughput"]
@@ -120,7 +122,7 @@ def run_figure(run: Any) -> Any:
         height=300 * rows,
         margin={"l": 50, "r": 20, "t": 70, "b": 40},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "right", "x": 1.0},
-        template="plotly_white",
+        template=THEME,
     )
     if not len(steps):
         fig.add_annotation(text="waiting for the first step ...", xref="paper", yref="paper", x=0.5, y=0.5,
@@ -147,16 +149,6 @@ def _predicted(run: Any, steps: Any) -> Any:
     return [p] * len(steps)
 
 
-def _bundle(fig: Any) -> dict[str, Any]:
-    """The figure as the notebook's plotly renderer shows it (its JSON, and HTML for exports)."""
-    import json
-
-    bundle = fig._repr_mimebundle_()
-    if isinstance(bundle, dict) and bundle:
-        return bundle
-    return {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": "<plotly figure>"}
-
-
 class LiveView:
     """``run``'s card and figure in the notebook, redrawn every ``interval`` seconds until the run
     ends (then once more, final). ``join()`` waits for that last drawing."""
@@ -164,6 +156,8 @@ class LiveView:
     def __init__(self, run: Any, interval: float = 1.0) -> None:
         from IPython.core.interactiveshell import InteractiveShell
         from IPython.display import HTML, display
+
+        from distlab.notebook.figures import figure_bundle
 
         if not InteractiveShell.initialized():
             from distlab.errors import DistlabError
@@ -175,7 +169,7 @@ class LiveView:
         self.run, self.interval = run, float(interval)
         self.card = display(HTML(run._repr_html_()), display_id=True)
         # the figure's mime bundle, not the figure: plotly's own _ipython_display_ ignores display ids
-        self.figure = display(_bundle(run_figure(run)), raw=True, display_id=True)
+        self.figure = display(figure_bundle(run_figure(run)), raw=True, display_id=True)
         self.drawn = 1
         self.error: BaseException | None = None  # the last redraw's error, if one failed
         self._stop = threading.Event()
@@ -185,8 +179,10 @@ class LiveView:
     def _draw(self) -> None:
         from IPython.display import HTML
 
+        from distlab.notebook.figures import figure_bundle
+
         self.card.update(HTML(self.run._repr_html_()))
-        self.figure.update(_bundle(run_figure(self.run)), raw=True)
+        self.figure.update(figure_bundle(run_figure(self.run)), raw=True)
         self.drawn += 1
 
     def _loop(self) -> None:

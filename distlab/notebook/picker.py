@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from distlab.errors import DistlabError
+from distlab.notebook.figures import FigureView
 from distlab.notebook.picker_launch import PickerLaunch, _closed_text, _workers
 from distlab.notebook.ranking import short_label
 
@@ -34,24 +33,16 @@ def _builder_params(name: str) -> set[str]:
     return set(builder_options(name))
 
 
-# what the empty predicted-vs-measured chart says until the first Launch
-EMPTY_RUNS = {
-    "text": "Launch a strategy: its measured throughput appears here against the Lab's prediction",
-    "xref": "paper",
-    "yref": "paper",
-    "x": 0.5,
-    "y": 0.5,
-    "showarrow": False,
-}
-
 class StrategyPicker(PickerLaunch, w.VBox):
     """Choose a builder and its options; see predicted throughput, its breakdown and scaling.
 
     ``picker.value`` is the selected ``Strategy``; ``picker.save(path)`` writes it. The what-if
-    sliders (workers, link bandwidth) change only the prediction, not the cluster. With a Lab,
-    predictions come from ``lab.cost_model`` (the model's own step measured on the workers), and
-    the Launch button runs the selected strategy in the background on the first ``workers`` of
-    the cluster (all of them when the what-if asks for more), on ``data`` under ``loss`` (synthetic
+    controls change only the prediction, not the cluster: ``hosts`` like the cluster's first one
+    (its cores kept), ``per_host`` ranks (devices) on each, and the ``network`` between hosts (a
+    preset, or ``net_bandwidth`` Gb/s and ``net_latency`` µs of one link). With a Lab, predictions come from
+    ``lab.cost_model`` (the model's own step measured on the workers), and the Launch button runs
+    the selected strategy in the background on the first ``picker.world`` workers of the cluster
+    (all of them when the what-if asks for more), on ``data`` under ``loss`` (synthetic
     data from the profile's input when no data is given), shows its steps, and adds the measured
     point against the Lab's prediction to the chart; ``picker.wait()`` waits for it.
 
@@ -100,9 +91,9 @@ class StrategyPicker(PickerLaunch, w.VBox):
         self.launch_thread: threading.Thread | None = None
         self.last_run: Any = None
         self.log_path: Path | None = None
-        world = self.base_resources.world
+        base = self.base_resources
         names = list(st.builders())
-        style = {"description_width": "110px"}
+        style = {"description_width": "120px"}
 
         self.builder = w.Dropdown(
             options=names,
@@ -134,11 +125,22 @@ class StrategyPicker(PickerLaunch, w.VBox):
         self.batch = w.BoundedIntText(
             value=profile.batch_size, min=1, max=1 << 16, description="batch/replica", style=style
         )
-        self.workers = w.IntSlider(
-            value=world, min=1, max=max(64, 4 * world), description="workers (what-if)", style=style
+        from distlab.costmodel.whatif import NETWORKS
+
+        self._base_shape = (max(base.num_hosts, 1), max((len(base.ranks_on(h)) for h in base.hosts), default=1))
+        self.hosts = w.BoundedIntText(value=self._base_shape[0], min=1, max=4096, description="hosts like this", style=style)
+        self.per_host = w.BoundedIntText(
+            value=self._base_shape[1], min=1, max=1024, description="GPUs per host" if base.gpus else "ranks per host", style=style
         )
-        self.bandwidth = w.FloatLogSlider(
-            value=1.0, base=10, min=-2, max=2, step=0.1, description="bandwidth x", style=style
+        inter = self.current_cost_model().links(base)["inter"]
+        self._calibrated_link = (inter.latency, inter.bandwidth)
+        self.network = w.Dropdown(options=[*NETWORKS, "custom"], value="as calibrated", description="network", style=style)
+        # a what-if outside the model's domain (no hosts, no bandwidth) cannot be typed: the bounds refuse it
+        self.net_bandwidth = w.BoundedFloatText(
+            value=round(inter.bandwidth * 8 / 1e9, 3), min=0.001, max=1e5, description="link Gb/s", style=style
+        )
+        self.net_latency = w.BoundedFloatText(
+            value=round(inter.latency * 1e6, 2), min=0.01, max=1e6, description="latency µs", style=style
         )
         self.noise_scale = w.BoundedFloatText(
             value=float(noise_scale or 0.0), min=0.0, max=1e12, description="noise scale φ", style=style
@@ -159,54 +161,26 @@ class StrategyPicker(PickerLaunch, w.VBox):
         )
         self.status = w.HTML()
 
-        self.figure = go.FigureWidget(
-            make_subplots(rows=1, cols=2, subplot_titles=("predicted samples/s", "scaling (predicted)"))
-        )
-        self.figure.update_layout(
-            height=380,
-            barmode="stack",
-            margin={"l": 10, "r": 10, "t": 40, "b": 40},
-            legend={"orientation": "h"},
-        )
-        for part, colour in (("compute", "#4c78a8"), ("comm", "#f58518"), ("optimizer", "#54a24b")):
-            self.figure.add_bar(x=[], y=[], name=part, marker_color=colour, orientation="h", row=1, col=1)
-        self.figure.add_scatter(x=[], y=[], mode="lines+markers", name="selected", row=1, col=2)
-        self.figure.update_xaxes(title_text="step time (ms)", row=1, col=1)
-        self.figure.update_yaxes(autorange="reversed", automargin=True, row=1, col=1)
-        self.figure.update_xaxes(title_text="workers", type="log", row=1, col=2)
-        self.figure.update_yaxes(title_text="samples/s", row=1, col=2)
-        self.measured = go.FigureWidget()
-        self.measured.add_scatter(x=[], y=[], mode="markers+text", name="runs", textposition="top center")
-        self.measured.update_layout(
-            title="measured vs the Lab's prediction (samples/s)",
-            height=300,
-            xaxis_title="predicted",
-            yaxis_title="measured",
-            annotations=[EMPTY_RUNS],
-        )
+        from distlab.notebook.picker_charts import measured_figure, plan_figure
 
-        controls = [
-            self.builder,
-            self.chunk_size,
-            self.servers,
-            self.topology,
-            self.dynamic,
-            self.mode,
-            self.compressor,
-            self.batch,
-            self.workers,
-            self.bandwidth,
-        ]
-        for c in controls:
+        self.view, self.measured_view = FigureView(plan_figure()), FigureView(measured_figure())
+        self.figure, self.measured = self.view.figure, self.measured_view.figure
+
+        controls = [self.builder, self.chunk_size, self.servers, self.topology, self.dynamic, self.mode,
+                    self.compressor, self.batch]
+        what_if = [self.hosts, self.per_host, self.network, self.net_bandwidth, self.net_latency]
+        for c in (*controls, *what_if):
             c.observe(self._on_change, names="value")
         self.noise_scale.observe(self._on_noise, names="value")
         self.measure_button.on_click(self._on_measure)
-        controls = [*controls, w.HBox([self.noise_scale, self.measure_button])]
+        controls = [*controls, w.HBox([self.noise_scale, self.measure_button]), w.HTML("<b>what if</b>"), *what_if]
         self.table.observe(self._on_pick, names="value")
         self.launch_button.on_click(self._on_launch)
-        left = w.VBox(controls, layout=w.Layout(width="380px"))
-        right = w.VBox([self.table, self.note, w.HBox([self.steps, self.launch_button]), self.status])
-        super().__init__([w.HBox([left, right]), self.figure, self.measured])
+        left = w.VBox(controls, layout=w.Layout(width="390px", flex="0 0 390px"))
+        right = w.VBox([self.table, self.note, w.HBox([self.steps, self.launch_button]), self.status],
+                       layout=w.Layout(flex="1 1 auto", min_width="300px"))
+        super().__init__([w.HBox([left, right], layout=w.Layout(flex_flow="row wrap")), self.view.widget,
+                          self.measured_view.widget])
         self.add_class("distlab-picker")
         self.value: Any = None
         self.prediction: Any = None
@@ -215,19 +189,49 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self._refresh(rank=True)
 
     # -- what the controls mean ---------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        """Ranks of the what-if: hosts x ranks per host."""
+        return int(self.hosts.value) * int(self.per_host.value)
+
     def resources(self) -> Any:
-        """The what-if resources: the cluster's, at the slider's world size and bandwidth."""
+        """The what-if resources: ``hosts`` like the cluster's first, ``per_host`` ranks each, and
+        the network chosen between them (the cluster itself when the what-if is the cluster)."""
+        from distlab.costmodel.whatif import hosts_like
+
+        res = hosts_like(self.base_resources, int(self.hosts.value), int(self.per_host.value))
+        link = self._network()
+        return res if link is None else res.with_links(inter=link)
+
+    def _network(self) -> Any:
+        """The inter-host link the what-if asks for; None: the cost model's own."""
         from distlab.resources import Link
 
-        res = self.base_resources
-        if self.workers.value != res.world:
-            res = res.with_world(self.workers.value)
-        if self.bandwidth.value != 1.0:
-            k = self.bandwidth.value
-            res = res.with_links(
-                **{c: Link(link.latency, link.bandwidth * k) for c, link in res.links.items()}
-            )
-        return res
+        if self.network.value == "as calibrated":
+            return None
+        return Link(float(self.net_latency.value) * 1e-6, float(self.net_bandwidth.value) * 1e9 / 8)
+
+    def _what_if_model(self, cm: Any) -> Any:
+        """``cm`` with the network of the what-if between hosts (cached per model and link)."""
+        from distlab.costmodel.whatif import with_network
+
+        link = self._network()
+        if link is None:
+            return cm
+        key = (id(cm), link.latency, link.bandwidth)
+        if getattr(self, "_net_cache", (None,))[0] != key:
+            self._net_cache = (key, with_network(cm, self.base_resources, link.latency, link.bandwidth)[0], cm)
+        return self._net_cache[1]
+
+    def set_world(self, n: int) -> None:
+        """The what-if of ``n`` ranks on hosts like the cluster's: the cluster's own shape when
+        ``n`` is its size, else as many hosts as ``n`` needs at the cluster's ranks per host."""
+        hosts, per = self._base_shape
+        if n != hosts * per:
+            hosts, per = -(-n // per), min(n, per)
+            if hosts * per != n:
+                hosts, per = n, 1
+        self.hosts.value, self.per_host.value = hosts, per
 
     def options(self) -> dict[str, Any]:
         """The options the selected builder accepts, from the controls."""
@@ -257,18 +261,25 @@ class StrategyPicker(PickerLaunch, w.VBox):
     def _refresh(self, rank: bool = False) -> None:
         with self._lock:
             res = self.resources()
-            self._cm = self.current_cost_model()
+            self._cm = self._what_if_model(self.current_cost_model())
             self.value = self._build(self.builder.value, res, self.options())
             self.prediction = p = self._cm.predict(self.profile, res, self.value)
             self._plan_line = (
                 f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
-                f"step {p.step_time * 1e3:,.1f} ms on {_workers(res.world)}"
+                f"step {p.step_time * 1e3:,.1f} ms on {_workers(res.world)}{self._where(res)}"
             ) + self._goodput_line(self.value, res)
             if rank or self._ranked is None:
                 self._rank(res)
             self._draw(res)
             self._error_line = ""
             self._show()
+
+    def _where(self, res: Any) -> str:
+        """" on 4 hosts like this one (25 Gb/s Ethernet)": the what-if, when it is not the cluster."""
+        if res is self.base_resources:
+            return ""
+        net = "" if res.num_hosts < 2 else f", {self.network.value} between them"
+        return f" ({res.num_hosts} host{'s' if res.num_hosts > 1 else ''} like this one{net})"
 
     def _rank(self, res: Any) -> None:
         import pandas as pd
@@ -332,30 +343,27 @@ class StrategyPicker(PickerLaunch, w.VBox):
         )
 
     def _draw(self, res: Any) -> None:
+        from distlab.costmodel.whatif import hosts_like
+        from distlab.notebook.picker_charts import HOSTS, draw_plan
+
         rows = [(short_label("selected: " + self.value.name), self.prediction.breakdown)]
         rows += [
             (short_label(str(r.strategy)), {k: getattr(r, k) for k in ("compute", "comm", "optimizer")})
             for r in self._ranked.itertuples()
         ]
-        labels = [name for name, _ in rows]
-        worlds = sorted({1, 2, 4, 8, 16, 32, 64, res.world} | {self.workers.value})
+        here, per = int(self.hosts.value), int(self.per_host.value)
+        hosts = sorted(set(HOSTS) | {here})
+        link = self._network()
         curve = []
-        for n in worlds:
-            r = res.with_world(n) if n != res.world else res
+        for n in hosts:
+            r = hosts_like(self.base_resources, n, per)
+            r = r if link is None else r.with_links(inter=link)
             try:
-                curve.append(
-                    self._cm.predict(
-                        self.profile, r, self._build(self.builder.value, r, self.options())
-                    ).throughput
-                )
+                curve.append(self._cm.predict(self.profile, r, self._build(self.builder.value, r, self.options())).throughput)
             except DistlabError:
                 curve.append(None)
-        with self.figure.batch_update():
-            for trace, part in zip(self.figure.data[:3], ("compute", "comm", "optimizer")):
-                trace.y = labels
-                trace.x = [b[part] * 1e3 for _, b in rows]
-            self.figure.data[3].x = worlds
-            self.figure.data[3].y = curve
+        draw_plan(self.figure, rows, hosts, curve, here)
+        self.view.show()
 
     def _show(self) -> None:
         """The status (the latest error, the selection's prediction, the latest run, a closed Lab)
@@ -374,8 +382,29 @@ class StrategyPicker(PickerLaunch, w.VBox):
         with self._reporting("update"), self._lock:
             if self._busy:
                 return
-            rank = change.get("owner") in (self.workers, self.bandwidth)
+            owner = change.get("owner")
+            if owner is self.network and self.network.value != "custom":
+                self._preset_link()
+            elif owner in (self.net_bandwidth, self.net_latency) and self.network.value != "custom":
+                self._busy = True
+                try:
+                    self.network.value = "custom"
+                finally:
+                    self._busy = False
+            rank = owner in (self.hosts, self.per_host, self.network, self.net_bandwidth, self.net_latency)
             self._refresh(rank=rank)
+
+    def _preset_link(self) -> None:
+        """The network preset's figures into the bandwidth and latency boxes."""
+        from distlab.costmodel.whatif import NETWORKS
+
+        latency, bandwidth = NETWORKS[self.network.value] or self._calibrated_link
+        self._busy = True
+        try:
+            self.net_bandwidth.value = round(bandwidth * 8 / 1e9, 3)
+            self.net_latency.value = round(latency * 1e6, 2)
+        finally:
+            self._busy = False
 
     def _on_noise(self, change: dict[str, Any]) -> None:
         with self._reporting("noise scale"), self._lock:
@@ -413,7 +442,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self._busy = True
             try:
                 self.builder.value = plan.builder
-                self.workers.value = int(row["world"])
+                self.set_world(int(row["world"]))
                 for key in OPTION_CONTROLS:
                     if key in opts and opts[key] in _options_of(getattr(self, key)):
                         getattr(self, key).value = opts[key]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distlab.errors import LaunchError
+from distlab.notebook.picker_charts import draw_measured
 from distlab.notebook.ranking import short_label
 
 PROGRESS_EVERY = 0.25  # seconds between step-progress updates: records arrive once per rank per step
@@ -56,7 +57,7 @@ class PickerLaunch:
 
         real = self.lab.resources  # asks the scheduler: outside the lock a record callback may wait on
         with self._lock:
-            k = min(self.workers.value, real.world)
+            k = min(self.world, real.world)
             res = sub_resources(real, list(real.addresses)[:k])
             strategy = self._build(self.builder.value, res, self.options())
             shown = self._cm if self._cm is not None else self.current_cost_model()
@@ -86,10 +87,11 @@ class PickerLaunch:
 
     def _what_if(self, real: Any, k: int) -> str:
         """A what-if that is not the cluster: Launch runs on the cluster, against the Lab's prediction."""
-        if self.workers.value <= real.world and self.bandwidth.value == 1.0:
+        res = self.resources()
+        if res is self.base_resources or (res.num_hosts == 1 and self.world <= real.world):
             return ""  # the what-if is the cluster, or its first workers
-        wanted = f"{self.workers.value} workers" + (
-            f", bandwidth x{self.bandwidth.value:.3g}" if self.bandwidth.value != 1.0 else ""
+        wanted = f"{res.num_hosts} host{'s' if res.num_hosts > 1 else ''} x {self.per_host.value} ranks" + (
+            f", {self.network.value} between hosts" if res.num_hosts > 1 else ""
         )
         return (
             f"<br>the what-if ({wanted}) is not this cluster: Launch runs on the real cluster's "
@@ -168,12 +170,8 @@ class PickerLaunch:
             }
         )
         with self._lock:
-            with self.measured.batch_update():
-                t = self.measured.data[0]
-                t.x = [r["predicted_throughput"] for r in self.runs]
-                t.y = [r["measured_throughput"] for r in self.runs]
-                t.text = [short_label(r["strategy"], 24) for r in self.runs]
-                self.measured.layout.annotations = []
+            draw_measured(self.measured, self.runs, [short_label(r["strategy"], 24) for r in self.runs])
+            self.measured_view.show()
             line = f"{head}, {run.steps} steps: measured {measured:,.0f} samples/s"
             if math.isnan(predicted):
                 line += "; the Lab made no prediction (it has no cost model: lab.calibrate())"

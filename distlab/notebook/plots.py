@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from distlab.errors import DistlabError
+from distlab.notebook.figures import THEME, Figure
 
 PARTS = ("compute", "comm", "optimizer")
 PART_LABELS = {"compute": "compute", "comm": "exposed communication", "optimizer": "optimizer"}
@@ -40,7 +41,7 @@ def predicted_vs_measured(runs: pd.DataFrame, band: float = 0.10) -> go.Figure:
         )
     df = df.dropna(subset=["predicted_throughput", "measured_throughput"])
     df = df[(df["predicted_throughput"] > 0) & (df["measured_throughput"] > 0)]
-    fig = go.Figure()
+    fig = Figure()
     if len(df):
         lo = float(min(df["predicted_throughput"].min(), df["measured_throughput"].min())) / 1.3
         hi = float(max(df["predicted_throughput"].max(), df["measured_throughput"].max())) * 1.3
@@ -90,7 +91,7 @@ def predicted_vs_measured(runs: pd.DataFrame, band: float = 0.10) -> go.Figure:
         )
     fig.update_xaxes(type="log", title="measured throughput (samples/s)")
     fig.update_yaxes(type="log", title="predicted throughput (samples/s)")
-    fig.update_layout(title="Predicted vs measured throughput", template="plotly_white")
+    fig.update_layout(title="Predicted vs measured throughput", template=THEME)
     return fig
 
 
@@ -126,7 +127,7 @@ def breakdown(predictions: Any, unit: str = "ms") -> go.Figure:
         seen[lab] = seen.get(lab, 0) + 1
         if seen[lab] > 1:
             labels[i] = f"{lab} #{seen[lab]}"
-    fig = go.Figure()
+    fig = Figure()
     for part in PARTS:
         fig.add_trace(
             go.Bar(
@@ -141,7 +142,7 @@ def breakdown(predictions: Any, unit: str = "ms") -> go.Figure:
         barmode="stack",
         title="Predicted step time breakdown",
         yaxis_title=f"step time ({unit})",
-        template="plotly_white",
+        template=THEME,
     )
     return fig
 
@@ -173,7 +174,7 @@ def scaling(
             if frames
             else pd.DataFrame(columns=["strategy", "index", "world", "throughput"])
         )
-    fig = go.Figure()
+    fig = Figure()
     for _, g in table.groupby("index", sort=True):
         g = g.sort_values("world")
         fig.add_trace(
@@ -189,6 +190,6 @@ def scaling(
         title=f"Predicted scaling of {getattr(profile, 'name', 'model')}",
         xaxis_title="world size (ranks)",
         yaxis_title="predicted throughput (samples/s)",
-        template="plotly_white",
+        template=THEME,
     )
     return fig

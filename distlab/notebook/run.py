@@ -89,17 +89,70 @@ def export_html(notebook: str | Path, dst: str | Path) -> Path:
 
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def _plotly_as_html(nb: Any) -> None:
-    """Give every plotly output an HTML rendering (plotly.js embedded once) so the page shows it offline."""
+    """Give every plotly output an HTML rendering, and every widget (the picker) a static one
+    from its saved state: the page shows them offline, plotly.js embedded once."""
     import plotly.io as pio
 
-    first = True
+    first = [True]
+
+    def figure_html(data: Mapping[str, Any]) -> str:
+        fig = pio.from_json(json.dumps(data[PLOTLY_MIME]), skip_invalid=True)
+        out = pio.to_html(fig, include_plotlyjs=first[0], full_html=False)
+        first[0] = False
+        return out
+
+    state = ((nb.get("metadata") or {}).get("widgets") or {}).get(WIDGET_STATE, {}).get("state", {})
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data") or {}
             if PLOTLY_MIME in data and "text/html" not in data:
-                fig = pio.from_json(json.dumps(data[PLOTLY_MIME]), skip_invalid=True)
-                data["text/html"] = pio.to_html(fig, include_plotlyjs=first, full_html=False)
-                first = False
+                data["text/html"] = figure_html(data)
+            view = data.get(WIDGET_VIEW)
+            if view and view.get("model_id") in state:
+                data["text/html"] = _widget_html(state, view["model_id"], figure_html)
+                del data[WIDGET_VIEW]  # the static rendering, not a view that needs the widgets' JavaScript
+
+
+def _widget_html(state: Mapping[str, Any], model_id: str, figure_html: Any) -> str:
+    """A widget tree as it last looked, statically: HTML and labels as they are, a control as
+    ``description: value``, a list as its options, an Output's figures (plotly) and text."""
+    import html
+
+    model = state.get(model_id) or {}
+    st = model.get("state") or {}
+    name = model.get("model_name", "")
+    if "children" in st:
+        parts = [_widget_html(state, c.removeprefix("IPY_MODEL_"), figure_html) for c in st["children"]]
+        flex = "row" if name == "HBoxModel" else "column"
+        return f"<div style='display:flex;flex-direction:{flex};gap:6px;flex-wrap:wrap'>{''.join(parts)}</div>"
+    if name == "OutputModel":
+        bits = []
+        for o in st.get("outputs") or []:
+            d = o.get("data") or {}
+            if PLOTLY_MIME in d:
+                bits.append(figure_html(d))
+            elif "text/html" in d:
+                bits.append(d["text/html"])
+            elif "text/plain" in d or "text" in o:
+                bits.append(f"<pre>{html.escape(str(d.get('text/plain') or o.get('text', '')))}</pre>")
+        return "<div style='width:100%'>" + "".join(bits) + "</div>"
+    if name in ("HTMLModel", "LabelModel"):
+        return f"<div>{st.get('value', '')}</div>"
+    if name == "SelectModel":
+        labels = st.get("_options_labels") or []
+        return "<pre style='margin:0'>" + "\n".join(html.escape(str(x)) for x in labels) + "</pre>"
+    if name == "ButtonModel":
+        return f"<button disabled>{html.escape(str(st.get('description', '')))}</button>"
+    value = st.get("value")
+    if "_options_labels" in st:  # a Dropdown or ToggleButtons: its value is an index into its labels
+        i = st.get("index")
+        value = st["_options_labels"][i] if isinstance(i, int) and 0 <= i < len(st["_options_labels"]) else None
+    if value is not None:
+        label = html.escape(str(st.get("description", "")))
+        return f"<div style='font-size:90%'>{label}: <b>{html.escape(str(value))}</b></div>"
+    return ""

@@ -11,8 +11,10 @@ def profile_chart(prof: Any) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from distlab.notebook.figures import themed
+
     df = prof.to_frame()
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)", "GFLOP per step"), horizontal_spacing=0.18)
+    fig = themed(make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)", "GFLOP per step"), horizontal_spacing=0.18))
     names = [f"{n} ({k})" for n, k in zip(df["name"], df["kind"])]
     # one colour per pass in both panels, one legend entry each (the FLOPs bars join its group)
     for pass_, colour, t, f in (

@@ -79,21 +79,40 @@ def test_batch_changes_the_prediction(picker):
     assert picker.prediction.step_time > before
 
 
-def test_what_if_workers_and_bandwidth_change_the_plan_and_the_chart(picker):
-    picker.workers.value = 8
-    assert picker.value.world == 8
-    assert 8 in list(picker.figure.data[3].x)
-    comm_before = picker.prediction.breakdown["comm"]
-    picker.bandwidth.value = 0.01
-    assert picker.prediction.breakdown["comm"] > comm_before
-    assert bars(picker)[1][0] == pytest.approx(picker.prediction.breakdown["comm"] * 1e3)  # ms
+def test_what_if_hosts_like_this_one_and_the_network_change_the_plan_and_the_chart(picker):
+    per = picker.per_host.value
+    picker.hosts.value = 4  # four hosts like this one: its ranks per host and cores kept
+    assert picker.value.world == 4 * per and picker.world == 4 * per
+    res = picker.resources()
+    assert res.num_hosts == 4 and {len(res.ranks_on(h)) for h in res.hosts} == {per}
+    assert set(res.cores.values()) == {picker.base_resources.cores[picker.base_resources.hosts[0]]}
+    assert 4 in list(picker.figure.data[3].x)
+    assert "4 hosts like this one" in picker.status.value
+    picker.network.value = "10 Gb/s Ethernet"
+    assert picker.net_bandwidth.value == 10 and picker.net_latency.value == 50
+    slow = picker.prediction.breakdown["comm"]
+    picker.network.value = "InfiniBand HDR (200 Gb/s)"
+    fast = picker.prediction.breakdown["comm"]
+    assert fast < slow
+    assert bars(picker)[1][0] == pytest.approx(fast * 1e3)  # ms
+    picker.net_bandwidth.value = 1.0  # typing a figure makes the network custom (InfiniBand's latency kept)
+    assert picker.network.value == "custom" and picker.prediction.breakdown["comm"] > fast
+    picker.per_host.value = 1
+    assert picker.value.world == 4
+
+
+def test_what_if_controls_refuse_what_the_model_cannot_mean(picker):
+    for control, bad in ((picker.hosts, 0), (picker.per_host, -1), (picker.net_bandwidth, 0.0), (picker.net_latency, 0.0)):
+        control.value = bad
+        assert control.value > 0  # clamped to the control's bound: no zero hosts, no zero bandwidth
+    assert picker.prediction.throughput > 0
 
 
 def test_clicking_a_candidate_selects_it(picker):
     label, index = picker.table.options[3]
     picker.table.value = index
     assert label.split("  ")[-1].split(" = ")[0].strip() == picker.value.name  # of a merged tie, the first
-    assert picker.value.world == 2 and picker.workers.value == 2
+    assert picker.value.world == 2 and picker.world == 2
 
 
 def test_the_list_has_the_single_process_row_last_and_ties_once(picker):
@@ -109,7 +128,7 @@ def test_the_list_has_the_single_process_row_last_and_ties_once(picker):
 def test_picking_the_single_process_row_selects_allreduce_on_one_worker(picker):
     row = [i for label, i in picker.table.options if label.strip().endswith(SINGLE_PROCESS)][0]
     picker.table.value = row
-    assert picker.workers.value == 1 and picker.value.world == 1 and picker.value.builder == "AllReduce"
+    assert picker.world == 1 and picker.value.world == 1 and picker.value.builder == "AllReduce"
     assert picker.prediction.throughput == pytest.approx(picker._ranked.iloc[row]["throughput"])
     assert "on 1 worker" in picker.status.value
     assert picker.table.value == row  # the list stays the one it was picked from

@@ -104,9 +104,9 @@ def test_launch_runs_in_the_background_then_plots_measured_against_the_labs_pred
 
 def test_a_what_if_launch_says_it_runs_on_the_real_cluster(picker):
     seen = record_status(picker)
-    picker.workers.value = 4
+    picker.hosts.value = 2
     picker.launch_button.click()
-    assert "the what-if (4 workers) is not this cluster" in picker.status.value
+    assert "the what-if (2 hosts x 2 ranks" in picker.status.value and "is not this cluster" in picker.status.value
     run = picker.wait(WAIT)
     assert run.world == 2 and run.status == "finished"
     assert any("step " in s and "is not this cluster" in s for s in seen)
