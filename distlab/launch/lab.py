@@ -294,6 +294,7 @@ class Lab:
         timeout: float | None = None,
         block: bool = False,
         backend: str = "torch",
+        trace: bool = False,
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
 
@@ -308,13 +309,17 @@ class Lab:
 
         ``checkpoint_every`` defaults to every ``max(10, steps // 10)`` steps when ``elastic``
         (a lost worker costs at most a tenth of a long run; writing the whole model every step of
-        a short one would cost more than re-running it), never otherwise.
+        a short one would cost more than re-running it), never otherwise. ``trace=True``: every
+        rank records a timeline of its compute and communication (``run.timeline()``,
+        ``run.save_trace(path)``; runtime/trace.py).
         """
         from distlab.runtime.job import RankJob
 
         steps = _v.check_positive("steps", steps)
         batch_size = _v.check_positive("batch_size", batch_size, optional=True)
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
+        if trace and backend == "tensorflow":
+            raise LaunchError("trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')")
         if backend == "tensorflow":  # a Keras model in TensorFlow's own multi-worker runtime
             from distlab.launch.tf_native import launch_native
 
@@ -394,7 +399,7 @@ class Lab:
             timeout=float(timeout or self.timeout),
             run_id=run_id,
             # torch's DDP reducer where it applies (strategy/execution.py; the cost model prices it)
-            extra={"ddp": True, **self._adaptive_extra(profile(b), res, st, b)},
+            extra={"ddp": True, "trace": bool(trace), **self._adaptive_extra(profile(b), res, st, b)},
         )
 
         def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:

@@ -110,6 +110,7 @@ class Run:
         self._state_dict: Any = None
         self._model: Any = None
         self._topic = f"distlab-run-{run_id}"
+        self._trace: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
         self._runtime = runtime_entry()  # (run_rank, latest checkpoint, load checkpoint)
         self._thread = threading.Thread(target=self._drive, name=f"distlab-run-{run_id}", daemon=True)
 
@@ -125,9 +126,14 @@ class Run:
 
     def _add(self, rec: dict[str, Any]) -> None:
         key = (int(rec.get("restart", 0)), int(rec["rank"]), int(rec["step"]))
+        spans = rec.get("trace")
+        if spans is not None:  # a traced step: its spans kept beside the metrics (runtime/trace.py)
+            rec = {k: v for k, v in rec.items() if k != "trace"}
         with self._lock:
             new = key not in self._records
             self._records[key] = rec
+            if spans is not None:
+                self._trace[key] = [{**e, "restart": key[0], "rank": key[1], "step": key[2]} for e in spans]
             if self.first_record_at is None:
                 self.first_record_at = time.perf_counter()
         if new:
@@ -396,6 +402,26 @@ class Run:
         with self._lock:
             recs = list(self._records.values())
         return _metrics.frame(recs)
+
+    @property
+    def trace_events(self) -> list[dict[str, Any]]:
+        """A traced run's spans so far (``trace=True``): name, cat, track, start and end (seconds
+        on rank 0's clock), rank, step, restart and args (bytes, peers); also of a failed run."""
+        with self._lock:
+            return [e for key in sorted(self._trace) for e in self._trace[key]]
+
+    def timeline(self, steps: int = 3, predicted: bool = True) -> Any:
+        """Plotly: each rank's compute and communication over the last ``steps`` steps, the cost
+        model's predicted step below (notebook/timeline.py)."""
+        from distlab.notebook.timeline import timeline_figure
+
+        return timeline_figure(self, steps, predicted)
+
+    def save_trace(self, path: Any) -> Any:
+        """Write the trace as Chrome trace-event JSON (open it in https://ui.perfetto.dev); returns the path."""
+        from distlab.notebook.timeline import save_trace
+
+        return save_trace(self, path)
 
     @property
     def restarts(self) -> int:

@@ -12,6 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from distlab.runtime.plan import SyncUnit
+from distlab.runtime.trace import OFF
 
 
 class DDPSynchronizer:
@@ -26,15 +27,20 @@ class DDPSynchronizer:
         units: list[SyncUnit],
         make_optimizer: Callable[[list], Any],
         device: str,
+        tracer: Any = OFF,
     ) -> None:
-        self.model, self.units = model, units
+        """``tracer``: a ``runtime.trace.Tracer``; when on, each of DDP's buckets is traced from its
+        launch to its completion through a comm hook around the bucket's usual one (a Python hook
+        in place of DDP's built-in C++ all-reduce)."""
+        self.model, self.units, self.tracer = model, units, tracer
         ids = [torch.device(device).index or 0] if device.startswith("cuda") else None
         self.wrapped = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
         comp = units[0].sync.compressor
-        if comp == "fp16":
-            self.wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif comp == "bf16":
-            self.wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}.get(comp)
+        if tracer.enabled:
+            hook = _traced(hook or default_hooks.allreduce_hook, tracer)
+        if hook is not None:
+            self.wrapped.register_comm_hook(None, hook)
         self.local_opt = make_optimizer([u.param for u in units])
         self.last_ready = 0.0
         self.comm_time = 0.0
@@ -58,7 +64,8 @@ class DDPSynchronizer:
         pass
 
     def step(self, step: int) -> None:
-        self.local_opt.step()
+        with self.tracer.span("optimizer", "optimizer"):
+            self.local_opt.step()
 
     def refresh_shadows(self) -> None:
         pass
@@ -71,3 +78,28 @@ class DDPSynchronizer:
         # (and peers blocked on this rank fail at once) even while its traceback is kept
         self.wrapped.reducer = None
         self.wrapped.logger = None
+
+
+def _traced(hook: Callable[[Any, Any], Any], tracer: Any) -> Callable[[Any, Any], Any]:
+    """``hook`` with each bucket's span on the tracer's comm track."""
+    import torch.distributed as dist
+
+    def traced(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses a hook whose bucket is annotated otherwise than GradBucket
+        fut = hook(state, bucket)
+        buf = bucket.buffer()
+        world, rank = dist.get_world_size(), dist.get_rank()
+        tracer.collective(_Done(fut), f"all-reduce bucket {bucket.index()}", "allreduce",
+                          bytes=int(buf.numel() * buf.element_size()), peers=[r for r in range(world) if r != rank])
+        return fut
+
+    return traced
+
+
+class _Done:
+    """A future as the tracer's work handle."""
+
+    def __init__(self, fut: Any) -> None:
+        self._fut = fut
+
+    def get_future(self) -> Any:
+        return self._fut

@@ -52,6 +52,10 @@ class Gossip:
     def graph(self, step: int) -> Any:
         return self.topology.at(step) if hasattr(self.topology, "at") else self.topology
 
+    def in_neighbours(self, step: int) -> list[int]:
+        """The ranks this rank averages with at ``step``."""
+        return [int(j) for j in self.graph(step).in_neighbors(self.rank) if j != self.rank]
+
     def _flat(self) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in self.tensors])
 

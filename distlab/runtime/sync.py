@@ -16,6 +16,7 @@ from distlab.runtime.plan import SyncUnit
 from distlab.runtime.process_group import block
 from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_servers
 from distlab.runtime.sparse import sparse_param_ids
+from distlab.runtime.trace import OFF
 
 
 class Synchronizer:
@@ -41,11 +42,12 @@ class Synchronizer:
         wait: Callable[[Any], None] = block,
         packed: bool = True,
         noise: Any = None,
+        tracer: Any = OFF,
     ) -> None:
         """``packed``: every sparse table in one exchange (runtime/sparse.py); False runs one per table.
         ``noise``: a ``runtime.noise.GradNoise`` that sees each local gradient before the sync and
-        the averaged ones after it."""
-        self.wait, self.packed, self.noise = wait, packed, noise
+        the averaged ones after it. ``tracer``: a ``runtime.trace.Tracer`` the sync's spans go to."""
+        self.wait, self.packed, self.noise, self.tracer = wait, packed, noise, tracer
         self.model, self.units, self.rank, self.world = model, units, rank, world
         sparse = sparse_param_ids(model)
         order = {id(p): i for i, p in enumerate(model.parameters())}
@@ -133,6 +135,21 @@ class Synchronizer:
                 return
             t.launch()
             self._next += 1
+            if self.tracer.enabled:
+                self._trace_task(t)
+
+    def _trace_task(self, t: Any) -> None:
+        """The span of a gradient task just launched: a bucket's all-reduce or a PS reduce to its server."""
+        work = getattr(t, "_work", None)
+        if work is None:
+            return
+        if isinstance(t, DenseReduce):
+            buf, server = t._buf, t.u.sync.server
+            self.tracer.collective(work, f"PS push {t.u.label} to rank {server}", "ps", bytes=_nbytes(buf), peers=[server])
+        else:
+            names = [u.label for u in t.units]
+            self.tracer.collective(work, f"all-reduce bucket {t.key}", "allreduce", bytes=_nbytes(t._wire),
+                                   peers=[r for r in range(self.world) if r != self.rank], variables=names[:8])
 
     def begin(self, step: int) -> None:
         """Before forward: AWC gossip sends the current parameters now, hidden behind forward and backward."""
@@ -143,28 +160,37 @@ class Synchronizer:
     def step(self, step: int) -> None:
         """Finish gradient sync, apply the optimizers, and synchronise parameters."""
         t0 = time.perf_counter()
-        self._launch_ready(force=True)  # variables that got no gradient this step
-        for t in self.tasks:
-            t.finish()
+        tr, others = self.tracer, [r for r in range(self.world) if r != self.rank]
+        with tr.span("waiting for gradient communication", "wait"):
+            self._launch_ready(force=True)  # variables that got no gradient this step
+            for t in self.tasks:
+                t.finish()
         gathered = [u for u in self.sparse_units if u.sync.kind == "allgather"]
         served = [u for u in self.sparse_units if u.sync.kind == "ps"]
         for group in [gathered] if self.packed else [[u] for u in gathered]:
-            allgather_sparse(group, self.wait)
+            with tr.span("sparse all-gather", "allgather", variables=[u.label for u in group][:8], peers=others):
+                allgather_sparse(group, self.wait)
         for group in [served] if self.packed else [[u] for u in served]:
-            gather_sparse_to_servers(group, self.world, self.rank, self.wait)
+            with tr.span("PS push (sparse rows to servers)", "ps", variables=[u.label for u in group][:8]):
+                gather_sparse_to_servers(group, self.world, self.rank, self.wait)
         if self.noise is not None:
             self.noise.after_sync()
         comm = time.perf_counter() - t0
-        self.broadcast.before_step(self.server_opt)
-        if self.local_opt is not None:
-            self.local_opt.step()
-        if self.server_opt is not None:
-            self.server_opt.step()
+        with tr.span("optimizer", "optimizer"):
+            self.broadcast.before_step(self.server_opt)
+            if self.local_opt is not None:
+                self.local_opt.step()
+            if self.server_opt is not None:
+                self.server_opt.step()
         t1 = time.perf_counter()
         if self.ps_units:
-            self.broadcast.after_step()
+            with tr.span("PS pull (servers broadcast new values)", "ps",
+                         servers=sorted({u.sync.server for u in self.ps_units}), bytes=sum(_nbytes(u.target) for u in self.ps_units)):
+                self.broadcast.after_step()
         if self.gossip is not None:
-            self.gossip.after_step(step)
+            with tr.span("gossip exchange", "gossip", bytes=sum(_nbytes(t) for t in self.gossip.tensors),
+                         peers=self.gossip.in_neighbours(step)):
+                self.gossip.after_step(step)
         comm += time.perf_counter() - t1
         with torch.no_grad():
             for u in self.units:  # replicated shards: write the stepped shard back into the variable
@@ -185,3 +211,7 @@ class Synchronizer:
         self._hooks = []
         if self.noise is not None:
             self.noise.close()
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if t is not None else 0

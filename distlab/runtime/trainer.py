@@ -32,6 +32,7 @@ from distlab.runtime.process_group import (
 )
 from distlab.runtime.sparse import sparse_names
 from distlab.runtime.sync import Synchronizer
+from distlab.runtime.trace import OFF, Tracer, align
 from distlab.strategy.execution import ddp_applies
 
 
@@ -146,7 +147,8 @@ def _controller(job: RankJob) -> Any:
     return GoodputController(table, job.world, base)
 
 
-def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable) -> Any:
+def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable,
+               tracer: Any = OFF) -> Any:
     s = job.strategy
     ef = bool(s.options.get("error_feedback", False))
     noise = None
@@ -158,7 +160,7 @@ def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Call
     # DDP's reducer averages local gradients out of reach of the noise measurement's hooks
     ddp = noise is None and job.extra.get("ddp", False) and job.world > 1
     if ddp and ddp_applies(s, sparse_names(model, units), ef):
-        return DDPSynchronizer(model, units, make_opt, job.device)
+        return DDPSynchronizer(model, units, make_opt, job.device, tracer)
     gossiping = any(u.sync.kind == "gossip" for u in units)
     topo = resolve_topology(s, job.topology) if gossiping else None
     return Synchronizer(
@@ -174,6 +176,7 @@ def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Call
         wait=wait,
         packed=_sparse_exchange(job) == "packed",
         noise=noise,
+        tracer=tracer,
     )
 
 
@@ -200,7 +203,10 @@ def _train(
 ) -> dict[str, Any]:
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
-    sync = _make_sync(job, model, units, make_opt, wait)
+    tracer = Tracer() if job.extra.get("trace") else OFF
+    if tracer.enabled:
+        align(tracer, job.rank, job.world, job.device)
+    sync = _make_sync(job, model, units, make_opt, wait, tracer)
     forward = getattr(sync, "wrapped", model)
     noise = getattr(sync, "noise", None)
     batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, _controller(job))
@@ -236,8 +242,10 @@ def _train(
                 x, y = batches.data.get(pos, micro)
                 x, y = to_device(x, job.device), to_device(y, job.device)
                 with sync.micro(micro == accum - 1):
-                    loss = loss_fn(call_model(forward, x), y)
-                    (loss / accum if accum > 1 else loss).backward()
+                    with tracer.span("forward", "forward", micro=micro):
+                        loss = loss_fn(call_model(forward, x), y)
+                    with tracer.span("backward", "backward", micro=micro):
+                        (loss / accum if accum > 1 else loss).backward()
                 loss_value += float(loss.detach()) / accum
             t_bwd = time.perf_counter()
             gains = batches.gains()
@@ -262,6 +270,8 @@ def _train(
                 )
             )
             rec.update(batches.after_step(pos_before, pos, t1 - t0, gains))
+            if tracer.enabled:
+                rec["trace"] = tracer.take()
             records.append(rec)
             if emit is not None:
                 emit(rec)

@@ -1,0 +1,122 @@
+"""Traced runs (``lab.launch(..., trace=True)``): each rank's spans of compute and communication,
+a well-formed Chrome trace, a timeline figure beside the prediction, and the part a failed run recorded."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import cloudpickle
+import pytest
+import torch
+from launch_helpers import Blobs, TinyNet
+
+from distlab.errors import LaunchError
+from distlab.notebook.timeline import chrome_trace
+from distlab.runtime.trace import OFF, Tracer
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+STEPS = 8
+
+
+def test_tracing_off_records_nothing_and_on_records_spans_in_order():
+    with OFF.span("forward", "compute"):
+        pass
+    OFF.add("x", "compute", 0.0, 1.0)
+    assert OFF.take() == [] and not OFF.enabled
+    t = Tracer()
+    with t.span("forward", "compute", micro=0):
+        pass
+    with t.span("backward", "compute"):
+        pass
+    events = t.take()
+    assert [e["name"] for e in events] == ["forward", "backward"] and t.take() == []
+    assert events[0]["end"] <= events[1]["start"] and events[0]["args"] == {"micro": 0}
+    assert abs(events[0]["start"] - time.time()) < 5  # wall-clock seconds
+
+
+def _x_events(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+
+
+def _check_well_formed(trace: dict, world: int) -> None:
+    json.loads(json.dumps(trace))  # JSON as written
+    xs = _x_events(trace)
+    assert xs and all({"name", "cat", "pid", "tid", "ts", "dur"} <= set(e) for e in xs)
+    assert all(e["dur"] >= 0 for e in xs)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    ranks = sorted(p for p in names if p < 10_000)
+    assert ranks == list(range(world)) and all(names[r].startswith(f"rank {r}") for r in ranks)  # a track per rank
+    for key in {(e["pid"], e["tid"]) for e in xs}:  # no two spans overlap on one thread of one track
+        mine = sorted((e for e in xs if (e["pid"], e["tid"]) == key), key=lambda e: e["ts"])
+        for a, b in zip(mine, mine[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-6, (key, a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_traced_allreduce_run_records_forward_backward_buckets_and_optimizer(lab, tmp_path):
+    import distlab as dl
+
+    lab.cost_model = lab.cost_model or dl.CostModel.default()
+    run = lab.launch(TinyNet(), strategy="AllReduce", steps=STEPS, data=Blobs(), batch_size=16, trace=True, block=True)
+    assert run.status == "finished"
+    events = run.trace_events
+    for rank in (0, 1):
+        mine = [e for e in events if e["rank"] == rank]
+        assert {e["step"] for e in mine} == set(range(STEPS))
+        for name in ("forward", "backward", "optimizer"):
+            assert sum(e["name"] == name for e in mine) == STEPS, (rank, name)
+        buckets = [e for e in mine if e["name"].startswith("all-reduce bucket")]
+        assert len(buckets) >= STEPS and all(e["track"] == "comm" for e in buckets)
+        assert all(e["args"]["bytes"] > 0 and e["args"]["peers"] == [1 - rank] for e in buckets)
+    path = run.save_trace(tmp_path / "trace.json")
+    trace = json.loads(path.read_text())
+    _check_well_formed(trace, 2)
+    assert any(e["pid"] == 10_000 for e in _x_events(trace))  # the predicted step beside the measured
+    fig = run.timeline(steps=3)
+    rows = {y for t in fig.data for y in t.y}
+    assert {"rank 0 · training loop", "rank 1 · collectives in flight", "predicted · training loop"} <= rows
+    untraced = lab.launch(TinyNet(), strategy="AllReduce", steps=2, data=Blobs(), batch_size=16, block=True)
+    with pytest.raises(LaunchError, match="trace=True"):
+        untraced.timeline()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ps_pushes_and_pulls_and_gossip_exchanges_are_traced(lab):
+    ps = lab.launch(TinyNet(), strategy="PS", steps=4, data=Blobs(), batch_size=16, trace=True, block=True)
+    names = {e["name"] for e in ps.trace_events}
+    assert any(n.startswith("PS push") for n in names) and "PS pull (servers broadcast new values)" in names
+    _check_well_formed(chrome_trace(ps), 2)
+    gossip = lab.launch(TinyNet(), strategy="Gossip", steps=4, data=Blobs(), batch_size=16, trace=True, block=True)
+    ex = [e for e in gossip.trace_events if e["name"] == "gossip exchange"]
+    assert len(ex) == 2 * 4 and all(e["args"]["peers"] == [1 - e["rank"]] and e["args"]["bytes"] > 0 for e in ex)
+
+
+class FailsAt:
+    """A loss that raises on rank 1's ``at``-th call: the run fails after some traced steps."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.calls = at, 0
+
+    def __call__(self, out, y):
+        self.calls += 1
+        if self.calls >= self.at and torch.distributed.get_rank() == 1:
+            raise ValueError("loss failed on purpose")
+        return torch.nn.functional.cross_entropy(out, y)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_failed_traced_run_keeps_the_steps_it_recorded(lab):
+
+    run = lab.launch(TinyNet(), strategy="AllReduce", steps=50, data=Blobs(), loss=FailsAt(6), batch_size=16,
+                     trace=True, elastic=False)
+    with pytest.raises(LaunchError, match="loss failed on purpose"):
+        run.wait(timeout=120, progress=False)
+    assert run.status == "failed"
+    steps = {e["step"] for e in run.trace_events if e["rank"] == 0}
+    assert steps and max(steps) >= 3  # the part recorded before the failure
+    assert run.timeline(steps=2).data
