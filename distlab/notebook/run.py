@@ -116,6 +116,7 @@ def _plotly_as_html(nb: Any) -> None:
             if view and view.get("model_id") in state:
                 data["text/html"] = _widget_html(state, view["model_id"], figure_html)
                 del data[WIDGET_VIEW]  # the static rendering, not a view that needs the widgets' JavaScript
+    (nb.get("metadata") or {}).pop("widgets", None)  # so the page loads no widget manager from a CDN
 
 
 def _widget_html(state: Mapping[str, Any], model_id: str, figure_html: Any) -> str:

@@ -14,6 +14,7 @@ from distlab.notebook.run import execute_notebook, export_html
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_MLP = {"width": 64, "in_features": 32}
+PLOTLY = "application/vnd.plotly.v1+json"
 
 # Small but real parameters per notebook (the defaults are the benchmark-sized ones).
 SMALL: dict[str, dict] = {
@@ -33,6 +34,7 @@ SMALL: dict[str, dict] = {
     },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/keras-routes": {"model_options": {"width": 32}, "steps": 5, "rounds": 1},
+    "bench/trace-overhead": {"model_options": SMALL_MLP, "steps": 6, "rounds": 1},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/adaptive-batch": {
         "tasks": ["quadratic"], "sweep": [16], "steps": {"quadratic": 60, "digits": 60},
@@ -86,7 +88,16 @@ def test_notebook_executes(name, tmp_path):
     plots = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
     assert plots, f"{name} showed no chart"
     html = export_html(out, tmp_path / "page.html").read_text()
-    assert html.count('class="plotly-graph-div"') == len(plots)
+    widgets = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in (o.get("data") or {})]
+    # every chart offline in the page, a widget's (the picker's two) drawn from its saved state
+    assert html.count('class="plotly-graph-div"') == len(plots) + 2 * len(widgets)
+    assert html.count("plotly.js v") <= 1 and "widget-view+json" not in html  # plotly.js once; no widget JavaScript
+    if name == "quickstart":
+        assert widgets and "hosts like this" in html and "Launch" in html  # the picker, as it last looked
+        # light outputs: figures as JSON, no copy of plotly.js in the saved notebook
+        assert out.stat().st_size < 2_000_000 and "FigureWidget" not in out.read_text()
+        timeline = [o for o in plots if "per rank (ms)" in str(o["data"][PLOTLY]["layout"].get("title"))]
+        assert len(timeline) == 1  # the first run's timeline, traced
     if name == "quickstart":  # the run's live view: redrawn after its cell returned, final in the file
         figs = [o["data"]["application/vnd.plotly.v1+json"] for o in plots]
         live = [f for f in figs if f["layout"].get("title", {}).get("text", "").startswith("run ")]
