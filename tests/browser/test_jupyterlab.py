@@ -123,12 +123,21 @@ def _run_notebook(page, url: str, token: str, name: str) -> None:
     )
 
 
+def _output_with_title(page, title: str):
+    """The output area whose plotly chart's title contains ``title``."""
+    return page.locator(".jp-OutputArea-output", has=page.locator(".gtitle", has_text=title)).first
+
+
 def test_quickstart_renders_picker_and_charts(jupyterlab):
+    """The quickstart runs in JupyterLab; then the picker's what-if controls and its Launch are
+    driven as a user would, and the picker, the first run's live view and its timeline are
+    photographed (out/picker.png, out/live-run.png, out/timeline.png: docs/ holds the ones checked)."""
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     url, token, root = jupyterlab
     nb = parameterize_notebook(load_notebook_node(str(ROOT / "notebooks" / "quickstart.ipynb")), SMALL)
+    nb.cells = [c for c in nb.cells if "lab.close()" not in c.source]  # the picker launches after the run-all
     out, errors = _place(nb, root / "quickstart.ipynb"), []
     with _chromium(errors) as (browser, page):
         _run_notebook(page, url, token, "quickstart.ipynb")
@@ -137,13 +146,38 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
         widgets = page.locator(".jupyter-widgets .widget-dropdown select, .jupyter-widgets select").count()
         page.screenshot(path=str(out / "browser-quickstart.png"), full_page=False)
         picker = page.locator(".distlab-picker").first
-        if picker.count():
-            picker.scroll_into_view_if_needed()
-            picker.screenshot(path=str(out / "picker.png"))
+        picker.scroll_into_view_if_needed()
+        status = picker.locator(".widget-html-content").last
+        # what if: four hosts like this one, 25 Gb/s Ethernet between them
+        hosts = picker.locator(".widget-inline-hbox", has_text="hosts like this").locator("input")
+        hosts.fill("4")
+        hosts.press("Enter")
+        picker.locator(".widget-inline-hbox", has_text="network").locator("select").select_option(label="25 Gb/s Ethernet")
+        page.wait_for_function("() => document.querySelector('.distlab-picker').innerText.includes('25 Gb/s Ethernet between them')", timeout=30_000)
+        what_if = picker.inner_text()
+        scaling = picker.locator(".js-plotly-plot").count()
+        page.wait_for_timeout(1000)
+        picker.screenshot(path=str(out / "picker.png"))
+        picker.locator("button", has_text="Launch").click()
+        page.wait_for_function(
+            "() => /measured [0-9,]+ samples\\/s/.test(document.querySelector('.distlab-picker').innerText)",
+            timeout=300_000, polling=1000,
+        )
+        launched = status.inner_text()
+        live = _output_with_title(page, "run r1-")
+        live.scroll_into_view_if_needed()
+        live.screenshot(path=str(out / "live-run.png"))
+        timeline = _output_with_title(page, "per rank (ms)")
+        timeline.scroll_into_view_if_needed()
+        timeline.screenshot(path=str(out / "timeline.png"))
+        rows = timeline.locator(".ytick").all_inner_texts()
         browser.close()
     assert tracebacks == 0, "a cell raised in JupyterLab"
     assert plots >= 2, f"expected plotly charts to render, found {plots}"
     assert widgets >= 1, "the strategy picker's controls did not render"
+    assert "4 hosts like this one" in what_if and scaling == 2, what_if[-500:]
+    assert "the what-if (4 hosts x 2 ranks, 25 Gb/s Ethernet between hosts) is not this cluster" in launched, launched
+    assert {"rank 0 · training loop", "rank 1 · training loop", "predicted · training loop"} <= set(rows), rows
     assert not errors, f"JavaScript errors in the page: {errors[:3]}"
 
 

@@ -23,7 +23,7 @@ SMALL: dict[str, dict] = {
     "strategies": {"model_name": "mlp", "model_options": SMALL_MLP, "workers": 2},
     "bench/profile-speed": {"models": ["mlp"], "repeats": 1, "profile_repeats": 1},
     "bench/profile-accuracy": {"models": ["gru_lm"], "batch": 4, "rounds": 1, "loop_steps": 2},
-    "bench/simulator-speed": {"layers": 4, "copies": 5, "predict_sample": 10, "repeats": 1, "sweep_worlds": [1, 2], "sweep_bandwidths": [None]},
+    "bench/simulator-speed": {"layers": 4, "copies": 5, "predict_sample": 10, "repeats": 1, "sweep_worlds": [1, 2], "sweep_bandwidths": [None], "picker_repeats": 1},
     "bench/sweep": {"models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "steps": 4},
     "bench/runtime-overhead": {"models": {"mlp": SMALL_MLP}, "batch": {"mlp": 8}, "steps": 4, "warmup": 1, "repeats": 1},
     "bench/gossip-vs-allreduce": {"worlds": [2], "model_opts": SMALL_MLP, "steps": 4, "warmup": 1, "repeats": 1},
