@@ -107,6 +107,7 @@ def test_one_run_at_a_time(clean_lab, tiny, blobs):
     finally:
         run.cancel()
     assert run.status == "cancelled"
+    assert ", cancelled (" in run.plot().layout.title.text  # its view says so
 
 
 def test_a_strategy_on_fewer_ranks_runs_on_the_first_workers(clean_lab, tiny, blobs):

@@ -73,8 +73,10 @@ def test_uneven_partitioned_ps_uses_smallest_non_divisor(mlp, two_nodes):
     s = dl.strategy.build("UnevenPartitionedPS", mlp, two_nodes)
     shards = [p.partition.shards if p.partition else 1 for p in s.variables]
     assert shards == [3, 3, 2, 1, 1]  # 64 -> 3, 64 -> 3, 15 -> 2
-    two = dl.ModelProfile.from_variables([("w", (2, 5))])
-    assert dl.strategy.build("UnevenPartitionedPS", two, two_nodes).variables[0].partition is None
+    # AutoDist's get_num_shards: no non-divisor below dimension 0 -> dimension 0 itself (2 splits in two, 1 stays whole)
+    two = dl.ModelProfile.from_variables([("w", (2, 5)), ("u", (1, 5))])
+    built = dl.strategy.build("UnevenPartitionedPS", two, two_nodes).variables
+    assert built[0].partition.shards == 2 and built[1].partition is None
 
 
 def test_uneven_partitioned_ps_places_shards_as_autodist_does(two_nodes):
@@ -87,6 +89,38 @@ def test_uneven_partitioned_ps_places_shards_as_autodist_does(two_nodes):
     s = dl.strategy.build("UnevenPartitionedPS", prof, two_nodes)
     assert [p.partition.shards if p.partition else 1 for p in s.variables] == [1, 1, 2, 2]
     assert servers_of(s) == [0, 2, (0, 2), (0, 2)]
+
+
+def _autodist_uneven(variables, servers):
+    """AutoDist's UnevenPartitionedPS placement, as its builder states it: shards = the smallest
+    i in [2, n) not dividing dimension 0 (n when none; 1 for a scalar); servers sorted by load once
+    per variable (ties in server order), repeated round-robin when shards outnumber them, each
+    shard charging the variable's bytes / shards."""
+    import math
+
+    loads = {s: 0.0 for s in servers}
+    out = []
+    for shape, nbytes in variables:
+        k = 1 if not shape else next((i for i in range(2, shape[0]) if shape[0] % i), shape[0])
+        order = sorted(loads, key=loads.get)
+        order = order * math.ceil(k / len(order))
+        for ps in order[:k]:
+            loads[ps] += nbytes / k
+        out.append(order[0] if k == 1 else tuple(order[:k]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_uneven_partitioned_ps_matches_autodist_on_random_models(seed, two_nodes):
+    import math
+    import random
+
+    rng = random.Random(seed)
+    shapes = [(), ()] + [(rng.randint(1, 12), rng.randint(1, 6)) for _ in range(rng.randint(1, 6))]
+    prof = dl.ModelProfile.from_variables([(f"v{i}", s) for i, s in enumerate(shapes)])
+    s = dl.strategy.build("UnevenPartitionedPS", prof, two_nodes)
+    expected = _autodist_uneven([(sh, 4 * math.prod(sh)) for sh in shapes], list(s.servers))
+    assert servers_of(s) == expected, shapes
 
 
 def test_allreduce_groups_by_index_and_allgathers_sparse(mlp, recsys, one_node):

@@ -61,11 +61,12 @@ def smallest_divisor(dim: int) -> int:
 
 
 def smallest_non_divisor(dim: int) -> int:
-    """Smallest i in [2, dim) that does not divide dim: uneven shards; 1 when there is none (dim <= 2)."""
+    """Smallest i in [2, dim) that does not divide dim: uneven shards; ``dim`` when there is none
+    (AutoDist's ``UnevenPartitionedPS.get_num_shards``: dimension 2 splits in two, 1 stays whole)."""
     for i in range(2, dim):
         if dim % i:
             return i
-    return 1
+    return max(dim, 1)
 
 
 def shard_counts(var: Any, rule: str = "even") -> int:
