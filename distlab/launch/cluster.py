@@ -11,7 +11,7 @@ from typing import Any
 
 from distlab.errors import LaunchError
 from distlab.launch.spmd import workers_info
-from distlab.resources import ResourceSpec
+from distlab.resources import ResourceSpec, available_cores
 from distlab.runtime.allocator import ENVIRON as MALLOC_ENVIRON
 from distlab.strategy.types import RankSpec
 
@@ -61,7 +61,7 @@ def start_local_cluster(
     dashboard_address = (
         None if not dashboard else (dashboard if isinstance(dashboard, str) else "127.0.0.1:8787")
     )
-    n = workers or _local_cores()
+    n = workers or available_cores()
     with dask.config.set(WORKER_CONFIG):
         config = copy.deepcopy(dask.config.config)  # Nanny(config=): the nannies' own, whole
         if gpus:
@@ -159,16 +159,9 @@ def _start_cuda_cluster(
     return LocalCUDACluster(**kwargs)
 
 
-def _local_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def worker_facts() -> dict[str, Any]:
     """(worker) What a rank placed here can use: cores and the GPU it sees, if any."""
-    facts: dict[str, Any] = {"cores": _local_cores(), "gpu": None}
+    facts: dict[str, Any] = {"cores": available_cores(), "gpu": None}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         facts["gpu"] = visible.split(",")[0]

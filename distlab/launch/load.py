@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from distlab.resources import available_cores
+
 # foreign load at or above this many cores (or this share of the host's cores, whichever is
 # larger) disturbs a measurement: an idle desktop's daemons, a terminal and a notebook server
 # use a few hundredths of a core
@@ -94,10 +96,7 @@ def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, An
                 todo.append(child)
     family = set(ours)  # whose reaped children are ours too
     ours |= {int(p) for p in alone if int(p) in procs}
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    cores = available_cores()
     return {
         "host": socket.gethostname(),
         "time": time.monotonic(),

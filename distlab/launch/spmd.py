@@ -26,6 +26,7 @@ from typing import Any
 import dask
 
 from distlab.errors import LaunchError
+from distlab.resources import host_of
 
 # -- worker-process registries (keyed by run id) ----------------------------------------------
 _STORES: dict[str, Any] = {}  # run id -> TCPStore server object
@@ -152,14 +153,6 @@ def workers_info(client: Any) -> dict[str, dict[str, Any]]:
     if client.asynchronous:
         raise LaunchError("Lab needs a synchronous dask Client (asynchronous=False)")
     return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
-
-
-def host_of(address: str) -> str:
-    """The host part of a Dask address (``tcp://127.0.0.1:4000`` -> ``127.0.0.1``)."""
-    rest = address.split("://", 1)[-1]
-    if rest.startswith("["):
-        return rest[1 : rest.index("]")]
-    return rest.rsplit(":", 1)[0]
 
 
 @dataclass

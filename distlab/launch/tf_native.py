@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import LaunchError
+from distlab.resources import host_of
 
 CHILD = Path(__file__).resolve().parents[1] / "runtime" / "tf_child.py"
 # the builders TensorFlow runs natively, and as what: MultiWorkerMirroredStrategy, ParameterServerStrategy
@@ -155,7 +156,7 @@ def train_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
     worker = get_worker()
     mode = payload.get("mode", "mirrored")
     store = _store(master_addr, master_port, timeout)
-    config = tf_config(store, rank, world, run_id, spmd.host_of(worker.address), mode)
+    config = tf_config(store, rank, world, run_id, host_of(worker.address), mode)
     # a parameter-server rank other than the chief serves until the chief's rank says it is done
     serving = mode == "ps" and rank != 0
     done_key = f"tf/{run_id}/done"
@@ -282,10 +283,9 @@ def bench_rank_tf(rank: int, world: int, master_addr: str, master_port: int, pay
     import torch
     from distributed import get_worker
 
-    from distlab.launch import spmd
 
     store = _store(master_addr, master_port, timeout)
-    config = tf_config(store, rank, world, run_id, spmd.host_of(get_worker().address), "mirrored")
+    config = tf_config(store, rank, world, run_id, host_of(get_worker().address), "mirrored")
     job_dir = Path(tempfile.mkdtemp(prefix=f"distlab-tf-bench-{run_id}-{rank}-"))
     proc = None
     try:

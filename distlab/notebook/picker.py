@@ -18,9 +18,9 @@ from distlab.errors import DistlabError
 from distlab.notebook.figures import FigureView
 from distlab.notebook.picker_launch import PickerLaunch, _closed_text, _workers
 from distlab.notebook.ranking import short_label
+from distlab.strategy.types import COMPRESSORS
 
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
-COMPRESSORS = ("none", "fp16", "bf16")
 # The options a control drives, and the builder keyword it maps to.
 OPTION_CONTROLS = ("chunk_size", "servers", "topology", "dynamic", "mode", "compressor")
 RED = "<span style='color:#b00'>{}</span>"

@@ -12,7 +12,6 @@ caller's choice (``launch/calibrate.py``); the defaults here are the reference m
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from distlab.resources import available_cores
 from distlab.runtime.process_group import rank_host
 from distlab.runtime.progress import tick
 
@@ -37,13 +37,6 @@ COPY_NUMEL, COPY_PARTS = 1 << 19, 4  # 2 MiB gathered from 4 tensors: a bucket's
 # training step the step's other work evicts the bytes these touch once per step, and timed hot
 # they come out several times faster (evidence: docs/cost-model.md §History and evidence).
 EVICT_NUMEL = 1 << 24  # 64 MiB of float32
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _gemm(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -234,7 +227,7 @@ def _compute_rows(
             "contention": busy / alone if alone > 0 else float("nan"),
             "flops": flops,
             "ranks_on_host": max(hosts.count(h) for h in set(hosts)),
-            "cores": _cores(),
+            "cores": available_cores(),
             "host": me,
         },
         {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt, "alone": opt_alone},
