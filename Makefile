@@ -32,6 +32,7 @@ browser-deps:
 
 lint: $(STAMP)
 	$(BIN)/ruff check distlab tests
+	$(BIN)/basedpyright --pythonpath $(BIN)/python
 
 bench: $(STAMP)
 	$(BIN)/distlab bench --list

@@ -17,6 +17,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from distlab.adaptive.goodput import statistical_efficiency
 from distlab.errors import StrategyError
@@ -42,7 +43,9 @@ class Bounds:
                 f"{where}: local_bsz_bounds must be two integers 1 <= lo <= hi, got {self.per_replica!r}"
             )
         if not isinstance(self.max_accumulation, int) or self.max_accumulation < 1:
-            raise StrategyError(f"{where}: max_accumulation must be an integer >= 1, got {self.max_accumulation!r}")
+            raise StrategyError(
+                f"{where}: max_accumulation must be an integer >= 1, got {self.max_accumulation!r}"
+            )
         if self.max_global is not None and self.max_global < lo * world:
             raise StrategyError(
                 f"{where}: max_batch_size {self.max_global} excludes every batch: the smallest is "
@@ -77,17 +80,17 @@ class GoodputController:
     def __post_init__(self) -> None:
         if not self.step_table:
             raise StrategyError("GoodputController: no configuration within the bounds")
-        self.step_table = {tuple(k): float(v) for k, v in dict(self.step_table).items()}
+        self.step_table = {_pair(k): float(v) for k, v in dict(self.step_table).items()}
 
     def observe(self, config: tuple[int, int], seconds: float) -> None:
         """One optimizer step of ``config`` took ``seconds`` (the slowest rank's)."""
-        times = self.measured.setdefault(tuple(config), [])
+        times = self.measured.setdefault(_pair(config), [])
         times.append(float(seconds))
         del times[:-KEEP]
 
     def step_time(self, config: tuple[int, int]) -> float:
         """Seconds per step of ``config``: measured where run, else predicted x the runs' ratio."""
-        config = tuple(config)
+        config = _pair(config)
         if len(self.measured.get(config, ())) >= 3:
             return statistics.median(self.measured[config])
         ratios = [
@@ -111,7 +114,7 @@ class GoodputController:
     def decide(self, current: tuple[int, int], noise_scale: float | None, updates: int) -> tuple[int, int]:
         """The configuration for the next epoch: the best by goodput if it beats ``current`` by the
         hysteresis margin, else ``current`` (also before the noise scale has settled)."""
-        current = tuple(current)
+        current = _pair(current)
         if noise_scale is None or updates < MIN_UPDATES or not math.isfinite(noise_scale):
             return current
         best = self.best(noise_scale)
@@ -122,6 +125,14 @@ class GoodputController:
         return current
 
 
-def step_table(predict: Callable[[int, int], float], configs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+def step_table(
+    predict: Callable[[int, int], float], configs: list[tuple[int, int]]
+) -> dict[tuple[int, int], float]:
     """``predict(per_replica, accumulation)`` seconds for every configuration."""
     return {c: float(predict(*c)) for c in configs}
+
+
+def _pair(config: Any) -> tuple[int, int]:
+    """A (per-replica batch, accumulation) as a tuple (a JSON list or a tuple)."""
+    b, k = config
+    return int(b), int(k)

@@ -28,7 +28,10 @@ SMOOTHING = 0.999  # AdaptDL's default: an average over the last ~1,000 base-bat
 
 
 def two_batch_estimates(
-    small: float | np.ndarray, small_sqr: np.ndarray, big: float | np.ndarray, big_sqr: np.ndarray
+    small: float | np.ndarray,
+    small_sqr: float | np.ndarray,
+    big: float | np.ndarray,
+    big_sqr: float | np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Unbiased (|G|^2, per-sample tr(Sigma)) per group from mean squared norms at ``small`` and
     ``big`` samples (``small < big``); may be negative for one step, unlike their averages."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -63,7 +63,10 @@ class _Row:
 
 def as_rows(cls: type[R], rows: Iterable[R | Mapping[str, Any]]) -> list[R]:
     """``rows`` as ``cls``: dicts (a cached calibration, an older caller) converted, an error naming the first bad one."""
-    return [r if isinstance(r, cls) else cls.from_dict(r, f"{cls.LABEL}[{i}]") for i, r in enumerate(rows)]
+    return [
+        r if isinstance(r, cls) else cls.from_dict(cast(Mapping[str, Any], r), f"{cls.LABEL}[{i}]")
+        for i, r in enumerate(rows)
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

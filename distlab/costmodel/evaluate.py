@@ -87,6 +87,10 @@ class Batch:
     def stack(cls, items: Sequence[CompiledStrategy]) -> Batch:
         return cls(items)
 
+    def __getattr__(self, name: str) -> np.ndarray:
+        """The arrays set in ``__init__`` (one per compiled field) are all ndarrays: says so to a type checker."""
+        raise AttributeError(name)
+
 
 @dataclass
 class Env:
@@ -200,9 +204,13 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     # a step, the all-gather path's 11.1 ms, on wide_deep)
     gathers = col(b.ag_calls + b.sps_gather_calls)
     calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
-    calls = calls + gathers * prm.gather_peer_overhead * waits + col(b.sparse_units) * prm.sparse_unit_overhead
+    calls = (
+        calls + gathers * prm.gather_peer_overhead * waits + col(b.sparse_units) * prm.sparse_unit_overhead
+    )
     calls = calls + col(b.ps_units) * prm.ps_unit_overhead
-    calls = calls + col(b.copy_bytes) * prm.copy_per_byte * opt_slow  # flattens and copies, as busy as the optimizer
+    calls = (
+        calls + col(b.copy_bytes) * prm.copy_per_byte * opt_slow
+    )  # flattens and copies, as busy as the optimizer
     comm = backward + sparse + broadcast + gossip + calls
     step = compute + comm + optimizer
     samples = col(b.per_replica) * col(b.accum) * p

@@ -148,7 +148,7 @@ class CostParams:
             kwargs["copy_per_byte"] = 0.0  # a file from before the term: its model charged no copies
             for f in fields(cls):
                 if f.name != "alpha_beta" and f.name in d:
-                    kwargs[f.name] = {"float": float, "int": int, "bool": bool}[f.type](d[f.name])
+                    kwargs[f.name] = {"float": float, "int": int, "bool": bool}[str(f.type)](d[f.name])
             return cls(**kwargs)
         except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise CalibrationError(
