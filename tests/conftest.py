@@ -1,7 +1,12 @@
 """Fixtures shared across test folders."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests' own helpers (polling.py) import by name
 
 
 @pytest.fixture

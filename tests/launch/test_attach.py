@@ -14,6 +14,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from polling import poll_for
 
 from distlab.errors import LaunchError
 from distlab.launch.lab import Lab
@@ -34,10 +35,7 @@ class Scheduler:
         self.procs: list[subprocess.Popen] = []
         info = tmp / "scheduler.json"
         self._start("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(info))
-        deadline = time.monotonic() + 60
-        while not info.exists():
-            assert time.monotonic() < deadline, "dask scheduler did not write its file within 60 s"
-            time.sleep(0.2)
+        poll_for(info.exists, 60, "the dask scheduler to write its file", interval=0.2)
         self.address = json.loads(info.read_text())["address"]
 
     def _start(self, *args: str) -> subprocess.Popen:

@@ -11,6 +11,7 @@ import cloudpickle
 import pytest
 import torch
 from launch_helpers import Blobs, allreduce_strategy
+from polling import poll_for
 
 from distlab.errors import DistlabError, LaunchError, StrategyError
 from distlab.launch import spmd
@@ -64,9 +65,8 @@ def test_a_rank_that_raises_fails_the_run_with_its_error(clean_lab, tiny, blobs)
 def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny):
     st = allreduce_strategy(tiny, clean_lab.resources)
     run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs())
-    while len(run.metrics) < 4:
-        assert run.status in ("pending", "running")
-        time.sleep(0.05)
+    poll_for(lambda: len(run.metrics) >= 4 or run.status not in ("pending", "running"), 120, "4 step records")
+    assert run.status in ("pending", "running")
     t0 = time.monotonic()
     run.cancel()
     assert time.monotonic() - t0 < 10
@@ -155,9 +155,12 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean
     run = clean_lab.launch(
         tiny, strategy=st, steps=steps, data=SlowBlobs(), checkpoint_every=every, elastic=True
     )
-    while run.metrics["step"].max() != run.metrics["step"].max() or run.metrics["step"].max() < every + 5:
+    def past_checkpoint() -> bool:
         assert run.status in ("pending", "running"), run.error
-        time.sleep(0.05)
+        last = run.metrics["step"].max()
+        return last == last and last >= every + 5  # NaN before the first record
+
+    poll_for(past_checkpoint, 120, f"step {every + 5}")
     os.kill(pid, 9)
     run.wait(120)
     assert run.status == "finished"
@@ -180,8 +183,7 @@ def test_a_killed_worker_without_elastic_fails_the_run(clean_lab, tiny):
     victim = clean_lab.resources.addresses[1]
     pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
     run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs(), elastic=False)
-    while len(run.metrics) < 4:
-        time.sleep(0.05)
+    poll_for(lambda: len(run.metrics) >= 4, 120, "4 step records")
     os.kill(pid, 9)
     with pytest.raises(LaunchError, match="elastic=True"):
         run.wait(60)
@@ -196,10 +198,7 @@ def test_a_worker_whose_nanny_gave_up_is_replaced_before_the_next_launch(clean_l
     clean_lab._cluster.sync(nanny.close)
     if how == "dropped by the cluster":
         del clean_lab._cluster.workers[name]
-    deadline = time.monotonic() + 30
-    while len(spmd.workers_info(clean_lab.client)) != 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(spmd.workers_info(clean_lab.client)) == 1
+    poll_for(lambda: len(spmd.workers_info(clean_lab.client)) == 1, 30, "the cluster to have 1 worker")
     run = clean_lab.launch(tiny, strategy="AllReduce", steps=3, data=blobs, elastic=False)
     assert run.wait(60).status == "finished" and run.world == 2
     assert len(clean_lab.workers) == 2 and nanny not in clean_lab._cluster.workers.values()
