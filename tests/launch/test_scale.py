@@ -29,16 +29,16 @@ def test_a_run_resized_from_2_to_1_to_2_workers_sees_every_sample_of_each_epoch_
     torch.manual_seed(0)
     steps = 100_000  # more than it runs: cancelled once it has trained on 2, 1 and 2 workers
     run = lab.launch(TinyNet(), strategy="AllReduce", steps=steps, data=Blobs(n=100), batch_size=10)
-    poll_for(lambda: run._last_step() >= 20, 60, "the run did not reach step 20")
+    poll_for(lambda: run._last_step() >= 20, 60, "the run to reach step 20")
     assert lab.scale(1).world == 1
 
     def steps_in(restart: int) -> int:
         m = run.metrics
         return int(((m["restart"] == restart) & (m["rank"] == 0)).sum())
 
-    poll_for(lambda: steps_in(1) >= 20, 60, "the run made no 20 steps on 1 worker")
+    poll_for(lambda: steps_in(1) >= 20, 60, "20 steps on 1 worker")
     assert lab.scale(2).world == 2
-    poll_for(lambda: steps_in(2) >= 20, 60, "the run made no 20 steps on 2 workers again")
+    poll_for(lambda: steps_in(2) >= 20, 60, "20 steps on 2 workers again")
     run.cancel()
     assert run.status == "cancelled" and run.error is None
     r0 = run.metrics[run.metrics["rank"] == 0].sort_values("step")
@@ -72,9 +72,9 @@ def test_an_adaptive_run_keeps_its_noise_estimate_and_progress_across_a_resize(l
         m = run.metrics
         return m[(m["restart"] == restart) & (m["rank"] == 0)].sort_values("step")
 
-    poll_for(lambda: len(rows(0)) >= 60, 60, "no 60 steps before the resize")
+    poll_for(lambda: len(rows(0)) >= 60, 60, "60 steps before the resize")
     lab.scale(1)
-    poll_for(lambda: len(rows(1)) >= 10, 60, "no 10 steps after the resize")
+    poll_for(lambda: len(rows(1)) >= 10, 60, "10 steps after the resize")
     run.cancel()
     before, after = rows(0), rows(1)
     assert after["world"].iloc[0] == 1
