@@ -73,7 +73,7 @@ def available() -> list[str]:
 
 def run_bench(name: str, params: Mapping[str, Any] | None = None, out_dir: str | Path = "out/bench", progress: bool = True) -> dict[str, Any]:
     """Execute ``notebooks/bench/NAME.ipynb`` with papermill; return its result JSON."""
-    from distlab.notebook.run import execute_notebook
+    from distlab.notebook.execute import execute_notebook
 
     src = BENCH_DIR / f"{name}.ipynb"
     if not src.exists():

@@ -39,7 +39,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Execute notebooks/quickstart.ipynb with papermill and export it to HTML under ``out``."""
-    from distlab.notebook.run import execute_notebook, export_html
+    from distlab.notebook.execute import execute_notebook, export_html
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,7 @@ def _write_notebook(path: Path, kernel: str | None, source: str = "print(1)") ->
 
 
 def test_execute_notebook_runs_a_notebook_in_its_own_kernel_when_installed(ran, monkeypatch, tmp_path):
-    from distlab.notebook import run
+    from distlab.notebook import execute as run
 
     ours = _write_notebook(tmp_path / "ours.ipynb", "distlab")
     other = _write_notebook(tmp_path / "other.ipynb", "julia-1.9")
@@ -91,7 +91,7 @@ def test_execute_notebook_runs_a_notebook_in_its_own_kernel_when_installed(ran, 
 def test_a_distlab_notebook_has_the_magics_without_loading_them(tmp_path, monkeypatch):
     import nbformat
 
-    from distlab.notebook import run
+    from distlab.notebook import execute as run
 
     probe = "print(sorted(get_ipython().magics_manager.magics['line']).count('distlab'))"
     src = _write_notebook(tmp_path / "probe.ipynb", "distlab", probe)

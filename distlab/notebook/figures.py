@@ -3,7 +3,7 @@
 - ``THEME``: plotly's white template on transparent backgrounds, with mid-grey text and grid
   lines, so a chart reads on JupyterLab's light and dark themes alike.
 - ``figure_bundle(fig)``: the figure as output data, its plotly JSON only. JupyterLab's plotly
-  extension renders it offline; ``distlab.notebook.run.export_html`` embeds plotly.js once per
+  extension renders it offline; ``distlab.notebook.execute.export_html`` embeds plotly.js once per
   HTML page. No copy of plotly.js lands in the saved notebook (plotly's own notebook renderer
   and every ``FigureWidget``, an anywidget, carry one each: 5 MB).
 - ``FigureView``: a figure shown in an ipywidgets ``Output`` as that bundle, redrawn by

@@ -10,7 +10,7 @@ import pytest
 
 from distlab import bench
 from distlab.cli import main
-from distlab.notebook.run import execute_notebook, export_html
+from distlab.notebook.execute import execute_notebook, export_html
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_MLP = {"width": 64, "in_features": 32}
