@@ -84,14 +84,11 @@ def resolve_strategy(
 def check_strategy_fits(st: Strategy, model: Any, available: int, optimizer: Any = None) -> None:
     """The strategy plans exactly this model's variables (names and shapes), its batch settings
     run (with ``optimizer``, the launch's optimizer factory), and it fits the cluster."""
-    import importlib
+    from distlab.strategy import parse
 
-    sv = importlib.import_module(
-        "distlab.strategy.validate"
-    )  # the package re-exports a function of that name
     prof = variables_profile(model)
     try:
-        sv.check(st, prof)
+        parse.check(st, prof)
     except StrategyError as exc:
         raise StrategyError(f"strategy {st.name} does not fit model {type(model).__name__}: {exc}") from None
     from distlab.adaptive import scaling

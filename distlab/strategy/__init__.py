@@ -2,6 +2,7 @@
 
 from distlab.strategy.builders import build, builder_options, builders
 from distlab.strategy.candidates import candidates
+from distlab.strategy.parse import parse_strategy, parse_strategy_json, validate
 from distlab.strategy.types import (
     BatchConfig,
     GossipConfig,
@@ -11,7 +12,6 @@ from distlab.strategy.types import (
     Sync,
     VariablePlan,
 )
-from distlab.strategy.validate import parse_strategy, parse_strategy_json, validate
 
 __all__ = [
     "BatchConfig",

@@ -183,13 +183,13 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, d: Any, profile: Any = None) -> Strategy:
-        from distlab.strategy.validate import parse_strategy
+        from distlab.strategy.parse import parse_strategy
 
         return parse_strategy(d, profile)
 
     @classmethod
     def from_json(cls, text: str, profile: Any = None) -> Strategy:
-        from distlab.strategy.validate import parse_strategy_json
+        from distlab.strategy.parse import parse_strategy_json
 
         return parse_strategy_json(text, profile)
 

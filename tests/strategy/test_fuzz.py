@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import distlab as dl
 from distlab.errors import StrategyError
-from distlab.strategy.validate import _parse, check, parse_strategy, parse_strategy_json
+from distlab.strategy.parse import _parse, check, parse_strategy, parse_strategy_json
 
 PROFILE = dl.ModelProfile.from_variables(
     [("emb.weight", (50, 4), "float32", True), ("fc.weight", (6, 4)), ("fc.bias", (6,)), ("s", ())],
