@@ -151,13 +151,18 @@ def _predicted(run: Any, steps: Any) -> Any:
 
 class LiveView:
     """``run``'s card and figure in the notebook, redrawn every ``interval`` seconds until the run
-    ends (then once more, final). ``join()`` waits for that last drawing."""
+    ends (then once more, final). ``join()`` waits for that last drawing.
+
+    Each of the two outputs is a widget (an ``HTML`` card, an ``Output`` holding the figure's
+    JSON) and, in the same output, the card's HTML or the figure's JSON under a display id. A
+    redraw sets the widgets, whose messages reach JupyterLab from this thread after the cell has
+    returned (JupyterLab drops display updates that arrive for a finished cell), and updates the
+    display ids, which papermill applies: the saved notebook holds the final figure as plotly
+    JSON, readable without widgets, and the widgets' saved state draws the same."""
 
     def __init__(self, run: Any, interval: float = 1.0) -> None:
         from IPython.core.interactiveshell import InteractiveShell
-        from IPython.display import HTML, display
-
-        from distlab.notebook.figures import figure_bundle
+        from IPython.display import display
 
         if not InteractiveShell.initialized():
             from distlab.errors import DistlabError
@@ -166,23 +171,37 @@ class LiveView:
                 f"run {run.id}: live() draws in a notebook (an IPython shell); here use run.wait() "
                 "and run.plot().write_html('run.html')"
             )
+        import ipywidgets as w
+
         self.run, self.interval = run, float(interval)
-        self.card = display(HTML(run._repr_html_()), display_id=True)
-        # the figure's mime bundle, not the figure: plotly's own _ipython_display_ ignores display ids
-        self.figure = display(figure_bundle(run_figure(run)), raw=True, display_id=True)
+        card, fig = self._bundles()
+        self.card_widget = w.HTML(card["text/html"])
+        self.figure_widget = w.Output(layout=w.Layout(width="100%"))
+        self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
+        self.card = display(self._with_view(self.card_widget, card), raw=True, display_id=True)
+        self.figure = display(self._with_view(self.figure_widget, fig), raw=True, display_id=True)
         self.drawn = 1
         self.error: BaseException | None = None  # the last redraw's error, if one failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"distlab-live-{run.id}", daemon=True)
         self._thread.start()
 
-    def _draw(self) -> None:
-        from IPython.display import HTML
-
+    def _bundles(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from distlab.notebook.figures import figure_bundle
 
-        self.card.update(HTML(self.run._repr_html_()))
-        self.figure.update(figure_bundle(run_figure(self.run)), raw=True)
+        return {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)}, figure_bundle(run_figure(self.run))
+
+    @staticmethod
+    def _with_view(widget: Any, data: dict[str, Any]) -> dict[str, Any]:
+        view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+        return {"application/vnd.jupyter.widget-view+json": view, **data}
+
+    def _draw(self) -> None:
+        card, fig = self._bundles()
+        self.card_widget.value = card["text/html"]
+        self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
+        self.card.update(self._with_view(self.card_widget, card), raw=True)
+        self.figure.update(self._with_view(self.figure_widget, fig), raw=True)
         self.drawn += 1
 
     def _loop(self) -> None:

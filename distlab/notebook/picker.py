@@ -116,9 +116,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
             options=list(topology.names()), value="exp2", description="topology", style=style
         )
         self.dynamic = w.Checkbox(value=False, description="dynamic topology", style=style)
-        self.mode = w.ToggleButtons(
-            options=["atc", "awc"], value="atc", description="gossip mode", style=style
-        )
+        self.mode = w.Dropdown(options=["atc", "awc"], value="atc", description="gossip mode", style=style)
         self.compressor = w.Dropdown(
             options=list(COMPRESSORS), value="none", description="compressor", style=style
         )
@@ -143,13 +141,14 @@ class StrategyPicker(PickerLaunch, w.VBox):
             value=round(inter.latency * 1e6, 2), min=0.01, max=1e6, description="latency µs", style=style
         )
         self.noise_scale = w.BoundedFloatText(
-            value=float(noise_scale or 0.0), min=0.0, max=1e12, description="noise scale φ", style=style
+            value=float(noise_scale or 0.0), min=0.0, max=1e12, description="noise scale φ", style=style,
+            layout=w.Layout(width="270px"),
         )
         self.measure_button = w.Button(
             description="measure φ",
             disabled=model is None or data is None,
             tooltip="the gradient noise scale of the model on its data (needs model= and data=)",
-            layout=w.Layout(width="110px"),
+            layout=w.Layout(width="100px"),
         )
         self.table = w.Select(
             options=[], rows=top, description="top", layout=w.Layout(width="100%"), style=style

@@ -57,6 +57,7 @@ def draw_plan(fig: go.Figure, rows: list[tuple[str, dict[str, float]]], hosts: l
         fig.data[3].x = hosts
         fig.data[3].y = curve
         fig.data[3].marker = {"size": [11 if h == here else 6 for h in hosts]}
+        fig.update_xaxes(tickvals=hosts, ticktext=[str(h) for h in hosts], row=1, col=2)
 
 
 def measured_figure() -> Figure:
@@ -83,4 +84,5 @@ def draw_measured(fig: go.Figure, runs: list[dict[str, Any]], labels: list[str])
             fig.add_scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"color": "#808080", "dash": "dash"},
                             hoverinfo="skip")
         fig.data[1].x = fig.data[1].y = [0, hi]
-        fig.update_layout(annotations=[], xaxis={"visible": True, "range": [0, hi]}, yaxis={"visible": True, "range": [0, hi]})
+        fig.layout.annotations = ()
+        fig.update_layout(xaxis={"visible": True, "range": [0, hi]}, yaxis={"visible": True, "range": [0, hi]})

@@ -156,9 +156,10 @@ def timeline_figure(run: Any, steps: int = 3, predicted: bool = True) -> Any:
         )
     fig.update_layout(
         template=THEME, barmode="overlay", height=140 + 34 * len(rows),
-        title=f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below",
+        title={"text": f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below", "y": 0.97},
         xaxis_title="ms since the first step shown", yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
-        legend={"orientation": "h", "y": -0.25}, margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
+        margin={"l": 10, "r": 10, "t": 90, "b": 40},
     )
     return fig
 

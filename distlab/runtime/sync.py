@@ -167,10 +167,10 @@ class Synchronizer:
                 t.finish()
         gathered = [u for u in self.sparse_units if u.sync.kind == "allgather"]
         served = [u for u in self.sparse_units if u.sync.kind == "ps"]
-        for group in [gathered] if self.packed else [[u] for u in gathered]:
+        for group in [gathered] if self.packed and gathered else [[u] for u in gathered]:
             with tr.span("sparse all-gather", "allgather", variables=[u.label for u in group][:8], peers=others):
                 allgather_sparse(group, self.wait)
-        for group in [served] if self.packed else [[u] for u in served]:
+        for group in [served] if self.packed and served else [[u] for u in served]:
             with tr.span("PS push (sparse rows to servers)", "ps", variables=[u.label for u in group][:8]):
                 gather_sparse_to_servers(group, self.world, self.rank, self.wait)
         if self.noise is not None:

@@ -298,6 +298,9 @@ def test_an_adaptive_batch_launch_measures_its_noise_and_reports_goodput(clean_l
     want = [m / table[(b, m // (b * 2))] for m, b in zip(r0["global_batch"], r0["per_replica"])]
     assert list(traces["predicted"].y) == pytest.approx(want)
     assert "finished (120/120 steps)" in fig.layout.title.text
+    # the view's widgets (what JupyterLab redraws from any thread) hold the final drawing too
+    final = view.figure_widget.outputs[0]["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]
+    assert "finished (120/120 steps)" in final and "finished" in view.card_widget.value
 
 
 def test_a_scaling_rule_the_optimizer_cannot_take_is_refused_before_the_launch(clean_lab, tiny, blobs):

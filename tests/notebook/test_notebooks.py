@@ -88,12 +88,15 @@ def test_notebook_executes(name, tmp_path):
     plots = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
     assert plots, f"{name} showed no chart"
     html = export_html(out, tmp_path / "page.html").read_text()
-    widgets = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in (o.get("data") or {})]
-    # every chart offline in the page, a widget's (the picker's two) drawn from its saved state
-    assert html.count('class="plotly-graph-div"') == len(plots) + 2 * len(widgets)
+    view = "application/vnd.jupyter.widget-view+json"
+    widgets = [o for c in nb.cells for o in c.get("outputs", []) if view in (o.get("data") or {})]
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    pickers = [o for o in widgets if "distlab-picker" in state[o["data"][view]["model_id"]]["state"].get("_dom_classes", [])]
+    # every chart offline in the page: each figure once, the picker's two drawn from its saved state
+    assert html.count('class="plotly-graph-div"') == len(plots) + 2 * len(pickers)
     assert html.count("plotly.js v") <= 1 and "widget-view+json" not in html  # plotly.js once; no widget JavaScript
     if name == "quickstart":
-        assert widgets and "hosts like this" in html and "Launch" in html  # the picker, as it last looked
+        assert pickers and "hosts like this" in html and "Launch" in html  # the picker, as it last looked
         # light outputs: figures as JSON, no copy of plotly.js in the saved notebook
         assert out.stat().st_size < 2_000_000 and "FigureWidget" not in out.read_text()
         timeline = [o for o in plots if "per rank (ms)" in str(o["data"][PLOTLY]["layout"].get("title"))]

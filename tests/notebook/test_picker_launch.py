@@ -92,6 +92,7 @@ def test_launch_runs_in_the_background_then_plots_measured_against_the_labs_pred
     row = lab.runs.set_index("run_id").loc[run.id]
     point = picker.measured.data[0]
     assert list(point.text) == ["PS"]
+    assert not picker.measured.layout.annotations and picker.measured.layout.xaxis.visible  # no empty-state text
     assert point.x[-1] == pytest.approx(row["predicted_throughput"])
     assert point.x[-1] == pytest.approx(run.predicted_throughput)
     assert point.y[-1] == pytest.approx(row["measured_throughput"]) and point.y[-1] > 0
