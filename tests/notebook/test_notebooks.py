@@ -34,7 +34,7 @@ SMALL: dict[str, dict] = {
     },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/keras-routes": {"model_options": {"width": 32}, "steps": 5, "rounds": 1},
-    "bench/trace-overhead": {"model_options": SMALL_MLP, "steps": 6, "rounds": 1},
+    "bench/trace-overhead": {"models": [["mlp", SMALL_MLP]], "steps": 6, "rounds": 1},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/adaptive-batch": {
         "tasks": ["quadratic"], "sweep": [16], "steps": {"quadratic": 60, "digits": 60},
