@@ -10,7 +10,7 @@ import importlib as _importlib
 from typing import Any as _Any
 
 from distlab.errors import DistlabError
-from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile
+from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile
 from distlab.resources import Link, ResourceSpec
 from distlab.strategy.types import Strategy
 
@@ -61,12 +61,12 @@ def __dir__() -> list[str]:
 
 
 def profile(model: _Any, sample_input: _Any = None, batch_size: int = 32, **options: _Any) -> ModelProfile:
-    """Profile a torch ``nn.Module`` (or a Keras model): see ``distlab.profile.torch_profiler.profile``.
+    """Profile a torch ``nn.Module`` (or a Keras model): see ``distlab.profiling.torch_profiler.profile``.
 
-    Defined here, after the ``distlab.profile`` package was imported, so ``dl.profile`` is this
-    function while ``distlab.profile.*`` stay importable as modules.
+    The profilers live in ``distlab.profiling``, so ``dl.profile`` (this function) and the
+    package never share a name.
     """
-    from distlab.profile.torch_profiler import profile as _profile
+    from distlab.profiling.torch_profiler import profile as _profile
 
     return _profile(model, sample_input=sample_input, batch_size=batch_size, **options)
 

@@ -13,7 +13,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["distlab"]["style"]
-PURE = ["distlab/profile/model_profile.py", "distlab/strategy", "distlab/topology.py", "distlab/costmodel", "distlab/resources.py", "distlab/adaptive"]
+PURE = ["distlab/profiling/model_profile.py", "distlab/strategy", "distlab/topology.py", "distlab/costmodel", "distlab/resources.py", "distlab/adaptive"]
 SOURCES = sorted((ROOT / "distlab").rglob("*.py"))
 
 

@@ -30,7 +30,7 @@ from distlab.errors import CalibrationError
 if TYPE_CHECKING:  # params.py imports compile.py, which imports compute.py, which imports this module
     from distlab.costmodel.model import CostModel
     from distlab.costmodel.params import CostParams
-    from distlab.profile.model_profile import ModelProfile
+    from distlab.profiling.model_profile import ModelProfile
     from distlab.resources import ResourceSpec
     from distlab.strategy.types import Strategy
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.degree import strategy_in_degree
-from distlab.profile.model_profile import ModelProfile, VariableProfile
+from distlab.profiling.model_profile import ModelProfile, VariableProfile
 from distlab.strategy.execution import BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, ddp_applies
 from distlab.strategy.types import Strategy, Sync
 

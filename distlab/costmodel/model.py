@@ -34,7 +34,7 @@ from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
 from distlab.costmodel.refit import HALFLIFE, PRIOR, Correction, apply, fit_corrections
 from distlab.errors import CalibrationError, StrategyError
-from distlab.profile.model_profile import ModelProfile
+from distlab.profiling.model_profile import ModelProfile
 from distlab.resources import Link, ResourceSpec
 from distlab.strategy.types import Strategy
 

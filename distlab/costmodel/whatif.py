@@ -12,7 +12,7 @@ from distlab.costmodel.collectives import COLLECTIVES
 from distlab.costmodel.contention import time_slicing
 from distlab.costmodel.degree import gossip_in_degree
 from distlab.costmodel.evaluate import Batch, Env, evaluate
-from distlab.profile.model_profile import ModelProfile
+from distlab.profiling.model_profile import ModelProfile
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import Strategy
 

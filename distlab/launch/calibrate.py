@@ -362,7 +362,7 @@ def _synthetic_for(module: Any, n: int, where: str) -> Any:
 
     import distlab as dl
     from distlab.data import from_spec
-    from distlab.profile.torch_inputs import infer_input_spec, tensor_from_spec
+    from distlab.profiling.torch_inputs import infer_input_spec, tensor_from_spec
 
     cls = type(module).__name__
     try:

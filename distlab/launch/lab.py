@@ -590,6 +590,6 @@ def _ref(obj: Any) -> Callable[[], Any]:
 
 def _profile(model: Any, batch_size: int, sample_input: Any = None) -> Any:
     """The model's profile (dl.profile) at ``batch_size``, on ``sample_input`` (a batch of the run's data) when given."""
-    from distlab.profile.torch_profiler import profile
+    from distlab.profiling.torch_profiler import profile
 
     return profile(model, sample_input=sample_input, batch_size=batch_size)

@@ -30,7 +30,7 @@ def check_model(model: Any) -> None:
 
 def variables_profile(model: Any) -> Any:
     """A profile of the model's trainable variables only (names, shapes, dtypes): no forward pass."""
-    from distlab.profile.model_profile import ModelProfile
+    from distlab.profiling.model_profile import ModelProfile
 
     sparse = _sparse_params(model)
     rows = [

@@ -68,7 +68,7 @@ class NotebookSession:
     def profile(self, var: str, model: Any) -> Any:
         """Profile ``model`` on its remembered sample or a batch of its data (cached per variable,
         model object, batch and inputs)."""
-        from distlab.profile.model_profile import ModelProfile
+        from distlab.profiling.model_profile import ModelProfile
 
         if isinstance(model, ModelProfile):
             return model
@@ -185,7 +185,7 @@ class NotebookSession:
 
     def _measure(self, var: str, model: Any, prof: Any) -> None:
         """With a cluster, the model's compute comes from its own step on the workers (cached)."""
-        from distlab.profile.model_profile import ModelProfile
+        from distlab.profiling.model_profile import ModelProfile
 
         if isinstance(model, ModelProfile):
             return

@@ -150,7 +150,7 @@ def test_optimizer_time_counts_only_a_servers_share():
 
 
 def test_sparse_allgather_grows_linearly_with_touched_rows_and_world():
-    from distlab.profile.model_profile import ModelProfile, VariableProfile
+    from distlab.profiling.model_profile import ModelProfile, VariableProfile
 
     emb = VariableProfile(
         "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
@@ -271,7 +271,7 @@ def test_training_loop_overhead_adds_per_step_per_rank_and_per_tensor():
 
 
 def test_a_sparse_gradient_updates_only_the_rows_it_holds():
-    from distlab.profile.model_profile import ModelProfile, VariableProfile
+    from distlab.profiling.model_profile import ModelProfile, VariableProfile
 
     emb = VariableProfile(
         "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
@@ -336,7 +336,7 @@ def test_gossip_passes_over_its_bytes_cost_copies(mode, passes, cores):
 
 
 def test_sparse_gathers_wait_for_peers_on_their_own_figure():
-    from distlab.profile.model_profile import ModelProfile, VariableProfile
+    from distlab.profiling.model_profile import ModelProfile, VariableProfile
 
     emb = VariableProfile(
         "emb", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer="emb", touched_rows=100
@@ -359,7 +359,7 @@ def test_sparse_gathers_wait_for_peers_on_their_own_figure():
 
 def sparse_tables(n: int):
     """A profile of ``n`` sparse 1000 x 16 embedding tables, 100 rows touched per step each."""
-    from distlab.profile.model_profile import ModelProfile, VariableProfile
+    from distlab.profiling.model_profile import ModelProfile, VariableProfile
 
     tables = tuple(
         VariableProfile(

@@ -54,7 +54,7 @@ def test_bucket_order_follows_gradient_readiness_not_group_ids():
 
 
 def test_profile_without_layer_times_spreads_backward_by_size():
-    from distlab.profile.model_profile import ModelProfile
+    from distlab.profiling.model_profile import ModelProfile
 
     prof = ModelProfile.from_variables([("a", (3000,)), ("b", (1000,))], batch_size=8, time_per_sample=0.003)
     res = toy_resources(2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distlab.costmodel import CostModel, CostParams
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
-from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile
+from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import BatchConfig, GossipConfig, RankSpec, Strategy, Sync, VariablePlan
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from distlab.profile.model_profile import ModelProfile
+from distlab.profiling.model_profile import ModelProfile
 from tests.notebook.conftest import run
 
 

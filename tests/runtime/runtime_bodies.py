@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from distlab.adaptive.quadratic import Quadratic, noisy_quadratic, quadratic_loss
-from distlab.profile.model_profile import ModelProfile
+from distlab.profiling.model_profile import ModelProfile
 from distlab.runtime.data import RankBatches
 from distlab.runtime.job import RankJob
 from distlab.runtime.sparse import sparse_param_ids

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from distlab.errors import ProfileError
-from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile, dtype_bytes
+from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile, dtype_bytes
 
 
 def profile_keras(

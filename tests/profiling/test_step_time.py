@@ -11,7 +11,7 @@ import distlab as dl
 from distlab import ModelProfile
 from distlab.costmodel.compile import compile_strategy
 from distlab.errors import ProfileError
-from distlab.profile.torch_profiler import _fit_line
+from distlab.profiling.torch_profiler import _fit_line
 from distlab.strategy.types import BatchConfig, RankSpec, Strategy, Sync, VariablePlan
 
 

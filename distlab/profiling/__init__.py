@@ -1,5 +1,5 @@
 """Model profiling: what distribution needs to know about a model."""
 
-from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile, dtype_bytes
+from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile, dtype_bytes
 
 __all__ = ["LayerProfile", "ModelProfile", "VariableProfile", "dtype_bytes"]

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from distlab.errors import ProfileError
-from distlab.profile.model_profile import LayerProfile, ModelProfile, VariableProfile
-from distlab.profile.torch_inputs import Batch, diagnose, dtype_name, make_batcher
-from distlab.profile.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
+from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile
+from distlab.profiling.torch_inputs import Batch, diagnose, dtype_name, make_batcher
+from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
 
 STEP_SECONDS = 1.5  # plain steps at batch_size stop once stable or after this long (at least MIN_STEPS)
 FIT_SECONDS = 0.75  # the same for the second batch of the compute fit
@@ -84,7 +84,7 @@ def profile(
     if isinstance(model, KerasModule):  # a Keras model as the runtime runs it: profiled as Keras
         model = model.keras_model
     if _is_keras(model):
-        from distlab.profile.keras_profiler import profile_keras
+        from distlab.profiling.keras_profiler import profile_keras
 
         return profile_keras(model, sample_input, batch_size, repeats=repeats, warmup=warmup)
     if not isinstance(model, nn.Module):
