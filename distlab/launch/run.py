@@ -44,7 +44,7 @@ class Run:
     """A launched training job: status, live records, measured throughput, the trained model.
 
     Status goes ``pending -> running -> finished | failed | cancelled``. Records arrive live
-    through Dask worker events; ``on_record`` callbacks (e.g. a plotly FigureWidget update) are
+    through Dask worker events; ``on_record`` callbacks (e.g. the picker's step line) are
     called with each record, from the client's event thread.
     """
 
