@@ -1,20 +1,20 @@
-"""Measuring on a real Lab: sweep.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop stage's passes."""
+"""Measuring on a real Lab: grid.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop stage's passes."""
 
 import statistics
 
 import pytest
 
-from distlab import sweep
 from distlab.costmodel import CostModel
+from distlab.launch import grid
 
 MODELS = [["mlp", {"width": 16}], ["wide_deep", {"rows": 200}]]
 
 
 def test_measure_grid_warms_each_model_up_once_then_records_every_round(lab):
-    configs = sweep.plan_grid(lab.resources, CostModel.default(), MODELS, ["AllReduce", "PS"], [8])
+    configs = grid.plan_grid(lab.resources, CostModel.default(), MODELS, ["AllReduce", "PS"], [8])
     assert len(configs) == 4
     before = len(lab.runs)
-    df = sweep.measure_grid(lab, configs, steps=8, repeats=2)
+    df = grid.measure_grid(lab, configs, steps=8, repeats=2)
     runs = lab.runs.iloc[before:]
     # two warm-up runs (one per model, 4 steps) ahead of 2 rounds x 4 configurations
     assert list(runs["steps"]) == [4, 4] + [8] * 8
@@ -25,26 +25,26 @@ def test_measure_grid_warms_each_model_up_once_then_records_every_round(lab):
     first, second = df[df["repeat"] == 0], df[df["repeat"] == 1]
     assert list(first["strategy"]) == list(reversed(list(second["strategy"])))
 
-    again = sweep.measure_grid(lab, configs[:1], steps=8, repeats=1, warmup=False)
+    again = grid.measure_grid(lab, configs[:1], steps=8, repeats=1, warmup=False)
     assert len(lab.runs) == before + 10 + 1 and len(again) == 1
 
 
 def test_short_configurations_run_for_min_seconds(lab, monkeypatch):
     from distlab.errors import DistlabError
 
-    configs = sweep.plan_grid(lab.resources, CostModel.default(), MODELS[:1], ["AllReduce"], [8])
+    configs = grid.plan_grid(lab.resources, CostModel.default(), MODELS[:1], ["AllReduce"], [8])
     configs[0]["predicted_step_time"] = 0.01  # a run of 8 steps would last 0.08 s
     before = len(lab.runs)
-    df = sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)
+    df = grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)
     # enough steps for 0.3 s at the predicted step time; recorded with the row
     assert list(lab.runs.iloc[before:]["steps"]) == [30] and list(df["steps"]) == [30]
     configs[0]["predicted_step_time"] = 1.0  # already longer than min_seconds: steps as asked
-    assert list(sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [8]
-    monkeypatch.setattr(sweep, "MAX_STEPS", 40)
+    assert list(grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [8]
+    monkeypatch.setattr(grid, "MAX_STEPS", 40)
     configs[0]["predicted_step_time"] = 1e-6  # 300,000 steps: capped at MAX_STEPS
-    assert list(sweep.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [40]
+    assert list(grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [40]
     with pytest.raises(DistlabError, match="min_seconds"):
-        sweep.measure_grid(lab, configs, steps=8, repeats=1, min_seconds=-1)
+        grid.measure_grid(lab, configs, steps=8, repeats=1, min_seconds=-1)
 
 
 def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distlab.sweep import accuracy, leave_one_world_out
+from distlab.costmodel.scoring import accuracy, leave_one_world_out
 
 
 def grid(pred_scale: dict[str, float]) -> pd.DataFrame:
@@ -91,7 +91,7 @@ def noisy_grid(truths: list[float], noise: float, repeats: int, seed: int = 0, m
 def test_noise_ceiling_of_noiseless_runs_is_a_perfect_score():
     df = grid({"A": 1.0, "B": 1.0, "C": 1.0})
     df["measured_throughput"] = df["measured_throughput"].round(-1)  # both repeats alike
-    from distlab.sweep import noise_ceiling
+    from distlab.costmodel.scoring import noise_ceiling
 
     c = noise_ceiling(df, draws=5)
     assert c["ceiling_mape"] == 0.0 and c["ceiling_regret_max"] == 0.0
@@ -100,7 +100,7 @@ def test_noise_ceiling_of_noiseless_runs_is_a_perfect_score():
 
 
 def test_noise_ceiling_tells_apart_strategies_far_apart_but_not_within_the_noise():
-    from distlab.sweep import noise_ceiling
+    from distlab.costmodel.scoring import noise_ceiling
 
     # truths a factor 1.5 apart, 2% noise: a perfect predictor ranks and picks right every draw
     apart = noise_ceiling(noisy_grid([100.0, 150.0, 225.0, 337.5], 0.02, 3), draws=50)
@@ -115,7 +115,7 @@ def test_noise_ceiling_tells_apart_strategies_far_apart_but_not_within_the_noise
 
 
 def test_noise_ceiling_falls_with_more_repeats():
-    from distlab.sweep import noise_ceiling
+    from distlab.costmodel.scoring import noise_ceiling
 
     df = noisy_grid([100.0, 110.0, 120.0, 130.0, 140.0], 0.1, 3)
     one, many = (noise_ceiling(df, draws=100, repeats=r) for r in (1, 15))
@@ -124,8 +124,8 @@ def test_noise_ceiling_falls_with_more_repeats():
 
 
 def test_noise_ceiling_names_what_it_needs():
+    from distlab.costmodel.scoring import noise_ceiling
     from distlab.errors import DistlabError
-    from distlab.sweep import noise_ceiling
 
     df = noisy_grid([100.0, 110.0, 120.0], 0.1, 3)
     with pytest.raises(DistlabError, match="repeats >= 2"):
