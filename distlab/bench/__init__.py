@@ -1,5 +1,9 @@
 """Benchmarks as papermill notebooks: run one, interleave compared programs, write and read figures.
 
+The baselines they compare against live beside the runner: ``distlab.bench.ddp`` (a plain DDP
+loop and ``run_rank``, interleaved in one spawned group) and ``distlab.bench.spawn`` (the same
+job launched without Dask).
+
 Convention: ``notebooks/bench/NAME.ipynb`` has a code cell tagged ``parameters`` that sets at
 least ``result_path``; its last cell calls ``write_result(result_path, rows, summary)``.
 ``distlab bench NAME -p key value`` executes it with papermill into ``out/bench/`` and prints
@@ -17,7 +21,7 @@ from typing import Any
 
 from distlab.errors import DistlabError
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "bench"
 
 
 def write_result(path: str | Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> Path:
