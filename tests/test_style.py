@@ -43,3 +43,19 @@ def test_planning_never_imports_dask_or_torch_distributed(path):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
                 assert not name.startswith(("dask", "distributed", "torch.distributed")), f"{f.name} imports {name}"
+
+
+def test_the_readme_layout_lists_every_module_of_the_package():
+    """The README's layout section names what ``ls distlab`` shows: packages with a slash, modules by file."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## Layout"):].split("```")[1]
+    lines = block.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("distlab/"))
+    named = []
+    for line in lines[start:]:
+        if line[:1].strip() and not line.startswith("distlab/"):
+            break  # the next top-level folder
+        named += [w for w in line.removeprefix("distlab/").split() if w.endswith("/") or w.endswith(".py")]
+    actual = {p.name + ("/" if p.is_dir() else "") for p in (ROOT / "distlab").iterdir()
+              if not p.name.startswith("__") and p.name != "py.typed"}
+    assert set(named) == actual
