@@ -59,3 +59,15 @@ def test_the_readme_layout_lists_every_module_of_the_package():
     actual = {p.name + ("/" if p.is_dir() else "") for p in (ROOT / "distlab").iterdir()
               if not p.name.startswith("__") and p.name != "py.typed"}
     assert set(named) == actual
+
+
+def test_every_cost_param_has_its_own_line_of_documentation():
+    tree = ast.parse((ROOT / "distlab" / "costmodel" / "params.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CostParams")
+    body = cls.body
+    undocumented = [
+        n.target.id for i, n in enumerate(body)
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        and not (i + 1 < len(body) and isinstance(body[i + 1], ast.Expr) and isinstance(body[i + 1].value, ast.Constant))
+    ]
+    assert not undocumented, f"document these CostParams fields: {undocumented}"

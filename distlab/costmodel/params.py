@@ -17,77 +17,74 @@ PARAMS_VERSION = 1
 
 @dataclass(frozen=True)
 class CostParams:
-    """Numbers the simulator needs besides the profile and the strategy.
+    """Numbers the simulator needs besides the profile and the strategy, one per field below.
 
-    ``alpha_beta`` maps ``"collective/link"`` (e.g. ``"allreduce/intra"``) to ``(alpha s, beta s/byte)``;
-    a missing entry falls back to the ``ResourceSpec``'s link figures, so an uncalibrated model
-    follows whatever the resource spec says. ``contention``: extra slowdown per additional busy
-    core on a host (memory bandwidth, caches); ``thread_efficiency``: how compute scales with the
-    threads a rank gets (contention.py).
-    ``optimizer_per_byte``: seconds per parameter byte of one optimizer update;
-    ``copy_per_byte``: seconds per byte of the runtime's copies (flattening several gradients
-    into one all-reduce message, the PS path's divided gradients and shard write-backs, gossip's
-    passes over its bytes), both measured with the bytes out of cache as in a step (gossip's
-    passes, on bytes the step has just written, are charged at it unslowed by contention).
-    ``compute_scale`` multiplies the profiled compute (profile taken on another machine or thread
-    count). What a training step costs beyond compute, communication and the optimizer's
-    arithmetic, measured by ``Lab.calibrate``: the loop itself (reading the batch, zeroing
-    gradients, Python; the local-step stage) costs ``step_overhead`` seconds per step and
-    ``tensor_overhead`` seconds per step per trainable tensor; the strategy's machinery (autograd
-    hooks, bucket copies, per-tensor dispatch; the training-loop stage) ``runtime_overhead``
-    seconds per step, ``hook_overhead`` seconds per step per trainable tensor and
-    ``rank_overhead`` seconds per step per rank beyond the first (ranks waiting for the slowest
-    one beyond what the lockstep local steps already wait); ``call_overhead`` seconds of
-    the runtime's own work around each collective call (packing, dispatch; counted in ``comm``;
-    one rank makes no calls), and ``peer_call_overhead`` seconds
-    per call per peer, times the host's time-slicing (a collective waits for every peer to be
-    scheduled and to reach it, which microbenchmarks run in lockstep do not see);
-    ``gather_peer_overhead`` the same for the calls that gather sparse rows (the all-gather path's
-    and the PS path's gathers to its servers: row packing and coalescing between them), and ``sparse_unit_overhead`` seconds per step per sparse variable or shard at
-    any world size, one rank included (coalescing its rows, packing, unpacking, building the
-    sparse gradient, finding the rows a server's step changed), ``ps_unit_overhead`` the same per
-    dense variable or shard on the PS path (its reduce, its server's broadcast and its write-back
-    are each a step of Python per unit; evidence: docs/cost-model.md §History and evidence);
-    ``comm_scale`` multiplies the byte (beta) terms
-    of every wire time the microbenchmarks predict and ``alpha_scale`` their latency (alpha)
-    terms, and ``comm_oversubscription`` adds to both per unit of ranks beyond a host's cores
-    (inside a training step bytes move slower than in a lockstep microbenchmark: peers arrive at
-    different times, and on a CPU host copies and reductions compete with the ranks' compute for
-    the same cores; while calls issued back to back, asynchronously, overlap part of their
-    latencies, which a microbenchmark timing each call after a barrier does not); ``gossip_per_byte`` seconds
-    per gossiped byte per in-neighbour beyond the wire and copies (exchanges of tens of MB that leave
-    the caches; fitted by ``Lab.calibrate``'s training-loop stage) and ``gossip_tensor_overhead`` seconds per gossiped
-    tensor per in-neighbour (the per-tensor dispatch of the same). ``oversubscription``: extra
-    compute slowdown per unit of ranks beyond a host's cores (contention.py). ``bucket_bytes`` the
-    all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``); ``ddp``: whether
-    the runtime takes its DDP fast path for pure all-reduce strategies (``RankJob.extra['ddp']``),
-    whose buckets ignore the strategy's group ids.
+    ``Lab.calibrate`` fits them (docs/cost-model.md says which stage fits which); an uncalibrated
+    model has these defaults and the ``ResourceSpec``'s link figures. Times are seconds, sizes bytes.
     """
 
     alpha_beta: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """``"collective/link"`` (e.g. ``"allreduce/intra"``) -> ``(alpha s, beta s/byte)``; a missing
+    entry falls back to the ``ResourceSpec``'s link figures."""
     contention: float = 0.05
+    """Extra compute slowdown per additional busy core on a host (memory bandwidth, caches; contention.py)."""
     thread_efficiency: float = 0.8
+    """How compute scales with the threads a rank gets (contention.py)."""
     optimizer_per_byte: float = 3e-10
+    """Seconds per parameter byte of one optimizer update, the bytes out of cache as in a step."""
     copy_per_byte: float = 1.5e-10
+    """Seconds per byte of the runtime's copies: gradients flattened into one all-reduce message,
+    the PS path's divided gradients and shard write-backs, gossip's passes over its bytes (those,
+    on bytes the step has just written, unslowed by contention)."""
     compute_scale: float = 1.0
+    """Multiplies the profiled compute (a profile taken on another machine or thread count)."""
     step_overhead: float = 0.0
+    """The training loop's own cost per step (reading the batch, zeroing gradients, Python)."""
     rank_overhead: float = 0.0
+    """Per step per rank beyond the first: ranks waiting for the slowest one beyond what the
+    lockstep local steps already wait."""
     tensor_overhead: float = 0.0
+    """The training loop's cost per step per trainable tensor."""
     runtime_overhead: float = 0.0
+    """The strategy's machinery per step (autograd hooks, bucket copies, per-tensor dispatch)."""
     hook_overhead: float = 0.0
+    """The strategy's machinery per step per trainable tensor."""
     oversubscription: float = 0.0
+    """Extra compute slowdown per unit of ranks beyond a host's cores (contention.py)."""
     call_overhead: float = 0.0
+    """The runtime's own work around each collective call (packing, dispatch; counted in ``comm``;
+    one rank makes no calls)."""
     peer_call_overhead: float = 0.0
+    """Per collective call per peer, times the host's time-slicing: a collective waits for every
+    peer to be scheduled and to reach it, which lockstep microbenchmarks do not see."""
     gather_peer_overhead: float = 0.0
+    """``peer_call_overhead`` for the calls that gather sparse rows (the all-gather path's and the
+    PS path's gathers to its servers: row packing and coalescing between them)."""
     gossip_per_byte: float = 0.0
+    """Per gossiped byte per in-neighbour beyond the wire and the copies (exchanges of tens of MB
+    that leave the caches)."""
     gossip_tensor_overhead: float = 0.0
+    """Per gossiped tensor per in-neighbour: the per-tensor dispatch of an exchange."""
     sparse_unit_overhead: float = 0.0
+    """Per step per sparse variable or shard at any world size, one rank included (coalescing its
+    rows, packing, unpacking, building the sparse gradient, finding the rows a server changed)."""
     ps_unit_overhead: float = 0.0
+    """Per step per dense variable or shard on the PS path: its reduce, its server's broadcast
+    and its write-back are each a step of Python."""
     comm_scale: float = 1.0
+    """Multiplies the byte (beta) terms of every wire time the microbenchmarks predict: inside a
+    step bytes move slower than in a lockstep microbenchmark (peers arrive at different times,
+    copies compete with compute for a CPU host's cores)."""
     alpha_scale: float = 1.0
+    """Multiplies the latency (alpha) terms of the same: calls issued back to back overlap part of
+    their latencies, which a microbenchmark timing each call after a barrier does not."""
     comm_oversubscription: float = 0.0
-    bucket_bytes: int = BUCKET_BYTES  # all-reduce bucket cap, as the runtime's default
-    ddp: bool = False  # Lab.launch runs distlab's own buckets (RankJob.extra['ddp'] is off)
+    """Added to both scales per unit of ranks beyond a host's cores."""
+    bucket_bytes: int = BUCKET_BYTES
+    """The all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``)."""
+    ddp: bool = False
+    """Price pure all-reduce strategies as torch's DDP reducer buckets them (``RankJob.extra['ddp']``),
+    ignoring the strategy's group ids; False prices distlab's own buckets."""
 
     def __post_init__(self) -> None:
         for key, ab in self.alpha_beta.items():
