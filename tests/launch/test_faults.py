@@ -230,12 +230,12 @@ class Wide(torch.nn.Module):
     ],
 )
 def test_bad_input_fails_before_any_worker_starts(clean_lab, tiny, kwargs, error, match):
-    before = len(clean_lab._runs)
+    before = len(clean_lab.history)
     args = {"strategy": allreduce_strategy(tiny, clean_lab.resources), "steps": 5, "data": Blobs(), **kwargs}
     with pytest.raises(error, match=match) as info:
         clean_lab.launch(tiny, **args)
     assert isinstance(info.value, DistlabError) and "\n" not in str(info.value)
-    assert len(clean_lab._runs) == before
+    assert len(clean_lab.history) == before
 
 
 def test_a_strategy_for_another_model_is_refused(clean_lab, tiny):
