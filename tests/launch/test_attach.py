@@ -14,7 +14,6 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from polling import poll_for
 
 from distlab.errors import LaunchError
 from distlab.launch.lab import Lab
@@ -35,6 +34,8 @@ class Scheduler:
         self.procs: list[subprocess.Popen] = []
         info = tmp / "scheduler.json"
         self._start("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(info))
+        from polling import poll_for  # here, not at the top: this module goes to the workers by value
+
         poll_for(info.exists, 60, "the dask scheduler to write its file", interval=0.2)
         self.address = json.loads(info.read_text())["address"]
 
