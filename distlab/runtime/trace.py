@@ -33,6 +33,7 @@ class Tracer:
         self._wall0, self._perf0 = time.time(), time.perf_counter()
         self.offset = 0.0  # seconds to add to this rank's clock to read rank 0's
         self._events: list[dict[str, Any]] = []
+        self._pending: list[Any] = []  # the futures of collectives whose completion callback may not have run yet
         self._lock = threading.Lock()  # completion callbacks run on the process group's thread
 
     def now(self) -> float:
@@ -61,10 +62,16 @@ class Tracer:
             self.add(name, cat, launched, time.perf_counter(), track="comm", **args)
             return None
 
-        future().then(done)
+        self._pending.append(future().then(done))
 
     def take(self) -> list[dict[str, Any]]:
-        """The spans recorded since the last call, as wall-clock seconds on rank 0's clock."""
+        """The spans recorded since the last call, as wall-clock seconds on rank 0's clock.
+
+        Called after the step waited for its collectives; their completion callbacks run on the
+        process group's thread and may still be on their way, so this waits for each of them."""
+        pending, self._pending = self._pending, []
+        for fut in pending:
+            fut.wait()
         with self._lock:
             events, self._events = self._events, []
         base = self._wall0 - self._perf0 + self.offset
