@@ -32,6 +32,7 @@ browser-deps:
 
 lint: $(STAMP)
 	$(BIN)/ruff check distlab tests
+	$(BIN)/ruff format --check distlab tests
 	$(BIN)/basedpyright --pythonpath $(BIN)/python
 
 bench: $(STAMP)

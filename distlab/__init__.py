@@ -10,6 +10,7 @@ import importlib as _importlib
 from typing import Any as _Any
 
 from distlab.errors import DistlabError
+from distlab.profiling.model_profile import DEFAULT_BATCH as _DEFAULT_BATCH
 from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile
 from distlab.resources import Link, ResourceSpec
 from distlab.strategy.types import Strategy
@@ -60,7 +61,9 @@ def __dir__() -> list[str]:
     return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
 
 
-def profile(model: _Any, sample_input: _Any = None, batch_size: int = 32, **options: _Any) -> ModelProfile:
+def profile(
+    model: _Any, sample_input: _Any = None, batch_size: int = _DEFAULT_BATCH, **options: _Any
+) -> ModelProfile:
     """Profile a torch ``nn.Module`` (or a Keras model): see ``distlab.profiling.torch_profiler.profile``.
 
     The profilers live in ``distlab.profiling``, so ``dl.profile`` (this function) and the

@@ -1,4 +1,5 @@
-"""Data sets for the zoo: learnable synthetic generators per model, generic ones from a spec, and scikit-learn's digits.
+"""Data sets for the zoo: learnable synthetic generators per model, generic ones from a spec, and
+scikit-learn's digits.
 
 Every data set yields ``(input, target)`` pairs of one sample each, matching the model's
 ``input_spec``/``target_spec``, and is deterministic from ``seed``. Data cards: ``datasets/README.md``.
@@ -71,7 +72,8 @@ def _teacher_classes(x: torch.Tensor, classes: int, gen: torch.Generator) -> tor
 def from_spec(
     input_spec: dict[str, Any], target_spec: dict[str, Any] | None, n: int, seed: int = 0
 ) -> TensorPairs:
-    """``n`` random samples of ``input_spec``; class targets come from a random linear teacher on float inputs."""
+    """``n`` random samples of ``input_spec``; class targets come from a random linear teacher on float
+    inputs."""
     if "inputs" in input_spec or "shape" not in input_spec:
         raise DistlabError(
             f"from_spec: input_spec {input_spec!r} is not one tensor's {{'shape', 'dtype'}}; "
@@ -107,7 +109,8 @@ def _markov_tokens(
 def _click_logs(
     spec_in: dict[str, Any], classes: int, n: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Categorical ids with a heavy head (a few rows are hot, as in click logs); labels from per-row scores."""
+    """Categorical ids with a heavy head (a few rows are hot, as in click logs); labels from per-row
+    scores."""
     fields, rows = int(spec_in["shape"][0]), int(spec_in["high"])
     idx = (torch.rand(n, fields, generator=gen) ** 4 * rows).long().clamp_(max=rows - 1)
     score = torch.zeros(n, classes)
@@ -176,7 +179,9 @@ def digits_mlp(width: int = 128, depth: int = 2, seed: int = 0) -> torch.nn.Modu
 
 
 # -- a user's data, in the forms a user has it ------------------------------------------------------
-DATA_FORMS = "a Dataset of (input, target) pairs, a DataLoader, or an (inputs, targets) pair of tensors or arrays"
+DATA_FORMS = (
+    "a Dataset of (input, target) pairs, a DataLoader, or an (inputs, targets) pair of tensors or arrays"
+)
 
 
 def _array_like(x: Any) -> bool:
@@ -190,7 +195,9 @@ def _tensor(x: Any, what: str) -> torch.Tensor:
 
         arr = np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x)
         if arr.dtype == object:
-            raise DistlabError(f"{what}: holds Python objects ({type(x).__name__}); give numbers of one dtype")
+            raise DistlabError(
+                f"{what}: holds Python objects ({type(x).__name__}); give numbers of one dtype"
+            )
         x = torch.from_numpy(np.ascontiguousarray(arr))
     if x.dtype == torch.float64:
         x = x.float()
@@ -221,7 +228,8 @@ def as_dataset(data: Any, what: str = "data") -> Any:
         return TensorPairs(x, y, f"({kinds} inputs, targets)")
     if _array_like(data):
         raise DistlabError(
-            f"{what}: one {type(data).__name__} holds inputs only; give the targets too: data=(inputs, targets)"
+            f"{what}: one {type(data).__name__} holds inputs only; "
+            "give the targets too: data=(inputs, targets)"
         )
     if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not isinstance(data, (str, bytes, dict)):
         return data

@@ -164,7 +164,10 @@ def _resnet_bn(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, tor
     size = 64
     x = torch.randn(n, 3, size, size, generator=g)
     y = torch.randint(0, opts["num_labels"], (n,), generator=g)
-    src = f"transformers {_version(tf)} ResNetForImageClassification(ResNetConfig({_kw(opts)})), pixels 3x{size}x{size}"
+    src = (
+        f"transformers {_version(tf)} ResNetForImageClassification(ResNetConfig({_kw(opts)})), "
+        f"pixels 3x{size}x{size}"
+    )
     return HFLogits(net, "pixel_values"), x, y, src
 
 
@@ -225,7 +228,8 @@ def _deepfm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.
     x = torch.cat([ids, torch.rand(n, dense, generator=g)], dim=1)
     y = torch.randint(0, 2, (n,), generator=g)
     src = (
-        f"deepctr-torch {_version(dc)} DeepFM({sparse} SparseFeat({rows}, embedding_dim={dim}) + {dense} DenseFeat, "
+        f"deepctr-torch {_version(dc)} DeepFM({sparse} SparseFeat({rows}, "
+        f"embedding_dim={dim}) + {dense} DenseFeat, "
         f"dnn_hidden_units={hidden}, task='regression'), logits [0, z]"
     )
     return CTRLogits(net), x, y, src

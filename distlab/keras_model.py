@@ -131,7 +131,9 @@ class KerasModule(torch.nn.Module):
 def _torch_value(variable: Any) -> Any:
     value = variable.value
     if not isinstance(value, torch.Tensor):
-        raise LaunchError(f"model: Keras variable {_path(variable)} is not a torch tensor; Keras must use the torch backend")
+        raise LaunchError(
+            f"model: Keras variable {_path(variable)} is not a torch tensor; Keras must use the torch backend"
+        )
     return value
 
 
@@ -158,12 +160,14 @@ def wrap(keras_model: Any) -> Any:
     keras = use_torch_backend("lab.launch")
     if not isinstance(keras_model, keras.Model):
         raise LaunchError(
-            f"model: {type(keras_model).__name__} is a Keras model of another Keras ({type(keras_model).__module__}); "
+            f"model: {type(keras_model).__name__} is a Keras model of another Keras "
+            f"({type(keras_model).__module__}); "
             "distlab's torch runtime runs Keras 3 models (import keras)"
         )
     if not keras_model.built:
         raise LaunchError(
-            f"model: Keras model {keras_model.name} is not built; call it on a batch (or give it keras.Input) first"
+            f"model: Keras model {keras_model.name} is not built; call "
+            "it on a batch (or give it keras.Input) first"
         )
     return KerasModule(keras_model)
 
@@ -178,9 +182,10 @@ def _from_keras_file(data: bytes, training: bool = True) -> Any:
             model = keras.saving.load_model(path, compile=False)
         except Exception as exc:  # noqa: BLE001 - a custom layer Keras cannot rebuild, among others
             raise LaunchError(
-                f"model: the Keras model does not load from its .keras file in {_where()} ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); register custom layers "
-                "with @keras.saving.register_keras_serializable() in a module the workers import"
+                f"model: the Keras model does not load from its .keras file in {_where()} "
+                f"({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); register custom "
+                "layers with @keras.saving.register_keras_serializable() in a module the workers import"
             ) from None
     module = KerasModule(model)
     module.train(training)
@@ -199,5 +204,3 @@ def _where() -> str:
 def unwrap(module: Any) -> Any:
     """The Keras model a ``KerasModule`` wraps; anything else as it is."""
     return module.keras_model if isinstance(module, KerasModule) else module
-
-

@@ -1,4 +1,7 @@
-"""ResourceSpec: the ranks, hosts, devices, cores and links a strategy is planned for."""
+"""ResourceSpec: the ranks, hosts, devices, cores and links a strategy is planned for.
+
+Long because ResourceSpec's constructors (local, from a Dask client, from YAML, AutoDist's spec or a
+dict), its queries and its what-if variants are one type's API."""
 
 from __future__ import annotations
 
@@ -191,7 +194,8 @@ class ResourceSpec:
         """A live Dask cluster: one rank per worker, ordered by (host, worker address).
 
         Reads the scheduler's full worker table (``scheduler.identity``; ``client.scheduler_info()``
-        can briefly return an empty list while the client refreshes its cache). A worker is a GPU rank when its
+        can briefly return an empty list while the client refreshes its cache). A worker is a GPU rank when
+        its
         resources or metrics mention a GPU; cores per host are the sum of its workers' threads.
         ``facts`` (worker address -> ``{"cores": int, "gpu": id or None}``, measured on the workers)
         overrides both: cores per host = the largest reported, device ``gpu:<id>``.
@@ -337,7 +341,8 @@ class ResourceSpec:
             for h in self.hosts
         )
         links = "".join(
-            f"<tr><td>{html.escape(k)}</td><td>{v.latency * 1e6:.1f} us</td><td>{v.bandwidth / 1e9:.3g} GB/s</td></tr>"
+            f"<tr><td>{html.escape(k)}</td><td>{v.latency * 1e6:.1f} us</td><td>{v.bandwidth / 1e9:.3g} "
+            "GB/s</td></tr>"
             for k, v in self.links.items()
         )
         return (

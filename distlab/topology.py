@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
 
 from distlab.errors import DistlabError
+
+if TYPE_CHECKING:
+    from distlab.strategy.types import Strategy
 
 # Convention (distlab.glossary "topology"): weights[i, j] is the weight of the edge i -> j, self
 # loops on the diagonal. Rank j's combine step is x_j <- sum_i weights[i, j] * x_i, so columns
@@ -126,7 +129,8 @@ def _circulant(n: int, offsets: Sequence[int]) -> np.ndarray:
 
 
 def _metropolis_hastings(g: nx.Graph) -> np.ndarray:
-    """Symmetric weights 1/max(deg_i, deg_j) per edge, degrees counting the self loop; rest on the diagonal."""
+    """Symmetric weights 1/max(deg_i, deg_j) per edge, degrees counting the self loop; rest on the
+    diagonal."""
     nodes = list(g.nodes)
     index = {v: i for i, v in enumerate(nodes)}
     deg = {v: g.degree(v) + 1 for v in nodes}
@@ -187,7 +191,8 @@ def star(n: int, center: int = 0) -> Topology:
 
 
 def mesh2d(n: int) -> Topology:
-    """4-neighbour grid of the two closest factors of n, Metropolis-Hastings weights (BlueFog MeshGrid2DGraph)."""
+    """4-neighbour grid of the two closest factors of n, Metropolis-Hastings weights (BlueFog
+    MeshGrid2DGraph)."""
     rows, cols = _closest_factors(n)
     g = nx.convert_node_labels_to_integers(nx.grid_2d_graph(rows, cols), ordering="sorted")
     return Topology("mesh2d", _metropolis_hastings(g))
@@ -295,7 +300,8 @@ def names() -> list[str]:
 
 
 def get(name: str, n: int, dynamic: bool = False, **options: Any) -> Topology | TopologySchedule:
-    """The topology ``name`` over ``n`` ranks; ``dynamic=True`` turns a circulant one into a one-peer schedule."""
+    """The topology ``name`` over ``n`` ranks; ``dynamic=True`` turns a circulant one into a one-peer
+    schedule."""
     if name not in _BUILDERS:
         raise DistlabError(f"topology {name!r} is not known; use one of: {', '.join(_BUILDERS)}")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -315,7 +321,7 @@ def get(name: str, n: int, dynamic: bool = False, **options: Any) -> Topology | 
     return topo
 
 
-def for_strategy(strategy: Any) -> Topology | TopologySchedule:
+def for_strategy(strategy: Strategy) -> Topology | TopologySchedule:
     """The topology a strategy's gossip settings name, over its ranks (hosts from ``strategy.ranks``)."""
     g = strategy.gossip
     if g is None:

@@ -1,4 +1,5 @@
-"""Reference models: an MLP, a small ResNet-style convnet, a GPT-style language model and a wide-and-deep recommender.
+"""Reference models: an MLP, a small ResNet-style convnet, a GPT-style language model and a wide-and-deep
+recommender.
 
 Every model carries ``zoo_name``, ``options`` (the size options it was built with),
 ``input_spec`` and ``target_spec`` (one sample each: ``{"shape", "dtype", "high"}``), so it
@@ -280,7 +281,10 @@ def _keras_embedding(rows: int = 10_000, dim: int = 16, fields: int = 8, classes
     h = keras.layers.Embedding(rows, dim, name="table")(ids)
     h = keras.layers.Dense(64, activation="relu", name="hidden")(keras.layers.Flatten()(h))
     model = keras.Model(ids, keras.layers.Dense(classes, name="out")(h), name="keras_embedding")
-    spec = ({"shape": [fields], "dtype": "int32", "high": rows}, {"shape": [], "dtype": "int64", "high": classes})
+    spec = (
+        {"shape": [fields], "dtype": "int32", "high": rows},
+        {"shape": [], "dtype": "int64", "high": classes},
+    )
     return model, spec
 
 
@@ -335,7 +339,9 @@ def get(name: str, seed: int = 0, **size_options: Any) -> nn.Module:
     try:
         cls = _MODELS[name]
     except KeyError:
-        raise DistlabError(f"zoo: no model {name!r}; available: {', '.join(names() + keras_names())}") from None
+        raise DistlabError(
+            f"zoo: no model {name!r}; available: {', '.join(names() + keras_names())}"
+        ) from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:

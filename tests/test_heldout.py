@@ -1,4 +1,5 @@
-"""Held-out benchmark models: each trains a step on its data, is deterministic, pickles, profiles; imports stay lazy."""
+"""Held-out benchmark models: each trains a step on its data, is deterministic, pickles, profiles; imports
+stay lazy."""
 
 import copy
 import pickle

@@ -132,7 +132,8 @@ def test_the_kernelspec_has_a_logo(size):
 def test_dir_lists_the_public_names_without_importing_them():
     probe = (
         "import json, sys, distlab; names = dir(distlab); "
-        "print(json.dumps([names, [m for m in ('torch', 'dask', 'distributed', 'plotly', 'ipywidgets') if m in sys.modules]]))"
+        "print(json.dumps([names, [m for m in ('torch', 'dask', 'distributed', 'plotly', 'ipywidgets') if m "
+        "in sys.modules]]))"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     names, heavy = json.loads(done.stdout)
@@ -174,7 +175,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     import tqdm.auto
     import tqdm.std
 
-    from distlab.launch import calibrate
+    from distlab.launch import calibrate, measure
 
     bars: list = []
 
@@ -212,12 +213,12 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
 
     (bar,) = bars
     references = len(calibrate._reference_cases())
-    loop_calls = sum(name == "loop_pass_rank" for name, _ in calls) - 2 * calibrate.MODEL_PASSES
+    loop_calls = sum(name == "loop_pass_rank" for name, _ in calls) - 2 * measure.MODEL_PASSES
     # the total known up front: the collectives' call, each reference model's profile, at most
     # OVERHEAD_PASSES training-loop calls at each of world sizes 1 and 2, then the model's passes
-    expected = 1 + references + calibrate.OVERHEAD_PASSES * 2 + calibrate.MODEL_PASSES * 2
+    expected = 1 + references + measure.OVERHEAD_PASSES * 2 + measure.MODEL_PASSES * 2
     assert bar.total == expected >= 20 and round(bar.n, 6) == bar.total  # no part is > 1/20 of the bar
-    assert loop_calls >= 2 and len(calls) == 1 + loop_calls + 2 * calibrate.MODEL_PASSES
+    assert loop_calls >= 2 and len(calls) == 1 + loop_calls + 2 * measure.MODEL_PASSES
     parts = [n for _, n, _ in bar.events]
     # inside each call the workers' ticks move the bar by fractions of its part (rank 0's
     # progress.tick per collective size, per local step, per training-loop case)

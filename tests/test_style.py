@@ -13,7 +13,14 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["distlab"]["style"]
-PURE = ["distlab/profiling/model_profile.py", "distlab/strategy", "distlab/topology.py", "distlab/costmodel", "distlab/resources.py", "distlab/adaptive"]
+PURE = [
+    "distlab/profiling/model_profile.py",
+    "distlab/strategy",
+    "distlab/topology.py",
+    "distlab/costmodel",
+    "distlab/resources.py",
+    "distlab/adaptive",
+]
 SOURCES = sorted((ROOT / "distlab").rglob("*.py"))
 
 
@@ -26,12 +33,52 @@ def test_ruff_is_clean():
 
 
 def test_no_file_past_the_limit():
-    long = {str(p.relative_to(ROOT)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > LIMITS["max_file_lines"]}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in SOURCES
+        if (n := len(p.read_text().splitlines())) > LIMITS["max_file_lines"]
+    }
     assert not long, f"split these files: {long}"
 
 
+def _says_why(node: ast.AST) -> bool:
+    return "Long because" in (ast.get_docstring(node) or "")
+
+
+def test_a_long_file_or_function_says_why_at_its_top():
+    """A file past ``explain_file_lines`` or a function past ``explain_function_lines`` says in its
+    docstring why it stays one piece ("Long because ..."), or is split."""
+    unexplained = []
+    for p in SOURCES:
+        text = p.read_text()
+        tree = ast.parse(text)
+        name = str(p.relative_to(ROOT))
+        if len(text.splitlines()) > LIMITS["explain_file_lines"] and not _says_why(tree):
+            unexplained.append(name)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > LIMITS["explain_function_lines"] and not _says_why(node):
+                    unexplained.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
+    assert not unexplained, f"split these or say why at their top: {unexplained}"
+
+
+def test_ruff_format_is_clean():
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e .[dev])")
+    done = subprocess.run(
+        [ruff, "format", "--check", "distlab", "tests"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
 def test_every_module_opens_with_a_docstring():
-    missing = [str(p.relative_to(ROOT)) for p in SOURCES if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text())) is None]
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in SOURCES
+        if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text())) is None
+    ]
     assert not missing, missing
 
 
@@ -40,15 +87,23 @@ def test_planning_never_imports_dask_or_torch_distributed(path):
     files = [ROOT / path] if path.endswith(".py") else sorted((ROOT / path).rglob("*.py"))
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
-                assert not name.startswith(("dask", "distributed", "torch.distributed")), f"{f.name} imports {name}"
+                assert not name.startswith(("dask", "distributed", "torch.distributed")), (
+                    f"{f.name} imports {name}"
+                )
 
 
 def test_the_readme_layout_lists_every_module_of_the_package():
     """The README's layout section names what ``ls distlab`` shows: packages with a slash, modules by file."""
     text = (ROOT / "README.md").read_text()
-    block = text[text.index("## Layout"):].split("```")[1]
+    block = text[text.index("## Layout") :].split("```")[1]
     lines = block.strip().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("distlab/"))
     named = []
@@ -56,8 +111,11 @@ def test_the_readme_layout_lists_every_module_of_the_package():
         if line[:1].strip() and not line.startswith("distlab/"):
             break  # the next top-level folder
         named += [w for w in line.removeprefix("distlab/").split() if w.endswith("/") or w.endswith(".py")]
-    actual = {p.name + ("/" if p.is_dir() else "") for p in (ROOT / "distlab").iterdir()
-              if not p.name.startswith("__") and p.name != "py.typed"}
+    actual = {
+        p.name + ("/" if p.is_dir() else "")
+        for p in (ROOT / "distlab").iterdir()
+        if not p.name.startswith("__") and p.name != "py.typed"
+    }
     assert set(named) == actual
 
 
@@ -66,8 +124,14 @@ def test_every_cost_param_has_its_own_line_of_documentation():
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CostParams")
     body = cls.body
     undocumented = [
-        n.target.id for i, n in enumerate(body)
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-        and not (i + 1 < len(body) and isinstance(body[i + 1], ast.Expr) and isinstance(body[i + 1].value, ast.Constant))
+        n.target.id
+        for i, n in enumerate(body)
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.target, ast.Name)
+        and not (
+            i + 1 < len(body)
+            and isinstance(body[i + 1], ast.Expr)
+            and isinstance(body[i + 1].value, ast.Constant)
+        )
     ]
     assert not undocumented, f"document these CostParams fields: {undocumented}"

@@ -10,4 +10,12 @@ from distlab.adaptive.goodput import (
     statistical_efficiency,
 )
 
-__all__ = ["GradientStats", "adascale_gain", "best_batch", "estimate_gradient_stats", "goodput", "optimal_batch", "statistical_efficiency"]
+__all__ = [
+    "GradientStats",
+    "adascale_gain",
+    "best_batch",
+    "estimate_gradient_stats",
+    "goodput",
+    "optimal_batch",
+    "statistical_efficiency",
+]

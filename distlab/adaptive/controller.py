@@ -49,12 +49,14 @@ class Bounds:
         if self.max_global is not None and self.max_global < lo * world:
             raise StrategyError(
                 f"{where}: max_batch_size {self.max_global} excludes every batch: the smallest is "
-                f"local_bsz_bounds[0] x {world} ranks = {lo * world}; raise max_batch_size or lower local_bsz_bounds"
+                f"local_bsz_bounds[0] x {world} ranks = {lo * world}; raise max_batch_size or lower "
+                "local_bsz_bounds"
             )
         return self
 
     def configurations(self, world: int) -> list[tuple[int, int]]:
-        """Every allowed (per-replica batch, accumulation): powers of two within the bounds, and the bounds."""
+        """Every allowed (per-replica batch, accumulation): powers of two within the bounds, and the
+        bounds."""
         lo, hi = self.per_replica
         sizes = sorted({lo, hi, *(2**i for i in range(int(math.log2(hi)) + 1) if lo <= 2**i <= hi)})
         out = [

@@ -38,7 +38,9 @@ class GradientStats:
         return self.var / batch
 
 
-def estimate_gradient_stats(small_batch: int, small_sqnorm: float, big_batch: int, big_sqnorm: float) -> GradientStats:
+def estimate_gradient_stats(
+    small_batch: int, small_sqnorm: float, big_batch: int, big_sqnorm: float
+) -> GradientStats:
     """Unbiased |G|^2 and tr(Sigma) from squared gradient norms at two batch sizes.
 
     E|G_B|^2 = |G|^2 + tr(Sigma)/B, so two batch sizes pin both (McCandlish et al. 2018, App. A.1).
@@ -46,7 +48,9 @@ def estimate_gradient_stats(small_batch: int, small_sqnorm: float, big_batch: in
     from distlab.adaptive.noise import two_batch_estimates
 
     if not 0 < small_batch < big_batch:
-        raise DistlabError(f"estimate_gradient_stats: need 0 < small_batch < big_batch, got {small_batch}, {big_batch}")
+        raise DistlabError(
+            f"estimate_gradient_stats: need 0 < small_batch < big_batch, got {small_batch}, {big_batch}"
+        )
     sqr, var = (float(x) for x in two_batch_estimates(small_batch, small_sqnorm, big_batch, big_sqnorm))
     return GradientStats(sqr=max(sqr, 1e-30), var=max(var, 0.0))
 
@@ -81,7 +85,8 @@ def optimal_batch(a: float, b: float, noise_scale: float, lo: float = 1, hi: flo
     to ``[lo, hi]`` (goodput rises below the optimum and falls above it)."""
     if a < 0 or b <= 0 or noise_scale < 0:
         raise DistlabError(
-            f"optimal_batch: need a >= 0 s, b > 0 s per sample and a noise scale >= 0, got {a}, {b}, {noise_scale}"
+            f"optimal_batch: need a >= 0 s, b > 0 s per sample and a noise scale >= 0, got {a}, {b}, "
+            f"{noise_scale}"
         )
     if lo > hi:
         raise DistlabError(f"optimal_batch: the bounds exclude every batch (lo {lo} > hi {hi})")

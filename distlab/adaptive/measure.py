@@ -63,29 +63,13 @@ def measure_noise_scale(
     (input, target) pairs, a DataLoader, or an ``(inputs, targets)`` pair) under ``loss`` (default:
     cross-entropy for integer targets, mean-squared error for float ones), from ``steps`` steps of
     ``micro`` micro-batches of ``batch_size`` samples read from a shuffled order. The model is
-    not changed: a copy computes the gradients.
-    """
+    not changed: a copy computes the gradients."""
     import torch
 
-    from distlab.data import as_dataset
     from distlab.runtime.data import RankBatches, call_model
     from distlab.runtime.trainer import default_loss
 
-    for name, value, least in (("batch_size", batch_size, 1), ("steps", steps, 1), ("micro", micro, 2)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise DistlabError(f"measure_noise_scale: {name} must be an integer >= {least}, got {value!r}")
-    if not isinstance(model, torch.nn.Module):
-        raise DistlabError(
-            f"measure_noise_scale: model must be a torch nn.Module, got {type(model).__name__}"
-        )
-    dataset = as_dataset(data, "measure_noise_scale: data")
-    if dataset is None:
-        raise DistlabError("measure_noise_scale: data is required (a Dataset, a DataLoader or (inputs, targets))")
-    if len(dataset) < batch_size * micro:
-        raise DistlabError(
-            f"measure_noise_scale: data has {len(dataset)} samples, fewer than one step's "
-            f"{micro} x {batch_size}; lower batch_size or give more data"
-        )
+    dataset = _checked(model, data, batch_size, steps, micro)
     probe = copy.deepcopy(model)
     probe.train()
     params = [p for p in probe.parameters() if p.requires_grad]
@@ -103,8 +87,13 @@ def measure_noise_scale(
             value = loss_fn(call_model(probe, x), y)
             value.backward()
             grads.append(
-                torch.cat([(p.grad.to_dense() if p.grad.is_sparse else p.grad).reshape(-1)
-                           for p in params if p.grad is not None]).double()
+                torch.cat(
+                    [
+                        (p.grad.to_dense() if p.grad.is_sparse else p.grad).reshape(-1)
+                        for p in params
+                        if p.grad is not None
+                    ]
+                ).double()
             )
         small = float(np.mean([float(g.pow(2).sum()) for g in grads]))
         big = float(torch.stack(grads).mean(0).pow(2).sum())
@@ -124,3 +113,29 @@ def measure_noise_scale(
         micro=micro,
         seconds=time.perf_counter() - start,
     )
+
+
+def _checked(model: Any, data: Any, batch_size: int, steps: int, micro: int) -> Any:
+    """``data`` as a Dataset, once every input of ``measure_noise_scale`` is one it can measure."""
+    import torch
+
+    from distlab.data import as_dataset
+
+    for name, value, least in (("batch_size", batch_size, 1), ("steps", steps, 1), ("micro", micro, 2)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise DistlabError(f"measure_noise_scale: {name} must be an integer >= {least}, got {value!r}")
+    if not isinstance(model, torch.nn.Module):
+        raise DistlabError(
+            f"measure_noise_scale: model must be a torch nn.Module, got {type(model).__name__}"
+        )
+    dataset = as_dataset(data, "measure_noise_scale: data")
+    if dataset is None:
+        raise DistlabError(
+            "measure_noise_scale: data is required (a Dataset, a DataLoader or (inputs, targets))"
+        )
+    if len(dataset) < batch_size * micro:
+        raise DistlabError(
+            f"measure_noise_scale: data has {len(dataset)} samples, fewer than one step's "
+            f"{micro} x {batch_size}; lower batch_size or give more data"
+        )
+    return dataset

@@ -24,7 +24,9 @@ from distlab.errors import DistlabError
 BENCH_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "bench"
 
 
-def write_result(path: str | Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> Path:
+def write_result(
+    path: str | Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None
+) -> Path:
     """Write a benchmark's figures as JSON (rows: the table; summary: the headline numbers)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,9 @@ def interleave(programs: Mapping[str, Callable[[], float]], repeats: int = 5) ->
     return out
 
 
-def medians_and_ratio(figures: Mapping[str, Sequence[float]], numerator: str, denominator: str) -> dict[str, float]:
+def medians_and_ratio(
+    figures: Mapping[str, Sequence[float]], numerator: str, denominator: str
+) -> dict[str, float]:
     """Median of each program, and the median of per-round ratios numerator/denominator."""
     med = {f"{k}_median": statistics.median(v) for k, v in figures.items()}
     ratios = [a / b for a, b in zip(figures[numerator], figures[denominator]) if b]
@@ -75,20 +79,32 @@ def available() -> list[str]:
     return sorted(p.stem for p in BENCH_DIR.glob("*.ipynb"))
 
 
-def run_bench(name: str, params: Mapping[str, Any] | None = None, out_dir: str | Path = "out/bench", progress: bool = True) -> dict[str, Any]:
+def run_bench(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    out_dir: str | Path = "out/bench",
+    progress: bool = True,
+) -> dict[str, Any]:
     """Execute ``notebooks/bench/NAME.ipynb`` with papermill; return its result JSON."""
     from distlab.notebook.execute import execute_notebook
 
     src = BENCH_DIR / f"{name}.ipynb"
     if not src.exists():
-        raise DistlabError(f"benchmark {name!r} does not exist; available: {', '.join(available()) or 'none'}")
+        raise DistlabError(
+            f"benchmark {name!r} does not exist; available: {', '.join(available()) or 'none'}"
+        )
     out = Path(out_dir)
     result_path = (out / f"{name}.json").resolve()
     if result_path.exists():
         result_path.unlink()
-    execute_notebook(src, out / f"{name}.ipynb", {**dict(params or {}), "result_path": str(result_path)}, progress=progress)
+    execute_notebook(
+        src, out / f"{name}.ipynb", {**dict(params or {}), "result_path": str(result_path)}, progress=progress
+    )
     if not result_path.exists():
-        raise DistlabError(f"benchmark {name!r} ran but wrote no result; its last cell must call write_result(result_path, ...)")
+        raise DistlabError(
+            f"benchmark {name!r} ran but wrote no result; its last "
+            "cell must call write_result(result_path, ...)"
+        )
     return read_result(result_path)
 
 

@@ -1,4 +1,5 @@
-"""Timing bodies for the runtime benchmarks: a plain DDP loop and run_rank, interleaved inside one spawned group."""
+"""Timing bodies for the runtime benchmarks: a plain DDP loop and run_rank, interleaved inside one spawned
+group."""
 
 from __future__ import annotations
 

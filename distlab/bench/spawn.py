@@ -19,7 +19,8 @@ def job_for_rank(rank: int, world: int, master_addr: str, master_port: int, payl
 
 
 def spawn_run(job: Any, world: int, threads: int | None = None, timeout: float = 300.0) -> dict[str, Any]:
-    """Run ``job`` on ``world`` fresh local processes; its records, throughput, wall time and start (epoch seconds).
+    """Run ``job`` on ``world`` fresh local processes; its records, throughput, wall time and start (epoch
+    seconds).
 
     Throughput is measured exactly as ``Run.throughput`` (``metrics.throughput``), so the two
     launch paths are compared on one definition.

@@ -19,7 +19,7 @@ cached per (profile, strategy) identity and reused for every evaluation, sweep a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -150,23 +150,35 @@ def _wire(nbytes: float, v: VariableProfile, sync: Sync) -> float:
     return nbytes
 
 
-def compile_strategy(
-    profile: ModelProfile,
-    strategy: Strategy,
-    timing: ProfileTiming | None = None,
-    bucket_bytes: int = BUCKET_BYTES,
-    ddp: bool = True,
-) -> CompiledStrategy:
-    """Turn one strategy into backward tasks, sparse exchanges, server loads and gossip figures."""
-    timing = timing or profile_timing(profile)
-    p = max(strategy.world, 1)
-    per_replica = strategy.batch.per_replica
+@dataclass
+class _Tally:
+    """What one strategy's units add up to, before they become arrays (see ``_tally``)."""
+
+    # backward tasks, one per all-reduce bucket or PS reduce: [ready, first position, ar bytes,
+    # ar calls, red bytes, red calls, raw bytes, bucket cap, units in it, holds a shard]
+    tasks: list[list[float]] = field(default_factory=list)
+    ag_bytes: float = 0.0
+    sps_gather: float = 0.0
+    sps_bcast: float = 0.0
+    gossip_bytes: float = 0.0
+    local_opt: float = 0.0
+    ps_copy: float = 0.0
+    gossip_msgs: int = 0
+    gossip_tensors: int = 0
+    sparse_units: int = 0
+    ps_units: int = 0
+    gather_dtypes: set[str] = field(default_factory=set)  # sparse all-gather: one packed exchange per dtype
+    # sparse PS: one packed gather and broadcast per (server, dtype)
+    sparse_servers: set[tuple[int, str]] = field(default_factory=set)
+    ps_load: dict[int, list[float]] = field(default_factory=dict)  # server -> [bytes, msgs, raw bytes]
+
+
+def _units(profile: ModelProfile, strategy: Strategy) -> list[tuple[VariableProfile, Sync, float]]:
+    """(variable, sync, fraction of the variable) in reverse parameter order (the order backward
+    makes gradients ready): a partitioned variable gives one unit per shard."""
     by_name = {v.name: v for v in profile.variables}
     position = {v.name: i for i, v in enumerate(profile.variables)}  # model.parameters() order
     plans = sorted((pl for pl in strategy.variables if pl.name in by_name), key=lambda pl: -position[pl.name])
-    ddp = ddp and ddp_applies(strategy)  # the runtime's own rule (strategy/execution.py)
-
-    # units in reverse parameter order: (variable, sync, fraction of the variable)
     units = []
     for plan in plans:
         v = by_name[plan.name]
@@ -177,9 +189,25 @@ def compile_strategy(
         else:
             fracs = [1.0] * len(syncs)
         units.extend((v, s, f) for s, f in zip(syncs, fracs))
+    return units
 
-    # [ready, first position, ar bytes, ar calls, red bytes, red calls, raw bytes, bucket cap,
-    #  units in it, holds a shard]
+
+def _tally(
+    units: list[tuple[VariableProfile, Sync, float]],
+    profile: ModelProfile,
+    strategy: Strategy,
+    timing: ProfileTiming,
+    bucket_bytes: int,
+    ddp: bool,
+) -> _Tally:
+    """Each unit charged where the runtime sends it: all-reduce buckets (filled in backward order
+    up to the cap), PS reduces and server loads, sparse all-gathers and gathers, gossip.
+
+    Long because each sync kind's charge sits beside the others, as the runtime dispatches them; the
+    branches share the open buckets and the servers' loads."""
+    p = max(strategy.world, 1)
+    per_replica = strategy.batch.per_replica
+    position = {v.name: i for i, v in enumerate(profile.variables)}  # model.parameters() order
     tasks: list[list[float]] = []
     open_bucket: dict[tuple, list[float]] = {}
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
@@ -239,18 +267,53 @@ def compile_strategy(
             gossip_tensors += 1
             gossip_msgs = 1  # the runtime flattens every gossip variable into one message per neighbour
             local_opt += raw
-    tasks.sort(key=lambda t: -t[1])  # runtime order: by the earliest parameter a task holds, last first
+    return _Tally(
+        tasks=tasks,
+        ag_bytes=ag_bytes,
+        sps_gather=sps_gather,
+        sps_bcast=sps_bcast,
+        gossip_bytes=gossip_bytes,
+        local_opt=local_opt,
+        gossip_msgs=gossip_msgs,
+        gossip_tensors=gossip_tensors,
+        sparse_units=sparse_units,
+        ps_units=ps_units,
+        ps_copy=ps_copy,
+        gather_dtypes=gather_dtypes,
+        sparse_servers=sparse_servers,
+        ps_load=ps_load,
+    )
+
+
+def compile_strategy(
+    profile: ModelProfile,
+    strategy: Strategy,
+    timing: ProfileTiming | None = None,
+    bucket_bytes: int = BUCKET_BYTES,
+    ddp: bool = True,
+) -> CompiledStrategy:
+    """Turn one strategy into backward tasks, sparse exchanges, server loads and gossip figures.
+
+    Long because it fills CompiledStrategy's fields, one per line; the work is in ``_units`` and
+    ``_tally``."""
+    timing = timing or profile_timing(profile)
+    p = max(strategy.world, 1)
+    per_replica = strategy.batch.per_replica
+    ddp = ddp and ddp_applies(strategy)  # the runtime's own rule (strategy/execution.py)
+    tally = _tally(_units(profile, strategy), profile, strategy, timing, bucket_bytes, ddp)
+    # runtime order: by the earliest parameter a task holds, last first
+    tally.tasks.sort(key=lambda task: -task[1])
     # runtime/sparse.py: the counts of every unit in one all-gather, then indices and values packed
-    ag_calls = 3 * len(gather_dtypes) if gather_dtypes else 0
-    sps_gather_calls = 1 + 2 * len(sparse_servers) if sparse_servers else 0
-    sps_bcast_calls = 3 * len(sparse_servers)  # per server: counts, rows, values
+    ag_calls = 3 * len(tally.gather_dtypes) if tally.gather_dtypes else 0
+    sps_gather_calls = 1 + 2 * len(tally.sparse_servers) if tally.sparse_servers else 0
+    sps_bcast_calls = 3 * len(tally.sparse_servers)  # per server: counts, rows, values
     if p == 1:  # one rank calls no collective at all (its gradients are the global ones)
         ag_calls = sps_gather_calls = sps_bcast_calls = 0
 
-    servers = sorted(s for s in ps_load if ps_load[s][0] > 0)
-    ps_bytes = np.array([ps_load[s][0] for s in servers], dtype=float)
+    servers = sorted(s for s in tally.ps_load if tally.ps_load[s][0] > 0)
+    ps_bytes = np.array([tally.ps_load[s][0] for s in servers], dtype=float)
     total_ps = float(ps_bytes.sum())
-    own = [ps_load[r][0] if r in ps_load else 0.0 for r in range(p)]
+    own = [tally.ps_load[r][0] if r in tally.ps_load else 0.0 for r in range(p)]
     hosts: dict[str, int] = {}
     devices: dict[tuple[str, str], int] = {}
     for r in strategy.ranks:
@@ -260,7 +323,7 @@ def compile_strategy(
     g = strategy.gossip
 
     def col(i: int) -> np.ndarray:
-        return np.array([t[i] for t in tasks], dtype=float)
+        return np.array([t[i] for t in tally.tasks], dtype=float)
 
     def suffix(i: int) -> np.ndarray:
         return np.cumsum(col(i)[::-1])[::-1]
@@ -271,7 +334,7 @@ def compile_strategy(
     keep = ready > np.concatenate([[-np.inf], np.maximum.accumulate(ready)[:-1]]) if len(ready) else ready > 0
     fwd_bwd = timing.fwd + timing.bwd
     scale = profile.compute_time_at(per_replica) / fwd_bwd if fwd_bwd > 0 else 0.0  # fwd : bwd kept
-    degree = strategy_in_degree(strategy) if gossip_msgs else 0.0
+    degree = strategy_in_degree(strategy) if tally.gossip_msgs else 0.0
     return CompiledStrategy(
         name=strategy.name,
         builder=strategy.builder,
@@ -293,39 +356,43 @@ def compile_strategy(
         suf_ar_bytes=suffix(2)[keep],
         suf_red_calls=suffix(5)[keep],
         suf_red_bytes=suffix(4)[keep],
-        ag_bytes=ag_bytes,
+        ag_bytes=tally.ag_bytes,
         ag_calls=ag_calls,
-        sps_gather_bytes=sps_gather,
+        sps_gather_bytes=tally.sps_gather,
         sps_gather_calls=sps_gather_calls,
         ps_bytes=ps_bytes,
-        ps_msgs=np.array([ps_load[s][1] for s in servers], dtype=float),
+        ps_msgs=np.array([tally.ps_load[s][1] for s in servers], dtype=float),
         ps_worker_bytes=total_ps - min(own) if total_ps else 0.0,
-        sps_bcast_bytes=sps_bcast,
+        sps_bcast_bytes=tally.sps_bcast,
         sps_bcast_calls=sps_bcast_calls,
-        gossip_bytes=gossip_bytes,
-        gossip_msgs=gossip_msgs,
-        gossip_tensors=gossip_tensors,
+        gossip_bytes=tally.gossip_bytes,
+        gossip_msgs=tally.gossip_msgs,
+        gossip_tensors=tally.gossip_tensors,
         gossip_topology=g.topology if g else "exp2",
         gossip_dynamic=bool(g and g.dynamic),
         gossip_awc=bool(g and g.mode == "awc"),
         gossip_degree=degree,
-        opt_bytes=local_opt + max((v[2] for v in ps_load.values()), default=0.0),
+        opt_bytes=tally.local_opt + max((v[2] for v in tally.ps_load.values()), default=0.0),
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
-        sparse_units=sparse_units,
+        sparse_units=tally.sparse_units,
         # the PS path's copies (above), and runtime/allreduce.py's: every bucket is divided by the
         # world in place (a pass over its bytes, as the PS path's division), and a bucket of several
         # tensors (or a shard) is first flattened by torch.cat, one of a whole variable reduced in
         # place (one rank launches no bucket at all; DDP's gradients are bucket views, divided by its hook)
-        copy_bytes=ps_copy
-        + (sum(t[6] * (2.0 if t[8] > 1 or t[9] else 1.0) for t in tasks if t[2] > 0) if p > 1 and not ddp else 0.0),
-        ps_units=ps_units,
+        copy_bytes=tally.ps_copy
+        + (
+            sum(t[6] * (2.0 if t[8] > 1 or t[9] else 1.0) for t in tally.tasks if t[2] > 0)
+            if p > 1 and not ddp
+            else 0.0
+        ),
+        ps_units=tally.ps_units,
         n_calls=float(
-            len(tasks) * (p > 1)
+            len(tally.tasks) * (p > 1)
             + ag_calls
             + sps_gather_calls
             + sps_bcast_calls
-            + sum(ps_load[s][1] for s in servers) * (p > 1)
-            + gossip_msgs * math.ceil(degree)
+            + sum(tally.ps_load[s][1] for s in servers) * (p > 1)
+            + tally.gossip_msgs * math.ceil(degree)
         ),
     )

@@ -3,7 +3,7 @@
 ``Lab.calibrate(models=[...])`` runs each model's local step (data, forward, loss, backward; no
 gradient exchange, no optimizer; the ranks in lockstep, each step waiting for the slowest) on
 every rank of a sub-cluster at once, at each world size and at two per-replica batch sizes
-(``runtime.microbench.loop_pass_rank``). The rows (``calibrate.LocalStep``, one per model, ranks
+(``runtime.loopbench.loop_pass_rank``). The rows (``rows.LocalStep``, one per model, ranks
 on the host, cores and batch) replace the profile's compute, scaled by the contention model,
 wherever they apply: a model's step in a rank is slower than the profile measured it in the
 notebook's process (thread pools, allocator, caches shared with the other ranks), and by how
@@ -17,15 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from distlab.costmodel.calibrate import LocalStep, as_rows
+from distlab.costmodel.rows import LocalStep, as_rows
 from distlab.errors import CalibrationError
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
 
-def model_key(profile: Any) -> str:
+
+def model_key(profile: ModelProfile) -> str:
     """What identifies a model to the compute table: its trainable variables (name, shape, dtype, sparse)."""
     rows = sorted((v.name, list(v.shape), str(v.dtype), bool(v.sparse)) for v in profile.variables)
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
@@ -79,7 +82,8 @@ class ComputeTable:
         batch: float,
         slowdown: Callable[[int, int | None], float],
     ) -> float | None:
-        """Local step seconds of ``key`` at ``batch`` with ``ranks`` ranks sharing ``cores``; None if unmeasured.
+        """Local step seconds of ``key`` at ``batch`` with ``ranks`` ranks sharing ``cores``; None if
+        unmeasured.
 
         ``slowdown(n, c)`` is the contention model's slowdown, used to carry the nearest measured
         world size (same cores preferred, then the most ranks not above ``ranks``) to this one.

@@ -72,7 +72,8 @@ def _pad(items: Sequence[CompiledStrategy], names: Sequence[str]) -> dict[str, n
 
 
 class Batch:
-    """Compiled strategies stacked into arrays: ``(S,)`` per scalar, ``(S, tasks)`` and ``(S, servers)`` padded with 0."""
+    """Compiled strategies stacked into arrays: ``(S,)`` per scalar, ``(S, tasks)`` and ``(S, servers)``
+    padded with 0."""
 
     def __init__(self, items: Sequence[CompiledStrategy]) -> None:
         self.items = list(items)
@@ -88,7 +89,8 @@ class Batch:
         return cls(items)
 
     def __getattr__(self, name: str) -> np.ndarray:
-        """The arrays set in ``__init__`` (one per compiled field) are all ndarrays: says so to a type checker."""
+        """The arrays set in ``__init__`` (one per compiled field) are all ndarrays: says so to a type
+        checker."""
         raise AttributeError(name)
 
 
@@ -113,7 +115,10 @@ class Env:
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
-    """Step time and its parts for every (strategy, environment): arrays of shape (S, E)."""
+    """Step time and its parts for every (strategy, environment): arrays of shape (S, E).
+
+    Long because it is one vectorised formula read top to bottom (compute, each communication path, the
+    optimizer, the step), over a dozen arrays that pieces would have to pass between them."""
     prm = env.params
 
     def col(x: np.ndarray) -> np.ndarray:
@@ -190,9 +195,8 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     # runtime/gossip.py's own passes over the gossiped bytes, in copies: flatten, weigh, write back
     # (ATC: 3) or also re-flatten and apply the local update (AWC: 6), plus an add per in-neighbour
     # (1.5: two reads, one write); none of it hides behind the exchange. Not slowed as the
-    # optimizer is: these bytes were just written by the step (or received), so in cache (timed
-    # in a 2- and 3-rank mlp run on 2 cores: 1.1-1.2 ms of passes, against 1.2-1.6 ms at this rate
-    # and 2.3-3.5 ms slowed)
+    # optimizer is: these bytes were just written by the step (or received), so in cache
+    # (evidence: datasets/measurements/README.md, "Figures behind the code")
     passes = np.where(col(b.gossip_bytes) > 0, np.where(awc, 6.0, 3.0) + 1.5 * deg, 0.0)
     gossip = gossip + passes * col(b.gossip_bytes) * prm.copy_per_byte
 
@@ -200,8 +204,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     waits = (p - 1) * sliced
     # the sparse paths' gathers of rows: the all-gather path's (sizes, then indices and values) and
     # the PS path's to its servers (counts, then per server indices and values), each packing and
-    # coalescing rows between calls (timed at world 3: the PS path's gathers and broadcasts 11.9 ms
-    # a step, the all-gather path's 11.1 ms, on wide_deep)
+    # coalescing rows between calls (evidence: datasets/measurements/README.md, "Figures behind the code")
     gathers = col(b.ag_calls + b.sps_gather_calls)
     calls = col(b.n_calls) * (prm.call_overhead + prm.peer_call_overhead * waits)
     calls = (

@@ -48,7 +48,9 @@ def _columns(df: Any, need_time: bool) -> dict[str, np.ndarray]:
     cols["accum_steps"] = (
         df["accum_steps"].to_numpy(dtype=float) if "accum_steps" in df.columns else np.ones(n)
     )
-    cores = df["cores_per_node"].to_numpy(dtype=float) if "cores_per_node" in df.columns else np.full(n, np.nan)
+    cores = (
+        df["cores_per_node"].to_numpy(dtype=float) if "cores_per_node" in df.columns else np.full(n, np.nan)
+    )
     ranks = np.ceil(cols["num_replicas"] / np.maximum(cols["num_nodes"], 1))
     threads = np.maximum(1.0, np.floor(cores / np.maximum(ranks, 1)))
     known = np.isfinite(cores) & (cores > 0)
@@ -60,7 +62,9 @@ def _columns(df: Any, need_time: bool) -> dict[str, np.ndarray]:
 def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarray:
     """The structural model above for every row."""
     p, inter = cols["num_replicas"], cols["num_nodes"] > 1
-    share = np.asarray(cols.get("thread_ratio", 1.0)) ** theta.get("eff", DEFAULT_EFF) * np.asarray(cols.get("sliced", 1.0))
+    share = np.asarray(cols.get("thread_ratio", 1.0)) ** theta.get("eff", DEFAULT_EFF) * np.asarray(
+        cols.get("sliced", 1.0)
+    )
     t_grad = (theta["c0"] + theta["c1"] * cols["local_bsz"]) * share
     alpha = np.where(inter, theta["alpha_inter"], theta["alpha_intra"])
     beta = np.where(inter, theta["beta_inter"], theta["beta_intra"])

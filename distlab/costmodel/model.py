@@ -1,4 +1,8 @@
-"""CostModel: predict, rank and sweep strategies with the vectorised simulator; save and load calibrations."""
+"""CostModel: predict, rank and sweep strategies with the vectorised simulator; save and load calibrations.
+
+Long because CostModel is the cost model's one public class: each method is a short entry point (predict,
+rank, sweep, refit, save and load, the with_ variants) and their docstrings are its reference; the work
+lives in the modules beside it."""
 
 from __future__ import annotations
 
@@ -11,14 +15,7 @@ from typing import Any
 import numpy as np
 
 from distlab.adaptive.goodput import statistical_efficiency
-from distlab.costmodel.calibrate import (
-    CollectiveRow,
-    LocalStep,
-    LoopRun,
-    check_links_measured,
-    fit_microbenchmarks,
-    fit_overhead,
-)
+from distlab.costmodel.calibrate import check_links_measured, fit_microbenchmarks, fit_overhead
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
     CompiledStrategy,
@@ -33,6 +30,7 @@ from distlab.costmodel.native import NativeParams
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import Prediction
 from distlab.costmodel.refit import HALFLIFE, PRIOR, Correction, apply, fit_corrections
+from distlab.costmodel.rows import CollectiveRow, LocalStep, LoopRun
 from distlab.errors import CalibrationError, StrategyError
 from distlab.profiling.model_profile import ModelProfile
 from distlab.resources import Link, ResourceSpec
@@ -68,7 +66,9 @@ class CostModel:
         self.throughput_fit = dict(throughput_fit) if throughput_fit else None
         self.compute = ComputeTable(compute_runs)
         self.refits: dict[str, Correction] = dict(refits or {})
-        self.native = native  # TensorFlow's figures on this cluster (native.py), from calibrate(backend="tensorflow")
+        self.native = (
+            native  # TensorFlow's figures on this cluster (native.py), from calibrate(backend="tensorflow")
+        )
         self._compiled: dict[tuple[Any, ...], tuple[Any, Any, CompiledStrategy]] = {}
         self._timings: dict[int, tuple[Any, ProfileTiming]] = {}
         self._batches: dict[
@@ -77,7 +77,8 @@ class CostModel:
 
     @classmethod
     def default(cls) -> CostModel:
-        """An uncalibrated model: link figures from the ResourceSpec, textbook contention and optimizer costs."""
+        """An uncalibrated model: link figures from the ResourceSpec, textbook contention and optimizer
+        costs."""
         return cls()
 
     # -- compilation cache ------------------------------------------------------------
@@ -231,7 +232,8 @@ class CostModel:
         noise_scale: float | None = None,
         base_batch: int | None = None,
     ) -> Prediction:
-        """Predicted step of one strategy; with ``noise_scale`` also goodput (Pollux statistical efficiency)."""
+        """Predicted step of one strategy; with ``noise_scale`` also goodput (Pollux statistical
+        efficiency)."""
         c = self.compile(profile, strategy)
         out = self._evaluate([c], resources)
         gb = c.per_replica * c.accum * c.world
@@ -317,12 +319,15 @@ class CostModel:
         if fix is None or not len(df):
             return df
         cols = ("throughput", "step_time", "compute", "comm", "optimizer")
-        fixed = apply({k: df[k].to_numpy() for k in cols}, np.full(len(df), fix.compute), np.full(len(df), fix.comm))
+        fixed = apply(
+            {k: df[k].to_numpy() for k in cols}, np.full(len(df), fix.compute), np.full(len(df), fix.comm)
+        )
         return df.assign(**fixed)
 
     # -- refit from runs ----------------------------------------------------------------
     def refit(self, runs: Any, prior: float = PRIOR, halflife: float | None = HALFLIFE) -> CostModel:
-        """A new model whose predictions of each model in ``runs`` are corrected toward what its runs measured.
+        """A new model whose predictions of each model in ``runs`` are corrected toward what its runs
+        measured.
 
         ``runs``: ``lab.runs`` or any table with, per run in the order they ran, ``model_key``
         (compute.model_key of the profile), ``measured_step`` (s) and the uncorrected prediction
@@ -341,11 +346,20 @@ class CostModel:
             dict(self.fingerprint),
             self.throughput_fit,
             self.compute.to_rows(),
-            {**self.refits, **fresh}, native=self.native)
+            {**self.refits, **fresh},
+            native=self.native,
+        )
 
     def without_refit(self) -> CostModel:
-        """This model without its refit corrections: the predictions a run's row should record for ``refit``."""
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, self.compute.to_rows(), native=self.native)
+        """This model without its refit corrections: the predictions a run's row should record for
+        ``refit``."""
+        return type(self)(
+            self.params,
+            dict(self.fingerprint),
+            self.throughput_fit,
+            self.compute.to_rows(),
+            native=self.native,
+        )
 
     # -- calibration ------------------------------------------------------------------
     @classmethod
@@ -370,10 +384,13 @@ class CostModel:
             {**self.fingerprint, "overhead_runs": stored},
             self.throughput_fit,
             self.compute.to_rows(),
-            self.refits, native=self.native)
+            self.refits,
+            native=self.native,
+        )
 
     def with_compute(self, runs: Sequence[LocalStep | Mapping[str, Any]]) -> CostModel:
-        """This model plus measured local steps (compute.py); a new row replaces one for the same model, ranks, cores and batch."""
+        """This model plus measured local steps (compute.py); a new row replaces one for the same model,
+        ranks, cores and batch."""
         new = ComputeTable(runs).to_rows()
         fresh = {(r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) for r in new}
         kept = [
@@ -381,23 +398,44 @@ class CostModel:
             for r in self.compute.to_rows()
             if (r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) not in fresh
         ]
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, kept + new, self.refits, native=self.native)
+        return type(self)(
+            self.params,
+            dict(self.fingerprint),
+            self.throughput_fit,
+            kept + new,
+            self.refits,
+            native=self.native,
+        )
 
     def without_compute(self, keys: Any) -> CostModel:
         """This model less the measured local steps of the models ``keys`` (compute.model_key)."""
         drop = set(keys)
         rows = [r for r in self.compute.to_rows() if r["key"] not in drop]
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, rows, self.refits, native=self.native)
+        return type(self)(
+            self.params, dict(self.fingerprint), self.throughput_fit, rows, self.refits, native=self.native
+        )
 
     def with_native(self, native: NativeParams) -> CostModel:
         """This model plus TensorFlow's figures (native.py; ``lab.calibrate(backend="tensorflow")``)."""
-        return type(self)(self.params, dict(self.fingerprint), self.throughput_fit, self.compute.to_rows(), self.refits,
-                          native)
+        return type(self)(
+            self.params,
+            dict(self.fingerprint),
+            self.throughput_fit,
+            self.compute.to_rows(),
+            self.refits,
+            native,
+        )
 
     def with_params(self, params: CostParams, **fingerprint: Any) -> CostModel:
         """This model with other params (the fingerprint gains ``fingerprint``'s entries)."""
         return type(self)(
-            params, {**self.fingerprint, **fingerprint}, self.throughput_fit, self.compute.to_rows(), self.refits, native=self.native)
+            params,
+            {**self.fingerprint, **fingerprint},
+            self.throughput_fit,
+            self.compute.to_rows(),
+            self.refits,
+            native=self.native,
+        )
 
     @classmethod
     def fit(cls, measurements: Any) -> CostModel:
@@ -476,7 +514,8 @@ class CostModel:
         import html
 
         rows = "".join(
-            f"<tr><td>{html.escape(k)}</td><td>{a * 1e6:.1f} us</td><td>{1 / b / 1e9 if b else float('inf'):.3f} GB/s</td></tr>"
+            f"<tr><td>{html.escape(k)}</td><td>{a * 1e6:.1f} "
+            f"us</td><td>{1 / b / 1e9 if b else float('inf'):.3f} GB/s</td></tr>"
             for k, (a, b) in sorted(self.params.alpha_beta.items())
         )
         return (

@@ -24,13 +24,19 @@ at these sizes). ParameterServerStrategy runs are asynchronous rounds and are no
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from distlab.costmodel.collectives import collective_time
 from distlab.costmodel.prediction import Prediction
 from distlab.errors import CalibrationError
+
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+    from distlab.strategy.types import Strategy
 
 NATIVE_VERSION = 1
 
@@ -56,14 +62,21 @@ class NativeParams:
         a, b = self.allreduce
         if self.world < 2 or a < 0 or b < 0 or self.strategy_overhead < 0:
             raise CalibrationError(
-                f"native: world >= 2 and non-negative alpha, beta and strategy_overhead expected, got {self!r}; "
+                "native: world >= 2 and non-negative alpha, beta and "
+                f"strategy_overhead expected, got {self!r}; "
                 "measure them with lab.calibrate(backend='tensorflow')"
             )
 
     def with_local(self, local: dict[str, dict[int, float]]) -> NativeParams:
         """These figures plus more models' local steps (a model measured again replaces its old rows)."""
-        return NativeParams(self.world, self.allreduce, self.strategy_overhead, {**self.local, **local},
-                            self.tensorflow, self.fit_error)
+        return NativeParams(
+            self.world,
+            self.allreduce,
+            self.strategy_overhead,
+            {**self.local, **local},
+            self.tensorflow,
+            self.fit_error,
+        )
 
     def local_step(self, key: str, batch: int) -> float | None:
         """A model's measured local step at ``batch`` (a line through its measured batches), or None."""
@@ -78,25 +91,40 @@ class NativeParams:
         return float(max(icept + slope * batch, s.min() * 0.5))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": NATIVE_VERSION, "world": self.world, "allreduce": list(self.allreduce),
-                "strategy_overhead": self.strategy_overhead, "tensorflow": self.tensorflow,
-                "fit_error": self.fit_error,
-                "local": {k: {str(b): s for b, s in sorted(v.items())} for k, v in sorted(self.local.items())}}
+        return {
+            "version": NATIVE_VERSION,
+            "world": self.world,
+            "allreduce": list(self.allreduce),
+            "strategy_overhead": self.strategy_overhead,
+            "tensorflow": self.tensorflow,
+            "fit_error": self.fit_error,
+            "local": {k: {str(b): s for b, s in sorted(v.items())} for k, v in sorted(self.local.items())},
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NativeParams:
         try:
-            return cls(int(d["world"]), (float(d["allreduce"][0]), float(d["allreduce"][1])),
-                       float(d["strategy_overhead"]),
-                       {str(k): {int(b): float(s) for b, s in v.items()} for k, v in (d.get("local") or {}).items()},
-                       d.get("tensorflow"), float(d.get("fit_error") or 0.0))
+            return cls(
+                int(d["world"]),
+                (float(d["allreduce"][0]), float(d["allreduce"][1])),
+                float(d["strategy_overhead"]),
+                {str(k): {int(b): float(s) for b, s in v.items()} for k, v in (d.get("local") or {}).items()},
+                d.get("tensorflow"),
+                float(d.get("fit_error") or 0.0),
+            )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise CalibrationError(f"cost model JSON: malformed 'native' ({exc}); measure it again with "
-                                   "lab.calibrate(backend='tensorflow')") from None
+            raise CalibrationError(
+                f"cost model JSON: malformed 'native' ({exc}); measure it again with "
+                "lab.calibrate(backend='tensorflow')"
+            ) from None
 
 
-def fit_native(ranks: list[dict[str, Any]], reference: tuple[str, int, int], keys: dict[str, str],
-               tensorflow: str | None = None) -> NativeParams:
+def fit_native(
+    ranks: list[dict[str, Any]],
+    reference: tuple[str, int, int],
+    keys: dict[str, str],
+    tensorflow: str | None = None,
+) -> NativeParams:
     """NativeParams from every rank's bench line (tf_child.bench): per size and per step the
     slowest rank's median. ``reference``: (its name, its batch, its gradient bytes); ``keys``:
     a measured model's name -> its compute.model_key."""
@@ -126,7 +154,9 @@ def fit_native(ranks: list[dict[str, Any]], reference: tuple[str, int, int], key
     return NativeParams(world, (alpha, beta), overhead, steps, tensorflow, err)
 
 
-def predict_native(native: NativeParams, cm: Any, profile: Any, resources: Any, strategy: Any) -> Prediction | None:
+def predict_native(
+    native: NativeParams, cm: CostModel, profile: ModelProfile, resources: ResourceSpec, strategy: Strategy
+) -> Prediction | None:
     """A native AllReduce run's step on ``strategy.world`` ranks (None for other builders and
     for a world other than the one measured: TensorFlow's figures are taken at the Lab's size)."""
     from distlab.costmodel.compute import model_key
@@ -144,8 +174,15 @@ def predict_native(native: NativeParams, cm: Any, profile: Any, resources: Any, 
     step = local + wire + native.strategy_overhead
     gb = b * strategy.world
     return Prediction(
-        strategy=f"{strategy.name} (tensorflow)", world=strategy.world, global_batch=gb, step_time=step,
-        throughput=gb / step, breakdown={"compute": local, "comm": wire + native.strategy_overhead, "optimizer": 0.0},
-        detail={"allreduce": wire, "strategy_overhead": native.strategy_overhead,
-                "native_local_measured": float(measured)},
+        strategy=f"{strategy.name} (tensorflow)",
+        world=strategy.world,
+        global_batch=gb,
+        step_time=step,
+        throughput=gb / step,
+        breakdown={"compute": local, "comm": wire + native.strategy_overhead, "optimizer": 0.0},
+        detail={
+            "allreduce": wire,
+            "strategy_overhead": native.strategy_overhead,
+            "native_local_measured": float(measured),
+        },
     )

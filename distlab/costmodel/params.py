@@ -1,4 +1,5 @@
-"""CostParams: the calibrated numbers of the cost model (alpha-beta per collective and link, contention, optimizer)."""
+"""CostParams: the calibrated numbers of the cost model (alpha-beta per collective and link, contention,
+optimizer)."""
 
 from __future__ import annotations
 
@@ -91,16 +92,17 @@ class CostParams:
             coll, _, link = key.partition("/")
             if coll not in COLLECTIVES or link not in LINK_CLASSES:
                 raise CalibrationError(
-                    f"alpha_beta[{key!r}]: expected 'collective/link' with collective in {COLLECTIVES} and link in {LINK_CLASSES}"
+                    f"alpha_beta[{key!r}]: expected 'collective/link' with collective in {COLLECTIVES} and "
+                    f"link in {LINK_CLASSES}"
                 )
             if len(ab) != 2 or ab[0] < 0 or ab[1] < 0:
                 raise CalibrationError(f"alpha_beta[{key!r}]: expected (alpha >= 0, beta >= 0), got {ab!r}")
         negative = [f.name for f in fields(self) if f.type == "float" and getattr(self, f.name) < 0]
         if negative or min(self.compute_scale, self.comm_scale, self.alpha_scale) <= 0:
             raise CalibrationError(
-                f"CostParams: {', '.join(negative) or 'compute_scale, comm_scale and alpha_scale'} must be >= 0 "
-                "(compute_scale, comm_scale and alpha_scale > 0); "
-                "write params with CostModel.save() or Lab.calibrate()"
+                f"CostParams: {', '.join(negative) or 'compute_scale, comm_scale and alpha_scale'} must be "
+                ">= 0 (compute_scale, comm_scale and alpha_scale > 0); write params with CostModel.save() "
+                "or Lab.calibrate()"
             )
 
     def alpha_beta_for(
@@ -154,7 +156,8 @@ class CostParams:
 
 
 def fingerprint_of(resources: ResourceSpec | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a calibration was taken on: hosts, ranks, devices, cores and library versions, plus a short hash."""
+    """What a calibration was taken on: hosts, ranks, devices, cores and library versions, plus a short
+    hash."""
     from importlib import metadata
 
     fp: dict[str, Any] = {}

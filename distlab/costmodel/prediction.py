@@ -1,4 +1,5 @@
-"""Prediction: one strategy's predicted step time, its breakdown and throughput (and goodput), rendered in a notebook."""
+"""Prediction: one strategy's predicted step time, its breakdown and throughput (and goodput), rendered in a
+notebook."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ class Prediction:
     def summary(self) -> str:
         b = self.breakdown
         text = (
-            f"{self.strategy} on {self.world} ranks: {self.throughput:,.1f} samples/s, step {self.step_time * 1e3:.2f} ms "
-            f"(compute {b['compute'] * 1e3:.2f}, comm {b['comm'] * 1e3:.2f}, optimizer {b['optimizer'] * 1e3:.2f} ms)"
+            f"{self.strategy} on {self.world} ranks: {self.throughput:,.1f} samples/s, step "
+            f"{self.step_time * 1e3:.2f} ms "
+            f"(compute {b['compute'] * 1e3:.2f}, comm {b['comm'] * 1e3:.2f}, optimizer "
+            f"{b['optimizer'] * 1e3:.2f} ms)"
         )
         if self.goodput is not None:
             text += f", goodput {self.goodput:,.1f} (efficiency {self.efficiency:.2f})"

@@ -47,7 +47,8 @@ _ITERATIONS = 200  # reweighting passes of the robust fit; it settles in tens
 
 @dataclass(frozen=True)
 class Correction:
-    """One model's refit: ``compute`` multiplies its predicted compute, ``comm`` its predicted comm and optimizer.
+    """One model's refit: ``compute`` multiplies its predicted compute, ``comm`` its predicted comm and
+    optimizer.
 
     ``runs``: the runs it was fitted to; ``error_before``/``error_after``: the median absolute
     relative error of the predicted step over those runs without and with the factors.
@@ -111,19 +112,24 @@ def usable_runs(runs: Any) -> Any:  # -> pandas.DataFrame
 
 
 def _objective(a: np.ndarray, b: np.ndarray, w: np.ndarray, s: tuple[float, float], prior: float) -> float:
-    return float(np.sum(w * (a * s[0] + b * s[1] - 1.0) ** 2) + prior * ((s[0] - 1.0) ** 2 + (s[1] - 1.0) ** 2))
+    return float(
+        np.sum(w * (a * s[0] + b * s[1] - 1.0) ** 2) + prior * ((s[0] - 1.0) ** 2 + (s[1] - 1.0) ** 2)
+    )
 
 
 def _ridge(
     a: np.ndarray, b: np.ndarray, w: np.ndarray, prior: float, bounds: tuple[float, float]
 ) -> tuple[float, float]:
-    """Minimise ``sum(w (a s_c + b s_m - 1)^2) + prior ((s_c - 1)^2 + (s_m - 1)^2)`` over the box ``bounds``^2,
+    """Minimise ``sum(w (a s_c + b s_m - 1)^2) + prior ((s_c - 1)^2 + (s_m - 1)^2)`` over the box
+    ``bounds``^2,
     exactly: the optimum is inside the box or on one of its edges, where it is that edge's
     one-variable optimum clipped."""
     lo, hi = bounds
     aa, ab, bb = float(np.sum(w * a * a)), float(np.sum(w * a * b)), float(np.sum(w * b * b))
     ta, tb = float(np.sum(w * a)), float(np.sum(w * b))
-    sc, sm = np.linalg.solve(np.array([[aa + prior, ab], [ab, bb + prior]]), np.array([ta + prior, tb + prior]))
+    sc, sm = np.linalg.solve(
+        np.array([[aa + prior, ab], [ab, bb + prior]]), np.array([ta + prior, tb + prior])
+    )
     if lo <= sc <= hi and lo <= sm <= hi:
         return float(sc), float(sm)
     candidates = []
@@ -141,7 +147,8 @@ def solve(
     prior: float = PRIOR,
     bounds: tuple[float, float] = BOUNDS,
 ) -> tuple[float, float]:
-    """Factors ``(s_c, s_m)`` for runs with predicted ``compute`` and ``comm`` (+ optimizer) and ``measured`` steps.
+    """Factors ``(s_c, s_m)`` for runs with predicted ``compute`` and ``comm`` (+ optimizer) and ``measured``
+    steps.
 
     Minimises ``sum(weights * huber(r)) + prior / 2 * ((s_c - 1)^2 + (s_m - 1)^2)`` over
     ``bounds``, with ``r = (s_c compute + s_m comm) / measured - 1`` and ``huber(r) = r^2 / 2``
@@ -184,7 +191,9 @@ def fit_corrections(
     if not (prior > 0 and math.isfinite(prior)):
         raise CalibrationError(f"refit: prior={prior!r}; expected a positive weight (default {PRIOR})")
     if halflife is not None and not halflife > 0:
-        raise CalibrationError(f"refit: halflife={halflife!r}; expected runs > 0, or None to weigh every run alike")
+        raise CalibrationError(
+            f"refit: halflife={halflife!r}; expected runs > 0, or None to weigh every run alike"
+        )
     lo, hi = bounds
     if not 0 < lo <= 1 <= hi:
         raise CalibrationError(f"refit: bounds={bounds!r}; expected (low, high) with 0 < low <= 1 <= high")

@@ -56,7 +56,9 @@ def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
         "mape": float(g["error"].mean()),
         "p90_error": float(g["error"].quantile(0.9)),
         "max_error": float(g["error"].max()),
-        "noise_floor": float(np.median(noise[noise > 0])) if repeats_exist and (noise > 0).any() else float("nan"),
+        "noise_floor": float(np.median(noise[noise > 0]))
+        if repeats_exist and (noise > 0).any()
+        else float("nan"),
         "spearman_median": float(statistics.median(rhos)) if rhos else float("nan"),
         "spearman_min": float(min(rhos)) if rhos else float("nan"),
         "regret_median": float(statistics.median(regrets)) if regrets else float("nan"),
@@ -92,21 +94,33 @@ def noise_ceiling(
     if not isinstance(draws, int) or draws < 1:
         raise DistlabError(f"noise_ceiling: draws={draws!r}; expected an integer >= 1")
     if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
-        raise DistlabError(f"noise_ceiling: repeats={repeats!r}; expected an integer >= 1, or None (as measured)")
+        raise DistlabError(
+            f"noise_ceiling: repeats={repeats!r}; expected an integer >= 1, or None (as measured)"
+        )
     keys = ["model", "strategy", "world", "batch"]
-    runs = df[keys + ["measured_throughput"]].assign(log=np.log(df["measured_throughput"].to_numpy(dtype=float)))
+    runs = df[keys + ["measured_throughput"]].assign(
+        log=np.log(df["measured_throughput"].to_numpy(dtype=float))
+    )
     by_config = runs.groupby(keys, sort=False)
     n = by_config["log"].transform("size").to_numpy(dtype=float)
     if n.max(initial=0) < 2:
-        raise DistlabError("noise_ceiling: every configuration ran once; measure with repeats >= 2 to see the noise")
+        raise DistlabError(
+            "noise_ceiling: every configuration ran once; measure with repeats >= 2 to see the noise"
+        )
     logs, mean = runs["log"].to_numpy(), by_config["log"].transform("mean").to_numpy()
     dev = np.where(n > 1, (logs - mean) * np.sqrt(n / np.maximum(n - 1, 1)), np.nan)
     truth = by_config["measured_throughput"].transform("median").to_numpy(dtype=float)
-    pools = {g: d[~np.isnan(d)] for g, d in pd.Series(dev).groupby([runs["model"].to_numpy(), runs["world"].to_numpy()])}
+    pools = {
+        g: d[~np.isnan(d)]
+        for g, d in pd.Series(dev).groupby([runs["model"].to_numpy(), runs["world"].to_numpy()])
+    }
     if repeats is not None:  # each configuration once, then ``repeats`` runs of it
         first = np.flatnonzero(~runs.duplicated(keys).to_numpy())
         runs, truth = runs.iloc[np.repeat(first, repeats)], np.repeat(truth[first], repeats)
-    at = {g: np.flatnonzero((runs["model"].to_numpy() == g[0]) & (runs["world"].to_numpy() == g[1])) for g in pools}
+    at = {
+        g: np.flatnonzero((runs["model"].to_numpy() == g[0]) & (runs["world"].to_numpy() == g[1]))
+        for g in pools
+    }
     rng = np.random.default_rng(seed)
     figures = []
     for _ in range(draws):
@@ -143,8 +157,11 @@ def leave_one_world_out(
     for model, part in sub.groupby("model"):
         table = pd.DataFrame(
             {
-                "num_nodes": 1, "num_replicas": part["world"], "local_bsz": part["batch"],
-                "step_time": part["measured_step_time"], "grad_bytes": part["grad_bytes"],
+                "num_nodes": 1,
+                "num_replicas": part["world"],
+                "local_bsz": part["batch"],
+                "step_time": part["measured_step_time"],
+                "grad_bytes": part["grad_bytes"],
             }
         )
         if cores_per_node:
@@ -154,5 +171,9 @@ def leave_one_world_out(
             if train["num_replicas"].nunique() < 2:
                 continue
             pred = CostModel.fit(train).predict_table(test)
-            errors[f"{model}_w{w}"] = float(np.mean(np.abs(np.asarray(pred) - test["step_time"].to_numpy()) / test["step_time"].to_numpy()))
+            errors[f"{model}_w{w}"] = float(
+                np.mean(
+                    np.abs(np.asarray(pred) - test["step_time"].to_numpy()) / test["step_time"].to_numpy()
+                )
+            )
     return errors

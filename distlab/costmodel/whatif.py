@@ -1,4 +1,5 @@
-"""What-if sweeps: every strategy at many world sizes and bandwidths in one vectorised evaluation (the picker's sliders)."""
+"""What-if sweeps: every strategy at many world sizes and bandwidths in one vectorised evaluation (the
+picker's sliders)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def sweep_frame(
     worlds: Sequence[int],
     bandwidths: Sequence[float | None] = (None,),
 ) -> Any:  # pandas.DataFrame
-    """One row per (strategy, world, bandwidth): strategy, index, world, bandwidth, throughput, step_time, parts.
+    """One row per (strategy, world, bandwidth): strategy, index, world, bandwidth, throughput, step_time,
+    parts.
 
     Each strategy keeps its plan (buckets, server loads, gossip topology) and is re-costed on
     ``world`` ranks. Hosts keep the ranks per host of ``resources``, so a world that needs more
@@ -117,7 +119,9 @@ def hosts_like(resources: ResourceSpec, hosts: int, per_host: int) -> ResourceSp
     return resources.with_world(hosts * per_host, per_host=per_host)
 
 
-def with_network(cm: CostModel, resources: ResourceSpec, latency: float, bandwidth: float) -> tuple[CostModel, ResourceSpec]:
+def with_network(
+    cm: CostModel, resources: ResourceSpec, latency: float, bandwidth: float
+) -> tuple[CostModel, ResourceSpec]:
     """``cm`` and ``resources`` with the inter-host link replaced: every collective between hosts
     costs ``latency`` per message and ``1 / bandwidth`` per byte (alpha-beta of one link)."""
     from distlab.errors import ResourceError
@@ -125,8 +129,11 @@ def with_network(cm: CostModel, resources: ResourceSpec, latency: float, bandwid
 
     if not (latency > 0 and bandwidth > 0 and math.isfinite(latency) and math.isfinite(bandwidth)):
         raise ResourceError(
-            f"what-if network: latency and bandwidth must be positive, got {latency!r} s and {bandwidth!r} bytes/s"
+            "what-if network: latency and bandwidth must be positive, "
+            f"got {latency!r} s and {bandwidth!r} bytes/s"
         )
     ab = {k: v for k, v in cm.params.alpha_beta.items() if not k.endswith("/inter")}
     ab.update({f"{c}/inter": (float(latency), 1.0 / float(bandwidth)) for c in COLLECTIVES})
-    return cm.with_params(cm.params.with_(alpha_beta=ab)), resources.with_links(inter=Link(latency, bandwidth))
+    return cm.with_params(cm.params.with_(alpha_beta=ab)), resources.with_links(
+        inter=Link(latency, bandwidth)
+    )

@@ -18,9 +18,7 @@ def adaptive_extra(cm: Any, profile: Any, resources: Any, st: Any, batch: int) -
         return {}
     bounds.check(st.world)
     configs = bounds.configurations(st.world)
-    plans = [
-        dataclasses.replace(st, batch=BatchConfig(b, k, st.batch.lr_scaling)) for b, k in configs
-    ]
+    plans = [dataclasses.replace(st, batch=BatchConfig(b, k, st.batch.lr_scaling)) for b, k in configs]
     seconds = cm.evaluate_many(profile, resources, plans)["step_time"]
     table = [[b, k, float(s)] for (b, k), s in zip(configs, seconds, strict=True)]
     return {"adaptive": {"table": table}, "base_batch": int(batch)}
@@ -43,7 +41,9 @@ class AdaptiveForecast:
     goodput: float
 
 
-def adaptive_forecast(cm: Any, profile: Any, resources: Any, st: Any, noise_scale: float) -> AdaptiveForecast | None:
+def adaptive_forecast(
+    cm: Any, profile: Any, resources: Any, st: Any, noise_scale: float
+) -> AdaptiveForecast | None:
     """The configuration an AdaptiveBatch strategy's controller would choose at ``noise_scale``
     (samples), priced by ``cm`` as a launch prices it; None for a strategy of fixed batch."""
     from distlab.adaptive.controller import GoodputController

@@ -12,16 +12,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from distlab.costmodel.calibrate import ComputeFitRow, LocalStep, LoopRun, fit_compute, overhead_features
-from distlab.costmodel.compute import compute_rows, model_key
+from distlab.costmodel.compute import model_key
+from distlab.costmodel.rows import LocalStep
 from distlab.errors import CalibrationError, LaunchError
-from distlab.launch.metrics import slowest_median
+from distlab.launch.measure import (
+    MODEL_PASSES,
+    Progress,
+    loop_parts,
+    measure_models,
+    measure_training_loop,
+    ranks_label,
+)
 from distlab.runtime.microbench import (
     COLLECTIVES,
     DEFAULT_SIZES,
-    LocalCase,
-    LoopCase,
-    loop_pass_rank,
     microbench_worlds,
 )
 
@@ -32,11 +36,7 @@ CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <
 # under the runtime's main paths, at world sizes 1, 2, one less than the whole cluster and the whole
 # cluster (on 2 cores: 1 and 2 ranks fit the cores, 3 and 4 take turns, each in its own way)
 OVERHEAD_LAYERS = (1, 12)
-OVERHEAD_WIDTH, OVERHEAD_BATCH, OVERHEAD_STEPS = 64, 8, 10
-# cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES passes over every world size in turn,
-# the longer ones one pass of LONG_STEPS: a step of a few milliseconds is at the mercy of a shared
-# machine's moments, one of 100 ms is not (evidence: docs/cost-model.md §History and evidence)
-SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
+OVERHEAD_WIDTH, OVERHEAD_BATCH = 64, 8
 # the runtime's paths: buckets (and sparse all-gathers), server reduces, shards, gossip
 BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 # MLPs of 4.8 MB and 34 MB of gradients in 5 tensors: collectives that move bytes, at the sizes
@@ -48,59 +48,6 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
 CALIBRATION_FORMAT = 16
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
-# a user's model's local step is the figure every prediction for it starts from, so it gets more of
-# the machine's moments than a reference model's: MODEL_PASSES passes over the world sizes, each
-# stepping for LOCAL_SECONDS, at most MODEL_MAX_STEPS steps (evidence: docs/cost-model.md
-# §History and evidence)
-MODEL_PASSES, LOCAL_SECONDS, MODEL_MAX_STEPS = 8, 0.4, 1000
-
-
-class Progress:
-    """Calibration's bar (tqdm, shown when ``enabled``): ``total`` parts, each a call on the
-    workers or a reference model profiled, named as it starts; a no-op when disabled."""
-
-    def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
-        self._bar = None
-        self._moved = 0.0  # of the current part, by ticks from the workers
-        if enabled and total > 0:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, desc=desc, unit="part", leave=False)
-
-    def start(self, what: str) -> None:
-        """Name the part now measured."""
-        if self._bar is not None:
-            self._bar.set_postfix_str(what)
-
-    def ticks(self, n: int) -> Any:
-        """``on_tick`` for a part of ``n`` ticks on the workers (``Lab.run_ranks``): each moves
-        the bar ``1/n`` of the part, up to nine tenths of it; ``done()`` completes the part."""
-        step = 1.0 / max(n, 1)
-
-        def on_tick(what: str) -> None:
-            if self._bar is not None and self._moved + step <= 0.9:
-                self._moved += step
-                self._bar.update(step)
-
-        self._moved = 0.0
-        return on_tick
-
-    def done(self, parts: int = 1) -> None:
-        if self._bar is not None and parts > 0:
-            self._bar.update(parts - self._moved)
-            self._bar.n = round(self._bar.n, 6)  # whole parts again after fractions
-            self._bar.refresh()
-        self._moved = 0.0
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
-def _ranks(worlds: Sequence[int]) -> str:
-    """``2 ranks``, ``1 rank``, ``2-4 ranks``: the world sizes a part measures."""
-    lo, hi = min(worlds), max(worlds)
-    return f"{hi} rank{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} ranks"
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -183,7 +130,10 @@ def calibrate_lab(
     cm = cm.with_params(
         cm.params,
         disturbed=disturbed,
-        load=[{"host": h.host, "cores": h.cores, "foreign": round(h.foreign, 3), "seconds": round(h.seconds, 1)} for h in loads],
+        load=[
+            {"host": h.host, "cores": h.cores, "foreign": round(h.foreign, 3), "seconds": round(h.seconds, 1)}
+            for h in loads
+        ],
     )
     if cache and not disturbed:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -284,7 +234,7 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, cases: Sequence[Any], bar
     from distlab.costmodel import CostModel
 
     worlds = list(range(2, res.world + 1))
-    bar.start(f"collectives at {_ranks(worlds)}")
+    bar.start(f"collectives at {ranks_label(worlds)}")
     try:
         out = lab.run_ranks(
             microbench_worlds,
@@ -310,12 +260,6 @@ def _calibrate_cluster(lab: Any, res: Any, sizes: Any, cases: Sequence[Any], bar
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
 
 
-def _fit_rows(profiles: Sequence[Any], local: Sequence[LocalStep]) -> list[ComputeFitRow]:
-    """Local steps of the reference models beside their profiles (fit_compute's rows)."""
-    by_key = {model_key(p): p for p in profiles}
-    return [ComputeFitRow.of(r, by_key[r.key]) for r in local]
-
-
 def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any, Any, tuple[int, ...], Any]]:
     """(key, module, data, batches, loss) for each model to measure; a clear error for anything else."""
     from distlab.launch.validate import variables_profile
@@ -329,7 +273,9 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
     batches = tuple(sorted({batch_size, max(1, batch_size // 4)}))
     out = []
     for i, item in enumerate(models):
-        module, data, loss = (*item, None)[:3] if isinstance(item, tuple) and 2 <= len(item) <= 3 else (item, None, None)
+        module, data, loss = (
+            (*item, None)[:3] if isinstance(item, tuple) and 2 <= len(item) <= 3 else (item, None, None)
+        )
         from distlab.keras_model import as_module, unwrap
 
         if data is None:
@@ -394,62 +340,6 @@ def _measured(cm: Any, key: str, res: Any) -> bool:
     return all((k, res.cores.get(host)) in have for k in range(1, res.world + 1))
 
 
-def measure_models(
-    lab: Any,
-    targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]],
-    worlds: Any,
-    passes: int = MODEL_PASSES,
-    bar: Progress | None = None,
-) -> list[LocalStep]:
-    """Each target's local step at each world size and batch (runtime.microbench.loop_pass_rank,
-    with every rank of the world busy): compute rows. One call per world size and pass, the
-    world sizes in turn pass after pass (each pass in the other direction), so a slow minute
-    of the machine hits every world size a little; each row the median of its steps over the passes.
-    ``bar`` advances once a call (``passes * len(worlds)`` in all)."""
-    res = lab.resources
-    bar = bar or Progress(0, "", False)
-    worlds = sorted(set(worlds))
-    names = ", ".join(dict.fromkeys(type(m).__name__ for _, m, _, _, _ in targets))
-    cases = [LocalCase(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
-    keys = [k for k, _, _, batches, _ in targets for _ in batches]
-    steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
-    for turn in range(passes):
-        for k in worlds if turn % 2 == 0 else worlds[::-1]:
-            threads = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
-            bar.start(f"local step of {names} at {_ranks([k])}, pass {turn + 1} of {passes}")
-            try:
-                per_rank = lab.run_ranks(
-                    loop_pass_rank, cases, threads, [], lab.timeout, LOCAL_SECONDS, MODEL_MAX_STEPS, world=k,
-                    on_tick=bar.ticks(len(cases)),
-                )
-            except LaunchError as exc:
-                raise CalibrationError(f"calibrate: the local-step stage failed at world {k}: {exc}") from None
-            for r, (own, _) in enumerate(per_rank):
-                for i, seconds in enumerate(own):
-                    steps[k][r][i].extend(seconds)
-            bar.done()
-    return _local_rows(res, keys, [c.batch for c in cases], steps)
-
-
-def _local_rows(
-    res: Any, keys: Sequence[str], batches: Sequence[int], steps: dict[int, list[list[list[float]]]]
-) -> list[LocalStep]:
-    """Compute rows from each world size's steps per rank per case (cases with no steps yet left
-    out): each the median over steps of the slowest rank's, as a run's throughput is timed."""
-    host = res.ranks[0].host
-    rows = []
-    for k, per_rank in steps.items():
-        measured = [i for i in range(len(keys)) if all(r[i] for r in per_rank)]
-        seconds = [[slowest_median([r[i] for r in per_rank]) for i in measured]]
-        ranks_on_host = sum(1 for r in res.ranks[:k] if r.host == host)
-        rows.extend(
-            compute_rows(
-                [keys[i] for i in measured], [batches[i] for i in measured], seconds, ranks_on_host, res.cores.get(host)
-            )
-        )
-    return rows
-
-
 def _reference(layers: int, width: int = OVERHEAD_WIDTH) -> Any:
     import torch
 
@@ -479,111 +369,3 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
         model = dl.zoo.get(name, **opts)
         cases.append((model, dl.data.synthetic(model, n=16 * batch, seed=0), batch, builders))
     return cases
-
-
-def _repeats(predicted: float) -> tuple[int, int]:
-    """(steps, passes) of a training-loop case predicted to take ``predicted`` seconds a step."""
-    return (OVERHEAD_STEPS, OVERHEAD_PASSES) if predicted < SHORT_STEP else (LONG_STEPS, 1)
-
-
-def loop_parts(worlds: Sequence[int]) -> int:
-    """The most calls measure_training_loop makes at ``worlds``: one per pass and world size."""
-    return OVERHEAD_PASSES * len(worlds)
-
-
-def measure_training_loop(
-    lab: Any,
-    cm: Any,
-    res: Any,
-    cases: Sequence[Any],
-    profiles: Sequence[Any],
-    worlds: Sequence[int],
-    bar: Progress | None = None,
-) -> Any:
-    """The real training loop on the reference models and builders at ``worlds``, each pass beside
-    the models' own local steps (runtime.microbench.loop_pass_rank); returns ``cm`` fitted to them:
-    compute (fit_compute) and the loop's cost (fit_overhead: the in-step seconds measured against
-    what ``cm`` predicts with each model's local step of the same passes). ``bar`` advances once a
-    call, and past the calls that short cases did not need: ``loop_parts(worlds)`` in all.
-    """
-    import distlab as dl
-    from distlab.launch.cluster import sub_resources
-
-    bar = bar or Progress(0, "", False)
-    left = loop_parts(worlds)
-    plans, subs, threads = {}, {}, {}
-    for k in worlds:
-        subs[k] = sub_resources(res, list(res.addresses)[:k])
-        threads[k] = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
-        plans[k] = [
-            (j, dl.strategy.build(builder, p, subs[k], batch_size=b))
-            for j, (p, (_, _, b, builders)) in enumerate(zip(profiles, cases))
-            for builder in builders
-            if builder != "Gossip" or k > 1  # gossip needs a neighbour
-        ]
-
-    def repeats(model: Any) -> dict[int, list[tuple[int, int]]]:
-        return {k: [_repeats(model.predict(profiles[j], subs[k], s).step_time) for j, s in plans[k]] for k in worlds}
-
-    reps = repeats(cm)  # the first pass: every case, its steps from the profiles' compute
-    local: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
-    steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds}
-    # pass after pass over the world sizes (each pass in the other direction), so the passes of a
-    # world size's cases lie apart in time and a slow minute of the machine hits every world size
-    # a little, not one of them wholly (evidence: docs/cost-model.md §History and evidence)
-    turn = 0
-    while turn < max(n for k in worlds for _, n in reps[k]):
-        for k in worlds if turn % 2 == 0 else worlds[::-1]:
-            due = [i for i, (_, n) in enumerate(reps[k]) if turn < n]
-            if not due:
-                continue
-            models = sorted({plans[k][i][0] for i in due})
-            bar.start(f"training loop at {_ranks([k])}, pass {turn + 1} ({len(due)} runs)")
-            jobs = []
-            for i in due:
-                j, strategy = plans[k][i]
-                model, data, batch, _ = cases[j]
-                jobs.append(LoopCase(model, strategy, data, batch, reps[k][i][0], 1))  # one pass now
-            try:
-                per_rank = lab.run_ranks(
-                    loop_pass_rank,
-                    [LocalCase(*cases[j][:3]) for j in models],
-                    threads[k],
-                    jobs,
-                    lab.timeout,
-                    world=k,
-                    on_tick=bar.ticks(len(models) + len(jobs)),
-                )
-            except LaunchError as exc:
-                raise CalibrationError(f"calibrate: the training-loop stage failed at world {k}: {exc}") from None
-            for r, (own, loop) in enumerate(per_rank):
-                for n, j in enumerate(models):
-                    local[k][r][j].extend(own[n])
-                for n, i in enumerate(due):
-                    steps[k][r][i].extend(loop[n])
-            bar.done()
-            left -= 1
-        if turn == 0:  # the later passes: the cases short by the local steps now measured
-            reps = repeats(_with_local(cm, profiles, cases, res, local))
-        turn += 1
-    bar.done(left)  # the passes the cases did not need
-    cm = _with_local(cm, profiles, cases, res, local)
-    rows = [
-        LoopRun(
-            **overhead_features(cm, profiles[j], subs[k], s),
-            measured=slowest_median([r[i] for r in steps[k]]),  # as run.throughput times it
-        )
-        for k in worlds
-        for i, (j, s) in enumerate(plans[k])
-    ]
-    return cm.with_overhead(rows)
-
-
-def _with_local(
-    cm: Any, profiles: Sequence[Any], cases: Sequence[Any], res: Any, local: dict[int, list[list[list[float]]]]
-) -> Any:
-    """``cm`` with the reference models' local steps measured so far: compute fitted to them
-    (fit_compute) and their own steps in its compute table."""
-    rows = _local_rows(res, [model_key(p) for p in profiles], [c[2] for c in cases], local)
-    params = fit_compute(cm.params, _fit_rows(profiles, rows))
-    return cm.with_params(params, local_steps=[r.to_dict() for r in rows]).with_compute(rows)

@@ -24,10 +24,9 @@ WORKER_CONFIG = {
     "distributed.admin.system-monitor.gil.enabled": False,
     # every worker's, nanny's and the scheduler's event loop wakes on timers, each wake-up taking
     # a core from the ranks (a rank with 2 threads waits for the slower one every op): Dask's
-    # 20 ms loop tick, 100 ms memory check and 500 ms system monitor, quieter here (on 2 cores,
-    # 4-worker Lab, AllReduce at worlds 1, 2, 4 of mlp, wide_deep and transformer_lm, three
-    # interleaved rounds: median throughput ratio 1.06, 19 of 27 pairs faster; transformer_lm
-    # on one rank of 2 threads 1.11-1.72x). Nothing here spills: memory is still checked every 2 s
+    # 20 ms loop tick, 100 ms memory check and 500 ms system monitor, quieter here (evidence:
+    # datasets/measurements/README.md, "Figures behind the code"). Nothing here spills: memory is
+    # still checked every 2 s
     "distributed.admin.tick.interval": "500ms",
     "distributed.admin.tick.limit": "10s",  # a loop blocked this long is logged
     "distributed.worker.memory.monitor-interval": "2s",
@@ -138,7 +137,8 @@ def _start_cuda_cluster(
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise LaunchError(
-            "Lab(gpus=True) needs dask-cuda; install it with `pip install dask-cuda` (or use Lab() for CPU workers)"
+            "Lab(gpus=True) needs dask-cuda; install it with `pip install "
+            "dask-cuda` (or use Lab() for CPU workers)"
         ) from None
     import torch
 

@@ -35,8 +35,8 @@ from typing import Any
 from distlab.errors import LaunchError
 
 START_WITHIN = 60.0  # seconds for the scheduler and every worker to come up
-# the shaped link's queue, in time at its rate: at 50 ms TCP lost packets enough to halve an
-# exchange of 16 MB at 1 Gbit/s (61 MB/s measured, 114-119 MB/s at 200 ms)
+# the shaped link's queue, in time at its rate: a shorter one loses packets enough to halve
+# TCP's rate (evidence: datasets/measurements/README.md, "Figures behind the code")
 QUEUE = "200ms"
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.IGNORECASE)
 
@@ -137,8 +137,21 @@ class EmulatedHosts:
                 ("ip", "addr", "add", f"{addr}/24", "dev", inner),
                 ("ip", "link", "set", inner, "up"),
                 # this host's egress held to the rate: the link between hosts (and to the client)
-                ("tc", "qdisc", "add", "dev", inner, "root", "tbf", "rate", self.rate, "burst", str(burst),
-                 "latency", QUEUE),
+                (
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    inner,
+                    "root",
+                    "tbf",
+                    "rate",
+                    self.rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    QUEUE,
+                ),
             ):
                 _run("ip", "netns", "exec", ns, *cmd)
 
@@ -167,8 +180,16 @@ class EmulatedHosts:
     def _dask(self) -> None:
         sched_file = self.workdir / "scheduler.json"
         self._spawn(
-            0, "scheduler", "--host", self.addresses[0], "--port", "0", "--no-dashboard",
-            "--scheduler-file", str(sched_file), log="scheduler.log",
+            0,
+            "scheduler",
+            "--host",
+            self.addresses[0],
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(sched_file),
+            log="scheduler.log",
         )
         deadline = time.monotonic() + START_WITHIN
         while not sched_file.exists():
@@ -177,8 +198,19 @@ class EmulatedHosts:
         self.scheduler = json.loads(sched_file.read_text())["address"]
         for i, addr in enumerate(self.addresses):
             self._spawn(
-                i, "worker", self.scheduler, "--host", addr, "--nworkers", str(self.per_host),
-                "--nthreads", "1", "--no-dashboard", "--death-timeout", "60", log=f"workers-{i}.log",
+                i,
+                "worker",
+                self.scheduler,
+                "--host",
+                addr,
+                "--nworkers",
+                str(self.per_host),
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+                "--death-timeout",
+                "60",
+                log=f"workers-{i}.log",
             )
         from distributed import Client
 
@@ -238,7 +270,11 @@ class EmulatedHosts:
         """What of this instance still exists (namespaces, links, processes): empty after close()."""
         left = [ns for ns in _run("ip", "netns", "list", check=False).stdout.split() if ns in self.namespaces]
         links = _run("ip", "-o", "link", "show", check=False).stdout
-        left += [name for name in re.findall(r"^\d+: ([^:@]+)", links, re.MULTILINE) if name.startswith(f"dl{self.tag}")]
+        left += [
+            name
+            for name in re.findall(r"^\d+: ([^:@]+)", links, re.MULTILINE)
+            if name.startswith(f"dl{self.tag}")
+        ]
         left += [f"pid {p.pid}" for p in self.procs if p.poll() is None]
         return left
 

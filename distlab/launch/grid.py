@@ -82,10 +82,19 @@ def plan_configs(
                 pred = cost_model.predict(prof, res, s)
                 configs.append(
                     {
-                        "model": mname, "strategy": s.name, "builder": bname, "world": world, "batch": batch,
-                        "predicted_throughput": pred.throughput, "predicted_step_time": pred.step_time,
-                        "grad_bytes": prof.param_bytes, "_model": model, "_strategy": s, "_profile": prof,
-                        "_data": data, "_loss": loss,
+                        "model": mname,
+                        "strategy": s.name,
+                        "builder": bname,
+                        "world": world,
+                        "batch": batch,
+                        "predicted_throughput": pred.throughput,
+                        "predicted_step_time": pred.step_time,
+                        "grad_bytes": prof.param_bytes,
+                        "_model": model,
+                        "_strategy": s,
+                        "_profile": prof,
+                        "_data": data,
+                        "_loss": loss,
                     }
                 )
     return configs
@@ -113,47 +122,65 @@ def measure_grid(
     caller interleaving rounds across world sizes calls this once per round and world size.
     ``warmup``: first run each model once, unrecorded (its first configuration, a quarter of the
     steps), because a fresh Lab's first runs are slower than its later ones. Evidence for both:
-    docs/cost-model.md §History and evidence.
-    """
-    import distlab as dl
-
+    docs/cost-model.md §History and evidence."""
     if min_seconds < 0:
-        raise DistlabError(f"measure_grid: min_seconds={min_seconds!r}; expected seconds >= 0 (0: always steps)")
-
-    def launch(c: dict[str, Any], n: int, seed: int) -> Any:
-        data = c.get("_data")
-        if data is None:
-            data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=seed)
-        run = lab.launch(
-            c["_model"], strategy=c["_strategy"], steps=n, data=data, loss=c.get("_loss"), batch_size=c["batch"],
-            seed=seed, elastic=False,  # training throughput: no checkpoints written during the measured steps
+        raise DistlabError(
+            f"measure_grid: min_seconds={min_seconds!r}; expected seconds >= 0 (0: always steps)"
         )
-        run.wait(progress=False)
-        return run
-
-    def steps_of(c: dict[str, Any]) -> int:
-        predicted = c.get("predicted_step_time", math.nan)
-        if not min_seconds or not predicted > 0:
-            return steps
-        return max(steps, min(MAX_STEPS, math.ceil(min_seconds / predicted)))
 
     if warmup:
         for c in {c["model"]: c for c in reversed(configs)}.values():
-            launch(c, max(4, steps // 4), first_repeat)
+            _launch(lab, c, max(4, steps // 4), first_repeat)
     rows = []
     for rep in range(first_repeat, first_repeat + repeats):
         order = configs if rep % 2 == 0 else list(reversed(configs))
         for c in order:
-            n = steps_of(c)
-            run = launch(c, n, rep)
+            n = _steps_for(c, steps, min_seconds)
+            run = _launch(lab, c, n, rep)
             m = run.metrics
-            step_time = float(np.median(m.groupby("step")["step_time"].max().iloc[len(m["step"].unique()) // 4 :]))
+            step_time = float(
+                np.median(m.groupby("step")["step_time"].max().iloc[len(m["step"].unique()) // 4 :])
+            )
             rows.append(
                 {k: v for k, v in c.items() if not k.startswith("_")}
-                | {"repeat": rep, "steps": n, "measured_throughput": run.throughput, "measured_step_time": step_time}
+                | {
+                    "repeat": rep,
+                    "steps": n,
+                    "measured_throughput": run.throughput,
+                    "measured_step_time": step_time,
+                }
             )
             if progress:
-                progress(f"{c['model']} {c['strategy']} w={c['world']} b={c['batch']}: {run.throughput:.0f}/s")
+                progress(
+                    f"{c['model']} {c['strategy']} w={c['world']} b={c['batch']}: {run.throughput:.0f}/s"
+                )
     return pd.DataFrame(rows)
 
 
+def _launch(lab: Any, c: dict[str, Any], n: int, seed: int) -> Any:
+    """One finished run of configuration ``c`` for ``n`` steps (its data drawn with ``seed``)."""
+    import distlab as dl
+
+    data = c.get("_data")
+    if data is None:
+        data = dl.data.synthetic(c["_model"], n=max(c["batch"] * c["world"] * 4, 256), seed=seed)
+    run = lab.launch(
+        c["_model"],
+        strategy=c["_strategy"],
+        steps=n,
+        data=data,
+        loss=c.get("_loss"),
+        batch_size=c["batch"],
+        seed=seed,
+        elastic=False,  # training throughput: no checkpoints written during the measured steps
+    )
+    run.wait(progress=False)
+    return run
+
+
+def _steps_for(c: dict[str, Any], steps: int, min_seconds: float) -> int:
+    """``steps``, or as many as last ``min_seconds`` at ``c``'s predicted step (up to MAX_STEPS)."""
+    predicted = c.get("predicted_step_time", math.nan)
+    if not min_seconds or not predicted > 0:
+        return steps
+    return max(steps, min(MAX_STEPS, math.ceil(min_seconds / predicted)))

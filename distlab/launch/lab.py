@@ -1,4 +1,7 @@
-"""Lab: owns the notebook's Dask cluster, its calibration and its runs; launches strategies on it."""
+"""Lab: owns the notebook's Dask cluster, its calibration and its runs; launches strategies on it.
+
+Long because Lab is the notebook's one object (cluster, launches, calibration, runs); each method is short
+and hands its work to the modules beside it (prepare, calibrate, measure, run, report)."""
 
 from __future__ import annotations
 
@@ -13,17 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import LaunchError
-from distlab.keras_model import as_module
 from distlab.launch import cluster as _cluster
-from distlab.launch import spmd
+from distlab.launch import prepare, spmd
 from distlab.launch import validate as _v
+from distlab.launch.prepare import Prepared, ProfileCache, prepare_launch
 from distlab.launch.replan import replan as _replan
-from distlab.launch.run import Forecast, Run, runs_frame
+from distlab.launch.report import runs_frame
+from distlab.launch.run import Forecast, Run
 from distlab.resources import ResourceSpec
 from distlab.strategy.execution import rank_threads
-from distlab.strategy.types import Strategy
 
-DEFAULT_BATCH = 32  # per-replica batch of a launch by builder name without batch_size=
 # runs this many in a row all measured more than this factor off their predictions: say so
 DRIFT_RUNS, DRIFT_RATIO = 2, 1.3
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
@@ -74,7 +76,7 @@ class Lab:
         )
         self._runs: list[Run] = []
         self._note: str | None = None
-        self._profiles: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
+        self._profiles: ProfileCache = {}
         self._facts: dict[str, dict[str, Any]] = {}
         self._cluster = None
         self._own_client = client is None
@@ -87,7 +89,8 @@ class Lab:
                 if self._remove_ckpt is not None:
                     self._remove_ckpt()
                 raise LaunchError(
-                    f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and that it runs"
+                    f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and "
+                    "that it runs"
                 ) from None
         if client is not None or address is not None:
             self._await_workers(workers or 1, f"address={address!r}" if address else "client=...")
@@ -108,7 +111,7 @@ class Lab:
                     raise LaunchError(
                         "Lab(): the worker processes could not start: this script starts a Lab at its top "
                         "level, and each spawned worker re-runs the script; put the code under "
-                        "`if __name__ == \"__main__\":`"
+                        '`if __name__ == "__main__":`'
                     ) from None
                 raise
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
@@ -128,7 +131,8 @@ class Lab:
             came = f"{have} of {n} worker(s)" if have else "no worker"
             fix = f"give workers={have}, start more ({start})" if have else f"start some ({start})"
             raise LaunchError(
-                f"Lab({how}): {came} joined the scheduler within {self.timeout:g} s; {fix}, or give a longer timeout="
+                f"Lab({how}): {came} joined the scheduler within {self.timeout:g} s; {fix}, or give a longer "
+                "timeout="
             ) from None
 
     # -- cluster ----------------------------------------------------------------------------------
@@ -267,12 +271,14 @@ class Lab:
         return [rank_threads(len(sub.ranks_on(r.host)), sub.cores.get(r.host, 1)) for r in sub.ranks]
 
     def _check_idle(self) -> None:
-        """Open, no run in flight, and the embedded cluster whole again (a worker lost to a crash comes back)."""
+        """Open, no run in flight, and the embedded cluster whole again (a worker lost to a crash comes
+        back)."""
         self._check_open()
         for run in self._runs:
             if not run.done:
                 raise LaunchError(
-                    f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching another"
+                    f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching "
+                    "another"
                 )
         if self._cluster is not None:
             _cluster.heal_local_cluster(self._cluster, self.client, within=self.timeout)
@@ -296,13 +302,15 @@ class Lab:
         backend: str = "torch",
         trace: bool = False,
     ) -> Run:
-        """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen first).
+        """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen
+        first).
 
         ``data``: a Dataset of ``(input, target)`` pairs, a DataLoader (its dataset), or an
         ``(inputs, targets)`` pair of tensors or arrays; None trains on synthetic data from the
         model's ``input_spec`` (the Run card says so). ``loss``: a callable ``(output, target)``;
         the default is cross-entropy for integer targets, mean-squared error for float ones.
-        The model is checked and profiled on a batch of ``data`` at the per-replica batch it trains at; a builder name is built for that batch. With
+        The model is checked and profiled on a batch of ``data`` at the per-replica batch it trains at; a
+        builder name is built for that batch. With
         a cost model (``lab.calibrate()``), the model's own step is measured on the workers first
         (``measure_model``, cached) and the prediction recorded in ``lab.runs``; the finished run
         refits ``lab.cost_model``.
@@ -312,66 +320,41 @@ class Lab:
         a short one would cost more than re-running it), never otherwise. ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py).
-        """
+
+        Long because its signature and this docstring are the launch's reference; the body is the launch's
+        steps in order, with the work in prepare.py and Run."""
         from distlab.runtime.job import RankJob
 
         steps = _v.check_positive("steps", steps)
         batch_size = _v.check_positive("batch_size", batch_size, optional=True)
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
         if trace and backend == "tensorflow":
-            raise LaunchError("trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')")
+            raise LaunchError(
+                "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
+            )
         if backend == "tensorflow":  # a Keras model in TensorFlow's own multi-worker runtime
             from distlab.launch.tf_native import launch_native
 
-            run = launch_native(self, model, strategy, steps=steps, data=data, loss=loss, optimizer=optimizer,
-                                batch_size=batch_size, shuffle=shuffle, seed=seed, timeout=timeout)
+            run = launch_native(
+                self,
+                model,
+                strategy,
+                steps=steps,
+                data=data,
+                loss=loss,
+                optimizer=optimizer,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                timeout=timeout,
+            )
             return run.wait() if block else run
         if backend != "torch":
             raise LaunchError(f"backend: {backend!r} is not one of 'torch', 'tensorflow'")
-        model = as_module(model)  # a Keras 3 model: on the torch backend, as a torch module
-        _v.check_model(model)
         self._check_idle()
-        from distlab.data import as_dataset, describe
-
-        data = as_dataset(data)
         res = self.resources
-        # the user's data is the truth: the model is checked and profiled on a batch of it, at the
-        # per-replica batch it will train at (a builder name is built for that batch)
-        hint = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
-        batches: dict[int, Any] = {}
-        profiles: dict[int, Any] = {}
-
-        def batch_of(n: int) -> Any:
-            if n not in batches:
-                batches[n] = _v.check_data(data, model, loss, n)
-            return batches[n]
-
-        def profile(n: int | None = None) -> Any:
-            n = n or hint
-            if n not in profiles:
-                key = (id(model), n, id(data))  # a relaunch of the same model and data: profiled once
-                hit = self._profiles.get(key)
-                if hit is not None and hit[0]() is model and hit[1]() is data:
-                    profiles[n] = hit[2]
-                else:
-                    profiles[n] = _profile(model, n, None if data is None else batch_of(n)[0])
-                    self._profiles[key] = (weakref.ref(model), _ref(data), profiles[n])
-            return profiles[n]
-
-        st, _ = _v.resolve_strategy(strategy, model, res, profile, batch_size=batch_size or hint)
-        _v.check_strategy_fits(st, model, res.world, optimizer)
-        b = batch_size or st.batch.per_replica
-        if data is None:
-            data = _v.synthetic_data(model, profile(b), max(b * st.world * 4, 256), seed)
-            data_info = (
-                f"synthetic: {len(data):,} random samples from {type(model).__name__}'s input spec "
-                "(pass data= to train on yours)"
-            )
-        else:
-            data_info = describe(data)
-        from distlab.runtime.trainer import loss_name
-
-        loss_info = loss_name(loss, batch_of(b)[1])
+        prep = prepare_launch(model, strategy, data, loss, optimizer, batch_size, seed, res, self._profiles)
+        model, data, st, b, profile = prep.model, prep.data, prep.strategy, prep.batch, prep.profile
         if self.cost_model is not None:  # predict with the model's own step on these workers
             from distlab.launch.calibrate import measure_model_lab
 
@@ -402,15 +385,27 @@ class Lab:
             extra={"ddp": True, "trace": bool(trace), **self._adaptive_extra(profile(b), res, st, b)},
         )
 
+        run = self._new_run(prep, job, workers, elastic)
+        self._runs.append(run)
+        run._start()
+        if block:
+            run.wait()
+        return run
+
+    def _new_run(self, prep: Prepared, job: Any, workers: list[str], elastic: bool) -> Run:
+        """The Run of a prepared launch: its forecast, and how it replans on the workers that
+        survive a loss (``elastic``)."""
+        res, model, st, b, profile = self.resources, prep.model, prep.strategy, prep.batch, prep.profile
+
         def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
             sub = _cluster.sub_resources(self.resources, survivors)
             new = _replan(st, model, sub, profile)
             extra = self._adaptive_extra(profile(b), sub, new, b) if job.extra.get("adaptive") else {}
             return new, self._threads(self.resources, survivors), extra
 
-        run = Run(
+        return Run(
             self,
-            run_id,
+            job.run_id,
             model,
             st,
             job,
@@ -419,14 +414,9 @@ class Lab:
             elastic=elastic,
             replan=replan,
             forecast=self._forecast(profile(b), res, st),
-            data_info=data_info,
-            loss_info=loss_info,
+            data_info=prep.data_info,
+            loss_info=prep.loss_info,
         )
-        self._runs.append(run)
-        run._start()
-        if block:
-            run.wait()
-        return run
 
     def _adaptive_extra(self, profile: Any, res: ResourceSpec, st: Any, batch: int) -> dict[str, Any]:
         """An AdaptiveBatch launch: the controller's table, predicted by ``lab.cost_model`` (the
@@ -460,20 +450,27 @@ class Lab:
         if self.cost_model is None or run.forecast is None:
             return
         runs = self.runs
-        self.cost_model = self.cost_model.refit(runs[runs["backend"] == "torch"])  # it models distlab's runtime
+        self.cost_model = self.cost_model.refit(
+            runs[runs["backend"] == "torch"]
+        )  # it models distlab's runtime
         for r in self._runs:
             if r.forecast is not None and r.backend == "torch":
                 f = r.forecast
-                r.refitted_throughput = float(self.cost_model.predict(f.profile, f.resources, r.strategy).throughput)
+                r.refitted_throughput = float(
+                    self.cost_model.predict(f.profile, f.resources, r.strategy).throughput
+                )
         done = [r for r in self._runs if r.status == "finished" and r.forecast is not None][-DRIFT_RUNS:]
         ratios = [r.throughput / r.predicted_throughput for r in done]
-        if len(ratios) == DRIFT_RUNS and all(x == x for x in ratios) and (
-            min(ratios) > DRIFT_RATIO or max(ratios) < 1 / DRIFT_RATIO
+        if (
+            len(ratios) == DRIFT_RUNS
+            and all(x == x for x in ratios)
+            and (min(ratios) > DRIFT_RATIO or max(ratios) < 1 / DRIFT_RATIO)
         ):
             self._note = (
-                f"lab: the last {DRIFT_RUNS} runs measured {min(ratios):.2f}-{max(ratios):.2f}x their predicted "
-                "throughput; lab.cost_model was refitted to every run so far (lab.runs shows both predictions); "
-                "if other programs were busy when it was calibrated, run lab.calibrate(cache=False) on a quiet machine"
+                f"lab: the last {DRIFT_RUNS} runs measured {min(ratios):.2f}-{max(ratios):.2f}x their "
+                "predicted throughput; lab.cost_model was refitted to every run so far (lab.runs shows both "
+                "predictions); if other programs were busy when it was calibrated, run "
+                "lab.calibrate(cache=False) on a quiet machine"
             )
 
     def _take_note(self) -> str | None:
@@ -482,7 +479,7 @@ class Lab:
 
     @property
     def runs(self) -> Any:
-        """One row per run (``distlab.launch.run.runs_frame``: the columns and what they mean)."""
+        """One row per run (``distlab.launch.report.runs_frame``: the columns and what they mean)."""
         return runs_frame(self._runs)
 
     @property
@@ -518,10 +515,14 @@ class Lab:
         if backend != "torch":  # "tensorflow" (launch/tf_calibrate.py checks it)
             from distlab.launch.tf_calibrate import calibrate_native
 
-            self.cost_model = calibrate_native(self, self.cost_model, models, batch_size, cache, progress, backend)
+            self.cost_model = calibrate_native(
+                self, self.cost_model, models, batch_size, cache, progress, backend
+            )
             return self.cost_model
         models = [
-            (m[0], as_dataset(m[1], f"models[{i}] data"), *m[2:]) if isinstance(m, tuple) and len(m) > 1 else m
+            (m[0], as_dataset(m[1], f"models[{i}] data"), *m[2:])
+            if isinstance(m, tuple) and len(m) > 1
+            else m
             for i, m in enumerate(models)
         ]
         self.cost_model = calibrate_lab(
@@ -541,11 +542,17 @@ class Lab:
         from distlab.data import as_dataset
         from distlab.launch.calibrate import measure_model_lab
 
-        model = as_module(model)
+        model = prepare.as_module(model)
         _v.check_model(model)
         self._check_idle()
         self.cost_model = measure_model_lab(
-            self, self.cost_model, model, as_dataset(data), loss, _v.check_positive("batch_size", batch_size), progress=progress
+            self,
+            self.cost_model,
+            model,
+            as_dataset(data),
+            loss,
+            _v.check_positive("batch_size", batch_size),
+            progress=progress,
         )
         return self.cost_model
 
@@ -568,8 +575,9 @@ class Lab:
         how = "%distlab calibrate" if self.via_magics else "lab.calibrate()"
         cm = "calibrated" if self.cost_model is not None else f"not calibrated ({how})"
         return (
-            f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost model {cm}</p>"
-            f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
+            f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost "
+            "model "
+            f"{cm}</p><table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
         )
 
 
@@ -578,18 +586,3 @@ def _warm_torch() -> bool:
     import torch.distributed  # noqa: F401
 
     return True
-
-
-def _ref(obj: Any) -> Callable[[], Any]:
-    """A weak reference where the object allows one (None and tuples do not: held strongly)."""
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
-
-
-def _profile(model: Any, batch_size: int, sample_input: Any = None) -> Any:
-    """The model's profile (dl.profile) at ``batch_size``, on ``sample_input`` (a batch of the run's data) when given."""
-    from distlab.profiling.torch_profiler import profile
-
-    return profile(model, sample_input=sample_input, batch_size=batch_size)

@@ -1,8 +1,8 @@
 """Whether the cores were the cluster's own: CPU time other programs used on each host while distlab measured.
 
 A measurement taken while other programs compete for the cores (a build, a browser, another
-notebook's training) describes that moment, not the cluster: a calibration taken beside one busy
-process per core predicted the same models 2.6-4.5x off. ``LoadMonitor`` reads each host's CPU
+notebook's training) describes that moment, not the cluster (datasets/measurements/README.md,
+"Figures behind the code", says how far off). ``LoadMonitor`` reads each host's CPU
 accounting (``/proc/stat``) and the CPU time of the cluster's own processes (the Dask workers,
 their nannies and children, and the notebook's process when it shares the host) at the start
 and the end of a measurement; what the host's cores spent on anything else is the foreign load.
@@ -47,14 +47,14 @@ class HostLoad:
 
     def describe(self) -> str:
         who = ", ".join(f"{cmd} (pid {pid}, {cores:.1f} cores)" for pid, cmd, cores in self.top[:3])
-        return (
-            f"other programs used {self.foreign:.1f} of host {self.host}'s {self.cores} cores"
-            + (f": {who}" if who else "")
+        return f"other programs used {self.foreign:.1f} of host {self.host}'s {self.cores} cores" + (
+            f": {who}" if who else ""
         )
 
 
 def _proc_ticks(pid: int) -> tuple[int, int, str, int] | None:
-    """(parent pid, utime + stime ticks, command, its reaped children's ticks) of a process, or None when it is gone."""
+    """(parent pid, utime + stime ticks, command, its reaped children's ticks) of a process, or None when it
+    is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")
@@ -135,7 +135,9 @@ def host_load(before: dict[str, Any], after: dict[str, Any]) -> HostLoad:
     per_core = cpus / total
     foreign = max(busy - own, 0) * per_core
     others = sorted(((d, pid) for pid, d in delta.items() if pid not in ours and d > 0), reverse=True)
-    top = tuple((pid, after["names"].get(pid, "?"), d * per_core) for d, pid in others[:3] if d * per_core >= 0.05)
+    top = tuple(
+        (pid, after["names"].get(pid, "?"), d * per_core) for d, pid in others[:3] if d * per_core >= 0.05
+    )
     return HostLoad(after["host"], int(after["cores"]), seconds, foreign, own * per_core, top)
 
 
@@ -175,7 +177,9 @@ class LoadMonitor:
         out = {}
         for host, addr in self._probe.items():
             try:
-                out[host] = self.client.run(host_sample, self._roots[host], self._alone.get(host, []), workers=[addr])[addr]
+                out[host] = self.client.run(
+                    host_sample, self._roots[host], self._alone.get(host, []), workers=[addr]
+                )[addr]
             except Exception:  # noqa: BLE001 - no /proc there (not Linux) or the worker is gone
                 continue
         return out
@@ -189,7 +193,9 @@ def warn_disturbed(what: str, loads: list[HostLoad], consequence: str) -> bool:
     """Warn once (a ``CalibrationWarning`` line) when any host was disturbed; True if one was."""
     bad = [h for h in loads if h.disturbed]
     if bad:
-        warnings.warn(f"{what}: {'; '.join(h.describe() for h in bad)}; {consequence}", CalibrationWarning, stacklevel=3)
+        warnings.warn(
+            f"{what}: {'; '.join(h.describe() for h in bad)}; {consequence}", CalibrationWarning, stacklevel=3
+        )
     return bool(bad)
 
 

@@ -80,5 +80,7 @@ def slowest_median(per_rank: Sequence[Sequence[float]]) -> float:
     if not per_rank or not per_rank[0]:
         raise ValueError("slowest_median: no steps")
     if len({len(r) for r in per_rank}) != 1:
-        raise ValueError(f"slowest_median: ranks took different numbers of steps ({[len(r) for r in per_rank]})")
+        raise ValueError(
+            f"slowest_median: ranks took different numbers of steps ({[len(r) for r in per_rank]})"
+        )
     return float(statistics.median(max(step) for step in zip(*per_rank)))

@@ -32,6 +32,7 @@ def _shrink(st: Any, res: ResourceSpec, exc: Exception) -> Any:
     used = set(st.servers) | {s.server for p in st.variables for s in p.syncs if s.server is not None}
     if used and max(used) >= res.world:
         raise LaunchError(
-            f"elastic resume: strategy {st.name} uses server ranks {sorted(used)} and cannot run on {res.world} ranks ({exc})"
+            f"elastic resume: strategy {st.name} uses server ranks {sorted(used)} and cannot run on "
+            f"{res.world} ranks ({exc})"
         )
     return dataclasses.replace(st, ranks=tuple(res.ranks))

@@ -1,10 +1,12 @@
-"""Run: the handle of a launched job, driven by a client-side thread that restarts it elastically."""
+"""Run: the handle of a launched job, driven by a client-side thread that restarts it elastically.
+
+Long because a Run is one handle guarded by one lock: its driver thread, elastic restarts, cancel and the
+views over its records share that state; its row and card are in report.py, its figures in notebook/."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import html
 import math
 import threading
 import time
@@ -16,6 +18,7 @@ import cloudpickle
 from distlab.errors import DistlabError, LaunchError
 from distlab.launch import metrics as _metrics
 from distlab.launch import spmd
+from distlab.launch.report import model_name, run_card, run_row
 from distlab.launch.train import runtime_entry, train_rank
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
@@ -157,9 +160,12 @@ class Run:
                 try:
                     fn, args = (train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]))
                     if self.native is not None:
-                        from distlab.launch.tf_native import train_rank_tf
+                        from distlab.launch.tf_rank import train_rank_tf
 
-                        fn, args = train_rank_tf, (self.native, self._topic, restart, self.id, threads[0], job.timeout)
+                        fn, args = (
+                            train_rank_tf,
+                            (self.native, self._topic, restart, self.id, threads[0], job.timeout),
+                        )
                     self._group = spmd.start_ranks(
                         client,
                         workers,
@@ -283,7 +289,8 @@ class Run:
             time.sleep(0.1)
 
     def _resume_job(self, job: Any, workers: list[str], restart: int) -> tuple[Any, list[int]]:
-        """Re-plan for the surviving workers and resume from the last checkpoint (data position in samples)."""
+        """Re-plan for the surviving workers and resume from the last checkpoint (data position in
+        samples)."""
         _, latest, load = self._runtime
         path = latest(job.checkpoint_dir) if job.checkpoint_dir else None
         start_step, offset = 0, 0
@@ -311,7 +318,10 @@ class Run:
         else:
             what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DistlabError) else str(exc)
         if lost and not self.elastic:
-            what = f"worker(s) {', '.join(lost)} left the cluster ({what}); launch with elastic=True to resume from checkpoints"
+            what = (
+                f"worker(s) {', '.join(lost)} left the cluster ({what}); "
+                "launch with elastic=True to resume from checkpoints"
+            )
         self.error = LaunchError(f"run {self.id} failed: {what}")
         self._status = "failed"
 
@@ -356,15 +366,15 @@ class Run:
                     from tqdm.auto import tqdm
 
                     bar = tqdm(total=self.steps, desc=f"run {self.id}", unit="step", leave=False)
-                if bar is not None and bar.n != self._last_step():
-                    bar.n = self._last_step()
+                if bar is not None and bar.n != self.steps_done:
+                    bar.n = self.steps_done
                     bar.refresh()
         except KeyboardInterrupt:
             self.cancel()
             raise KeyboardInterrupt(f"run {self.id} interrupted: cancelled on every worker") from None
         finally:
             if bar is not None:
-                bar.n = self._last_step()
+                bar.n = self.steps_done
                 bar.close()
         if self.view is not None:  # its final drawing goes out with the cell that waits (papermill keeps it)
             self.view.join()
@@ -377,7 +387,9 @@ class Run:
             warnings.warn(note, PredictionDriftWarning, stacklevel=2)
         return self
 
-    def _last_step(self) -> int:
+    @property
+    def steps_done(self) -> int:
+        """Steps any rank has recorded so far (the last one's number plus one)."""
         with self._lock:
             return max((k[2] + 1 for k in self._records), default=0)
 
@@ -418,7 +430,8 @@ class Run:
         return timeline_figure(self, steps, predicted)
 
     def save_trace(self, path: Any) -> Any:
-        """Write the trace as Chrome trace-event JSON (open it in https://ui.perfetto.dev); returns the path."""
+        """Write the trace as Chrome trace-event JSON (open it in https://ui.perfetto.dev); returns the
+        path."""
         from distlab.notebook.timeline import save_trace
 
         return save_trace(self, path)
@@ -463,28 +476,8 @@ class Run:
         return self.strategy.world if self.strategy is not None else len(self._workers)
 
     def row(self) -> dict[str, Any]:
-        tp = self.throughput
-        base = self.forecast.base if self.forecast is not None else None
-        return {
-            "run_id": self.id,
-            "model": _model_name(self._model0),
-            "backend": self.backend,
-            "strategy": self.strategy.name,
-            "world": self.world,
-            "batch": self.batch_size,
-            "steps": self.steps,
-            "status": self.status,
-            "restarts": self.restarts,
-            "measured_throughput": tp,
-            "predicted_throughput": self.predicted_throughput,
-            "refitted_throughput": self.refitted_throughput,
-            "model_key": self.forecast.model_key if self.forecast is not None else None,
-            "per_replica": self.batch_size,
-            "measured_step": self.batch_size * self.world / tp if tp and tp == tp else math.nan,
-            "predicted_compute": base.breakdown["compute"] if base is not None else math.nan,
-            "predicted_comm": base.breakdown["comm"] if base is not None else math.nan,
-            "predicted_optimizer": base.breakdown["optimizer"] if base is not None else math.nan,
-        }
+        """This run's row of ``lab.runs`` (launch/report.py: the columns and what they mean)."""
+        return run_row(self, model_name(self._model0))
 
     @property
     def step_table(self) -> dict[tuple[int, int], float] | None:
@@ -518,7 +511,8 @@ class Run:
         self.live()
 
     def __repr__(self) -> str:
-        return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {self._last_step()}/{self.steps} steps>"
+        progress = f"{self.steps_done}/{self.steps} steps"
+        return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {progress}>"
 
     def losses(self) -> tuple[float, float] | None:
         """(first, last) training loss, each the mean over ranks of one step; None before a step."""
@@ -531,65 +525,4 @@ class Run:
         return float(per_step.iloc[0]), float(per_step.iloc[-1])
 
     def _repr_html_(self) -> str:
-        r = self.row()
-        tp, pred = r["measured_throughput"], r["predicted_throughput"]
-        loss = self.losses()
-        done = self.status == "finished"
-        rows = [
-            ("status", r["status"]),
-            ("strategy", f"{r['strategy']} on {r['world']} worker(s), {r['batch']} samples per replica"),
-            ("steps", f"{self._last_step()}/{self.steps}" + (f", {r['restarts']} restart(s)" if r["restarts"] else "")),
-            ("data", self.data_info),
-            ("loss", self.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
-            ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
-            ("predicted", f"{pred:,.0f} samples/s (before the run)" if pred == pred else ""),
-            ("trained model", f"{self.var_name}.model (rank 0's weights, on the CPU)" if done else ""),
-            ("checkpoint", self.checkpoint or ""),
-            ("error", str(self.error) if self.error else ""),
-        ]
-        cells = "".join(
-            f"<tr><th style='text-align:left;padding-right:1em'>{k}</th><td style='text-align:left'>"
-            f"{html.escape(str(v))}</td></tr>"
-            for k, v in rows
-            if v != ""
-        )
-        return f"<p><b>Run {html.escape(self.id)}</b></p><table class='distlab-run'>{cells}</table>"
-
-
-RUN_COLUMNS = (
-    "run_id",
-    "model",
-    "backend",
-    "strategy",
-    "world",
-    "batch",
-    "steps",
-    "status",
-    "restarts",
-    "measured_throughput",
-    "predicted_throughput",
-    "refitted_throughput",
-    "model_key",
-    "per_replica",
-    "measured_step",
-    "predicted_compute",
-    "predicted_comm",
-    "predicted_optimizer",
-)
-
-
-def _model_name(model: Any) -> str:
-    """A run's model in ``lab.runs``: a Keras model's own name, a torch module's class."""
-    name = getattr(model, "name", None)
-    return name if isinstance(name, str) and name else type(model).__name__
-
-
-def runs_frame(runs: list[Run]) -> Any:
-    """One row per run: run_id, model, strategy, world, batch, steps, status, restarts;
-    ``measured_throughput``; ``predicted_throughput`` (made before the run, by the cost model
-    refitted on the runs before it); ``refitted_throughput`` (refitted on every run so far);
-    and what ``CostModel.refit`` reads: ``model_key``, ``per_replica``, ``measured_step`` and
-    the calibration's own ``predicted_compute``/``comm``/``optimizer`` seconds."""
-    import pandas as pd
-
-    return pd.DataFrame([r.row() for r in runs], columns=list(RUN_COLUMNS))
+        return run_card(self)

@@ -1,7 +1,7 @@
 """``lab.calibrate(backend="tensorflow")``: TensorFlow's side of the cluster, for native predictions.
 
 One TensorFlow process per worker (``runtime/tf_child.py`` in ``bench`` mode, started and killed by
-its rank's pinned Dask task, as a native run's are: ``launch/tf_native.bench_rank_tf``) under
+its rank's pinned Dask task, as a native run's are: ``launch/tf_rank.bench_rank_tf``) under
 ``MultiWorkerMirroredStrategy`` measures its all-reduce at ``SIZES``, a reference Keras model's
 step locally and under the strategy, and each Keras model in ``models=`` stepping locally with
 every rank busy at ``batch_size`` and a quarter of it. ``costmodel/native.py`` fits and predicts.
@@ -55,14 +55,15 @@ def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, 
         model, data = (item[0], item[1]) if isinstance(item, tuple) and len(item) >= 2 else (item, None)
         if not is_keras_model(model):
             raise CalibrationError(
-                f"calibrate(backend='tensorflow'): models[{i}] is a {type(model).__name__}; natively TensorFlow "
-                "runs Keras models: pass Keras models (or (keras_model, (x, y)) pairs)"
+                f"calibrate(backend='tensorflow'): models[{i}] is a {type(model).__name__}; natively "
+                "TensorFlow runs Keras models: pass Keras models (or (keras_model, (x, y)) pairs)"
             )
         if data is None:
             data = _keras_zoo_data(model, DATA_ROWS)
         if data is None:
             raise CalibrationError(
-                f"calibrate(backend='tensorflow'): models[{i}] ({model.name}) needs data: pass (model, (x, y))"
+                f"calibrate(backend='tensorflow'): models[{i}] ({model.name}) needs data: pass (model, (x, "
+                "y))"
             )
         x, y = arrays(data)
         x, y = x[:DATA_ROWS], y[:DATA_ROWS]
@@ -71,17 +72,26 @@ def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, 
     return out
 
 
-def calibrate_native(lab: Any, cm: Any, models: Any = (), batch_size: int = 32, cache: bool = True,
-                     progress: bool = True, backend: str = "tensorflow") -> Any:
-    """``cm`` (the default model when None) plus ``NativeParams`` measured on ``lab`` (see module docstring)."""
+def calibrate_native(
+    lab: Any,
+    cm: Any,
+    models: Any = (),
+    batch_size: int = 32,
+    cache: bool = True,
+    progress: bool = True,
+    backend: str = "tensorflow",
+) -> Any:
+    """``cm`` (the default model when None) plus ``NativeParams`` measured on ``lab`` (see module
+    docstring)."""
     if backend != "tensorflow":
         raise CalibrationError(f"calibrate: backend must be 'torch' or 'tensorflow', got {backend!r}")
     from distlab.costmodel import CostModel
-    from distlab.costmodel.native import NativeParams, fit_native
+    from distlab.costmodel.native import fit_native
     from distlab.keras_model import keras_file
-    from distlab.launch.calibrate import Progress, cache_key
+    from distlab.launch.calibrate import cache_key
     from distlab.launch.load import LoadMonitor, warn_disturbed
-    from distlab.launch.tf_native import bench_rank_tf
+    from distlab.launch.measure import Progress
+    from distlab.launch.tf_rank import bench_rank_tf
 
     cm = cm if cm is not None else CostModel.default()
     version = _tf_version()
@@ -89,31 +99,36 @@ def calibrate_native(lab: Any, cm: Any, models: Any = (), batch_size: int = 32, 
     res = lab.resources
     if res.world < 2:
         raise CalibrationError(
-            f"calibrate(backend='tensorflow'): the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
+            f"calibrate(backend='tensorflow'): the Lab has {res.world} worker; collectives need 2 or more "
+            "(Lab(workers=2))"
         )
     path = Path(lab.cache_dir) / f"native-{cache_key(res, None)}-tf{version}.json"
-    cached = None
-    if cache and path.exists():
-        try:
-            cached = NativeParams.from_dict(json.loads(path.read_text()))
-        except (CalibrationError, ValueError, OSError):
-            cached = None  # measured again and overwritten
+    cached = _read_cached(path) if cache else None
     todo = [c for c in cases if cached is None or not all(b in cached.local.get(c[1], {}) for b in c[5])]
     if cached is not None and not todo:
         return cm.with_native(cached)
     import cloudpickle
 
-    job = {"sizes": list(SIZES), "repeats": REPEATS, "steps": STEPS,
-           "models": [(REFERENCE[0], [REFERENCE[1]])] + [(name, batches) for name, _, _, _, _, batches in todo]}
+    job = {
+        "sizes": list(SIZES),
+        "repeats": REPEATS,
+        "steps": STEPS,
+        "models": [(REFERENCE[0], [REFERENCE[1]])] + [(name, batches) for name, _, _, _, _, batches in todo],
+    }
     # a TensorFlow start (~10 s), the sizes, and a compiled step per model and batch
     deadline = 60.0 + 15.0 * sum(len(c[5]) for c in todo) + lab.timeout
-    payload = {"job": cloudpickle.dumps(job), "deadline": deadline,
-               "models": [(keras_file(m), x, y) for _, _, m, x, y, _ in todo]}
+    payload = {
+        "job": cloudpickle.dumps(job),
+        "deadline": deadline,
+        "models": [(keras_file(m), x, y) for _, _, m, x, y, _ in todo],
+    }
     bar = Progress(1, f"calibrating TensorFlow on {res.world} ranks", progress)
     bar.start(f"all-reduce and {len(todo) + 1} model step(s) under MultiWorkerMirroredStrategy")
     monitor = LoadMonitor(lab.client).start()
     try:
-        out = lab.run_ranks(bench_rank_tf, payload, uuid.uuid4().hex[:8], lab.timeout, timeout=deadline + lab.timeout)
+        out = lab.run_ranks(
+            bench_rank_tf, payload, uuid.uuid4().hex[:8], lab.timeout, timeout=deadline + lab.timeout
+        )
     except LaunchError as exc:
         raise CalibrationError(f"calibrate(backend='tensorflow'): {exc}") from None
     finally:
@@ -124,12 +139,30 @@ def calibrate_native(lab: Any, cm: Any, models: Any = (), batch_size: int = 32, 
     if cached is not None:
         native = cached.with_local(native.local)  # the cluster's figures as first measured, more models
     disturbed = warn_disturbed(
-        "calibrate(backend='tensorflow')", monitor.stop(),
+        "calibrate(backend='tensorflow')",
+        monitor.stop(),
         "these figures describe that load: used for this session only, not cached",
     )
     if cache and not disturbed:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(native.to_dict(), indent=1))
-        tmp.replace(path)
+        _write_cached(path, native)
     return cm.with_native(native)
+
+
+def _read_cached(path: Path) -> Any:
+    """The cached NativeParams at ``path``; None when absent or unreadable (measured again and
+    overwritten)."""
+    from distlab.costmodel.native import NativeParams
+
+    if not path.exists():
+        return None
+    try:
+        return NativeParams.from_dict(json.loads(path.read_text()))
+    except (CalibrationError, ValueError, OSError):
+        return None
+
+
+def _write_cached(path: Path, native: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(native.to_dict(), indent=1))
+    tmp.replace(path)

@@ -1,4 +1,5 @@
-"""The training rank body that runs in each Dask task: a RankJob handed to the runtime, records sent as events."""
+"""The training rank body that runs in each Dask task: a RankJob handed to the runtime, records sent as
+events."""
 
 from __future__ import annotations
 
@@ -60,7 +61,12 @@ def train_rank(
     worker = get_worker()
     job = cloudpickle.loads(payload)
     job = dataclasses.replace(
-        job, rank=rank, world=world, master_addr=master_addr, master_port=master_port, device=_device(job, rank)
+        job,
+        rank=rank,
+        world=world,
+        master_addr=master_addr,
+        master_port=master_port,
+        device=_device(job, rank),
     )
     tag = {"restart": restart, "world": world}
     batch: list[dict[str, Any]] = []

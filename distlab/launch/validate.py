@@ -73,7 +73,9 @@ def resolve_strategy(
                 )
             text = name
             profile = profile_fn()
-            st = strategies.build(text, profile, resources, **({"batch_size": batch_size} if batch_size else {}))
+            st = strategies.build(
+                text, profile, resources, **({"batch_size": batch_size} if batch_size else {})
+            )
     else:
         raise LaunchError(
             f"strategy: expected a Strategy, a builder name or a JSON path, got {type(strategy).__name__}"
@@ -95,7 +97,9 @@ def check_strategy_fits(st: Strategy, model: Any, available: int, optimizer: Any
 
     scaling.check_rule(st.batch.lr_scaling, f"strategy {st.name}: batch.lr_scaling")
     if optimizer is not None and st.batch.lr_scaling != "none":
-        scaling.check_optimizer(optimizer([p for p in model.parameters() if p.requires_grad]), st.batch.lr_scaling)
+        scaling.check_optimizer(
+            optimizer([p for p in model.parameters() if p.requires_grad]), st.batch.lr_scaling
+        )
     if st.world > available:
         raise LaunchError(
             f"strategy: planned for {st.world} ranks but the Lab has {available} workers; "
@@ -107,7 +111,8 @@ def synthetic_data(model: Any, profile: Any, n: int, seed: int) -> Any:
     """data=None: a synthetic dataset shaped from the profile's input and target specs."""
     if profile is None or not getattr(profile, "input_spec", None):
         raise LaunchError(
-            f"data: the profile of {type(model).__name__} has no input shape to synthesise data from; pass data= (a Dataset of (input, target))"
+            f"data: the profile of {type(model).__name__} has no input shape to synthesise data from; pass "
+            "data= (a Dataset of (input, target))"
         )
     from distlab.data import synthetic
 
@@ -161,15 +166,17 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
         value = (loss or default_loss)(out, y)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise LaunchError(
-                f"loss: must return a scalar tensor, returned {type(value).__name__} of shape {getattr(value, 'shape', '?')}"
+                f"loss: must return a scalar tensor, returned {type(value).__name__} of shape "
+                f"{getattr(value, 'shape', '?')}"
             )
     except DistlabError:
         raise
     except Exception as exc:  # noqa: BLE001
         first = (str(exc).splitlines() or [""])[0][:200]
         raise LaunchError(
-            f"data: a batch of {len(y)} samples (input {shapes_of(x)}) does not fit model {type(model).__name__}: "
-            f"{type(exc).__name__}: {first}; make the dataset match the model's input and the loss's target"
+            f"data: a batch of {len(y)} samples (input {shapes_of(x)}) does not fit model "
+            f"{type(model).__name__}: {type(exc).__name__}: {first}; make the dataset match the model's "
+            "input and the loss's target"
         ) from None
     return x, y
 

@@ -55,7 +55,8 @@ def execute_notebook(
         )
     except pm.PapermillExecutionError as exc:
         raise DistlabError(
-            f"notebook {src.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} (executed copy: {dst})"
+            f"notebook {src.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} (executed copy: "
+            f"{dst})"
         ) from None
     return dst
 
@@ -130,7 +131,9 @@ def _widget_html(state: Mapping[str, Any], model_id: str, figure_html: Any) -> s
     if "children" in st:
         parts = [_widget_html(state, c.removeprefix("IPY_MODEL_"), figure_html) for c in st["children"]]
         flex = "row" if name == "HBoxModel" else "column"
-        return f"<div style='display:flex;flex-direction:{flex};gap:6px;flex-wrap:wrap'>{''.join(parts)}</div>"
+        return (
+            f"<div style='display:flex;flex-direction:{flex};gap:6px;flex-wrap:wrap'>{''.join(parts)}</div>"
+        )
     if name == "OutputModel":
         bits = []
         for o in st.get("outputs") or []:
@@ -152,7 +155,9 @@ def _widget_html(state: Mapping[str, Any], model_id: str, figure_html: Any) -> s
     value = st.get("value")
     if "_options_labels" in st:  # a Dropdown or ToggleButtons: its value is an index into its labels
         i = st.get("index")
-        value = st["_options_labels"][i] if isinstance(i, int) and 0 <= i < len(st["_options_labels"]) else None
+        value = (
+            st["_options_labels"][i] if isinstance(i, int) and 0 <= i < len(st["_options_labels"]) else None
+        )
     if value is not None:
         label = html.escape(str(st.get("description", "")))
         return f"<div style='font-size:90%'>{label}: <b>{html.escape(str(value))}</b></div>"

@@ -75,4 +75,6 @@ class FigureView:
         self.show()
 
     def show(self) -> None:
-        self.widget.outputs = ({"output_type": "display_data", "data": figure_bundle(self.figure), "metadata": {}},)
+        self.widget.outputs = (
+            {"output_type": "display_data", "data": figure_bundle(self.figure), "metadata": {}},
+        )

@@ -66,51 +66,37 @@ def run_figure(run: Any) -> Any:
     rows = 3 if adaptive else 2
     # a fixed batch: the per-rank step times take the whole second row
     specs = [[{}, {}], [{}, {}], [{}, {}]] if adaptive else [[{}, {}], [{"colspan": 2}, None]]
-    fig = themed(make_subplots(
-        rows=rows, cols=2, specs=specs, subplot_titles=titles, vertical_spacing=0.16 if rows == 2 else 0.11,
-        horizontal_spacing=0.1,
-    ))
+    fig = themed(
+        make_subplots(
+            rows=rows,
+            cols=2,
+            specs=specs,
+            subplot_titles=titles,
+            vertical_spacing=0.16 if rows == 2 else 0.11,
+            horizontal_spacing=0.1,
+        )
+    )
     x = steps["step"] + 1
     fig.add_trace(go.Scatter(x=x, y=steps["loss"], mode="lines", name="loss", showlegend=False), 1, 1)
-    tp = steps["throughput"]
-    fig.add_trace(
-        go.Scatter(x=x, y=tp, mode="lines", name="each step", line={"color": "#c6d4e6", "width": 1},
-                   legendgroup="tp", showlegend=False, hovertemplate="step %{x}<br>%{y:,.0f} samples/s<extra></extra>"),
-        1, 2,
-    )
-    fig.add_trace(
-        go.Scatter(x=x, y=tp.rolling(SMOOTH, min_periods=1).median(), mode="lines", name="measured",
-                   line={"color": "#4c78a8"}, hovertemplate="step %{x}<br>median %{y:,.0f} samples/s<extra></extra>"),
-        1, 2,
-    )
-    predicted = _predicted(run, steps)
-    if predicted is not None:
-        fig.add_trace(
-            go.Scatter(x=x, y=predicted, mode="lines", name="predicted", line={"color": "#e45756", "dash": "dash"},
-                       hovertemplate="step %{x}<br>predicted %{y:,.0f} samples/s<extra></extra>"),
-            1, 2,
-        )
-    if len(metrics):
-        last = metrics[metrics["restart"] == metrics["restart"].max()]
-        for i, (rank, g) in enumerate(last.groupby("rank")):
-            g = _thin(g.sort_values("step"))
-            fig.add_trace(
-                go.Scatter(x=g["step"] + 1, y=g["step_time"] * 1e3, mode="lines", name=f"rank {rank}",
-                           line={"color": RANK_COLOURS[i % len(RANK_COLOURS)], "width": 1},
-                           hovertemplate=f"rank {rank}<br>step %{{x}}<br>%{{y:.1f}} ms<extra></extra>"),
-                2, 1,
-            )
-        # the first step (warm-up) and rare stalls would flatten the rest: the axis stops above the 98th percentile
-        top = float(last["step_time"].quantile(0.98)) * 1e3 if len(last) else math.nan
-        if math.isfinite(top) and top > 0:
-            fig.update_yaxes(range=[0, 1.25 * top], row=2, col=1)
+    _add_throughput(fig, x, steps["throughput"], _predicted(run, steps))
+    _add_rank_steps(fig, metrics)
     if adaptive:
-        for (row, col), c, colour in (((2, 2), "global_batch", "#54a24b"), ((3, 1), "noise_scale", "#b279a2"),
-                                      ((3, 2), "goodput", "#f58518")):
+        for (row, col), c, colour in (
+            ((2, 2), "global_batch", "#54a24b"),
+            ((3, 1), "noise_scale", "#b279a2"),
+            ((3, 2), "goodput", "#f58518"),
+        ):
             fig.add_trace(
-                go.Scatter(x=x, y=steps[c], mode="lines", name=c, showlegend=False, line={"color": colour,
-                           "shape": "hv" if c == "global_batch" else "linear"}),
-                row, col,
+                go.Scatter(
+                    x=x,
+                    y=steps[c],
+                    mode="lines",
+                    name=c,
+                    showlegend=False,
+                    line={"color": colour, "shape": "hv" if c == "global_batch" else "linear"},
+                ),
+                row,
+                col,
             )
     for r in range(1, rows + 1):
         for c in (1, 2) if adaptive or r == 1 else (1,):
@@ -118,15 +104,20 @@ def run_figure(run: Any) -> Any:
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
     done = f"{int(steps['step'].max()) + 1 if len(steps) else 0}/{run.steps} steps"
     fig.update_layout(
-        title={"text": f"run {run.id}: {run.strategy.name}, {run.status} ({done})", "x": 0.01, "font": {"size": 14}},
+        title={
+            "text": f"run {run.id}: {run.strategy.name}, {run.status} ({done})",
+            "x": 0.01,
+            "font": {"size": 14},
+        },
         height=300 * rows,
         margin={"l": 50, "r": 20, "t": 70, "b": 40},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "right", "x": 1.0},
         template=THEME,
     )
     if not len(steps):
-        fig.add_annotation(text="waiting for the first step ...", xref="paper", yref="paper", x=0.5, y=0.5,
-                           showarrow=False)
+        fig.add_annotation(
+            text="waiting for the first step ...", xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False
+        )
     return fig
 
 
@@ -138,7 +129,11 @@ def _predicted(run: Any, steps: Any) -> Any:
         per_replica = steps.get("per_replica")
         out = []
         for i, m in enumerate(steps["global_batch"]):
-            b = int(per_replica.iloc[i]) if per_replica is not None and per_replica.iloc[i] == per_replica.iloc[i] else None
+            b = (
+                int(per_replica.iloc[i])
+                if per_replica is not None and per_replica.iloc[i] == per_replica.iloc[i]
+                else None
+            )
             k = int(m) // (b * run.world) if b else None
             seconds = table.get((b, k))
             out.append(m / seconds if seconds else math.nan)
@@ -189,7 +184,9 @@ class LiveView:
     def _bundles(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from distlab.notebook.figures import figure_bundle
 
-        return {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)}, figure_bundle(run_figure(self.run))
+        return {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)}, figure_bundle(
+            run_figure(self.run)
+        )
 
     @staticmethod
     def _with_view(widget: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -227,3 +224,75 @@ class LiveView:
     def stop(self) -> None:
         """Stop redrawing (the figure stays as last drawn)."""
         self._stop.set()
+
+
+def _add_throughput(fig: Any, x: Any, tp: Any, predicted: Any) -> None:
+    """Each step's throughput, its running median and the prediction (row 1, column 2)."""
+    import plotly.graph_objects as go
+
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=tp,
+            mode="lines",
+            name="each step",
+            line={"color": "#c6d4e6", "width": 1},
+            legendgroup="tp",
+            showlegend=False,
+            hovertemplate="step %{x}<br>%{y:,.0f} samples/s<extra></extra>",
+        ),
+        1,
+        2,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=tp.rolling(SMOOTH, min_periods=1).median(),
+            mode="lines",
+            name="measured",
+            line={"color": "#4c78a8"},
+            hovertemplate="step %{x}<br>median %{y:,.0f} samples/s<extra></extra>",
+        ),
+        1,
+        2,
+    )
+    if predicted is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=predicted,
+                mode="lines",
+                name="predicted",
+                line={"color": "#e45756", "dash": "dash"},
+                hovertemplate="step %{x}<br>predicted %{y:,.0f} samples/s<extra></extra>",
+            ),
+            1,
+            2,
+        )
+
+
+def _add_rank_steps(fig: Any, metrics: Any) -> None:
+    """Each rank's step times in the latest restart (row 2, column 1), so a straggler shows."""
+    import plotly.graph_objects as go
+
+    if len(metrics):
+        last = metrics[metrics["restart"] == metrics["restart"].max()]
+        for i, (rank, g) in enumerate(last.groupby("rank")):
+            g = _thin(g.sort_values("step"))
+            fig.add_trace(
+                go.Scatter(
+                    x=g["step"] + 1,
+                    y=g["step_time"] * 1e3,
+                    mode="lines",
+                    name=f"rank {rank}",
+                    line={"color": RANK_COLOURS[i % len(RANK_COLOURS)], "width": 1},
+                    hovertemplate=f"rank {rank}<br>step %{{x}}<br>%{{y:.1f}} ms<extra></extra>",
+                ),
+                2,
+                1,
+            )
+        # the first step (warm-up) and rare stalls would flatten the rest:
+        # the axis stops above the 98th percentile
+        top = float(last["step_time"].quantile(0.98)) * 1e3 if len(last) else math.nan
+        if math.isfinite(top) and top > 0:
+            fig.update_yaxes(range=[0, 1.25 * top], row=2, col=1)

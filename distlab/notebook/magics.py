@@ -3,7 +3,9 @@
 A user's mistake is one line on stderr with what to do (and the near miss, "did you mean ...?");
 an unexpected failure is one line with the path of a log holding its traceback. No magic
 loses what the session already holds.
-"""
+
+Long because each %distlab command is one short method of DistlabMagics (as ipyparallel's magics are),
+whose docstring is the command's help."""
 
 from __future__ import annotations
 
@@ -156,13 +158,16 @@ class DistlabMagics(Magics):
         if a.data is not None:
             given["data_var"], given["data"] = self._lookup(a.data, "data", "--data")
         if a.sample_input is not None:
-            given["sample_var"], given["sample_input"] = self._lookup(a.sample_input, "sample batch", "--sample-input")
+            given["sample_var"], given["sample_input"] = self._lookup(
+                a.sample_input, "sample batch", "--sample-input"
+            )
         if a.loss is not None:
             given["loss_var"], given["loss"] = self._lookup(a.loss, "loss", "--loss")
             if not callable(given["loss"]):
                 raise UsageError(
                     f"--loss {a.loss!r}: a {type(given['loss']).__name__} is not callable; "
-                    "give a function (output, target) -> scalar tensor, e.g. torch.nn.functional.cross_entropy"
+                    "give a function (output, target) -> scalar tensor, e.g. "
+                    "torch.nn.functional.cross_entropy"
                 )
         self.session.remember(var, **given)
         return var, model
@@ -210,8 +215,10 @@ class DistlabMagics(Magics):
         if what == "status":
             lab = self.session.current_lab
             if lab is None:
-                print("no cluster yet: the first %distlab calibrate, simulate, pick or launch starts one "
-                      "(or %distlab cluster local N)")
+                print(
+                    "no cluster yet: the first %distlab calibrate, simulate, pick or launch starts one "
+                    "(or %distlab cluster local N)"
+                )
             else:
                 display(lab)
             return None
@@ -251,11 +258,15 @@ class DistlabMagics(Magics):
         p.add_argument("--force", action="store_true")
         a = p.parse_args(argv)
         if (a.data or a.loss) and len(a.models) != 1:
-            raise UsageError("calibrate: --data and --loss go with one model VAR; give each model its own "
-                             "with %distlab profile VAR --data D")
+            raise UsageError(
+                "calibrate: --data and --loss go with one model VAR; give each model its own "
+                "with %distlab profile VAR --data D"
+            )
         models = []
         for v in a.models:
-            ns = argparse.Namespace(var=v, data=a.data, sample_input=None, loss=a.loss, batch_size=a.batch_size)
+            ns = argparse.Namespace(
+                var=v, data=a.data, sample_input=None, loss=a.loss, batch_size=a.batch_size
+            )
             models.append(self._model(ns))
         if not models:
             _positive("--batch-size", a.batch_size)
@@ -340,15 +351,19 @@ class DistlabMagics(Magics):
                     f"{did_you_mean(a.strategy, known)} (builders: {', '.join(known)})"
                 )
         if self.session.inputs_of(var).data is None:
-            print(f"no --data for {var}: it trains on synthetic data from its input_spec "
-                  f"(%distlab launch {var} --data DS ... trains on yours)")
+            print(
+                f"no --data for {var}: it trains on synthetic data from its input_spec "
+                f"(%distlab launch {var} --data DS ... trains on yours)"
+            )
         if a.adaptive:
             strategy = self.session.adaptive(var, model, strategy)
         run = self.session.launch(var, model, strategy, steps=a.steps)
         run.var_name = a.output
         self._store(a.output, run)
-        print(f"run {run.id} is in `{a.output}`: {a.output}.model is the trained model once it finishes, "
-              f"{a.output}.metrics its steps")
+        print(
+            f"run {run.id} is in `{a.output}`: {a.output}.model is the trained model once it finishes, "
+            f"{a.output}.metrics its steps"
+        )
         if getattr(self.shell, "kernel", None) is not None:
             run.live()  # in a notebook: drawn as it trains, and after the cell returns (--noblock)
         if a.noblock:
@@ -379,8 +394,10 @@ class DistlabMagics(Magics):
         if runs["predicted_throughput"].notna().any():
             display(plots.predicted_vs_measured(runs))
         else:
-            print("no predictions to plot: these runs started before the model's cost was known; "
-                  "run %distlab calibrate (or %distlab simulate VAR), then launch again")
+            print(
+                "no predictions to plot: these runs started before the model's cost was known; "
+                "run %distlab calibrate (or %distlab simulate VAR), then launch again"
+            )
         return None
 
     def cmd_help(self, argv: list[str]) -> Any:
@@ -402,7 +419,9 @@ class DistlabMagics(Magics):
         lines = ["%distlab SUBCOMMAND ...   plan, simulate and launch distributed training", ""]
         for cmd in self._commands.values():
             doc = _dedent(cmd.__doc__)
-            usage = " ".join(ln.strip() for ln in doc.splitlines() if ln.strip().startswith(("%distlab", "[")))
+            usage = " ".join(
+                ln.strip() for ln in doc.splitlines() if ln.strip().startswith(("%distlab", "["))
+            )
             summary = doc.split("\n\n")[0].replace("\n", " ")
             lines += textwrap.wrap(usage, WIDTH, initial_indent="  ", subsequent_indent="      ")
             lines += textwrap.wrap(summary, WIDTH, initial_indent="      ", subsequent_indent="      ")

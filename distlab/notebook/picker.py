@@ -1,4 +1,7 @@
-"""StrategyPicker: an ipywidgets + plotly widget to choose a strategy by its predicted throughput."""
+"""StrategyPicker: an ipywidgets + plotly widget to choose a strategy by its predicted throughput.
+
+Long because the picker is one widget whose controls, callbacks and launch share its state; its charts are
+in picker_charts.py and its launch thread in picker_launch.py."""
 
 from __future__ import annotations
 
@@ -63,7 +66,6 @@ class StrategyPicker(PickerLaunch, w.VBox):
         noise_scale: float | None = None,
         top: int = 8,
     ) -> None:
-        from distlab import strategy as st
         from distlab.costmodel import CostModel
 
         self.profile = profile
@@ -91,9 +93,29 @@ class StrategyPicker(PickerLaunch, w.VBox):
         self.launch_thread: threading.Thread | None = None
         self.last_run: Any = None
         self.log_path: Path | None = None
-        base = self.base_resources
-        names = list(st.builders())
         style = {"description_width": "120px"}
+        self._make_strategy_controls(profile, style)
+        self._make_what_if_controls(self.base_resources, style)
+        self._make_run_controls(noise_scale, model, data, top, style)
+        from distlab.notebook.picker_charts import measured_figure, plan_figure
+
+        self.view, self.measured_view = FigureView(plan_figure()), FigureView(measured_figure())
+        self.figure, self.measured = self.view.figure, self.measured_view.figure
+
+        self._arrange()
+        self.add_class("distlab-picker")
+        self.value: Any = None
+        self.prediction: Any = None
+        self.noise_measurement: Any = None
+        with self._reporting("planning"):
+            self._refresh(rank=True)
+
+    # -- construction: the controls and their layout ------------------------------------------
+    def _make_strategy_controls(self, profile: Any, style: dict[str, str]) -> None:
+        """The builder and its options, and the per-replica batch."""
+        from distlab import strategy as st
+
+        names = list(st.builders())
 
         self.builder = w.Dropdown(
             options=names,
@@ -123,25 +145,52 @@ class StrategyPicker(PickerLaunch, w.VBox):
         self.batch = w.BoundedIntText(
             value=profile.batch_size, min=1, max=1 << 16, description="batch/replica", style=style
         )
+
+    def _make_what_if_controls(self, base: Any, style: dict[str, str]) -> None:
+        """Hosts like this one, ranks (GPUs) per host and the network between hosts."""
         from distlab.costmodel.whatif import NETWORKS
 
-        self._base_shape = (max(base.num_hosts, 1), max((len(base.ranks_on(h)) for h in base.hosts), default=1))
-        self.hosts = w.BoundedIntText(value=self._base_shape[0], min=1, max=4096, description="hosts like this", style=style)
+        self._base_shape = (
+            max(base.num_hosts, 1),
+            max((len(base.ranks_on(h)) for h in base.hosts), default=1),
+        )
+        self.hosts = w.BoundedIntText(
+            value=self._base_shape[0], min=1, max=4096, description="hosts like this", style=style
+        )
         self.per_host = w.BoundedIntText(
-            value=self._base_shape[1], min=1, max=1024, description="GPUs per host" if base.gpus else "ranks per host", style=style
+            value=self._base_shape[1],
+            min=1,
+            max=1024,
+            description="GPUs per host" if base.gpus else "ranks per host",
+            style=style,
         )
         inter = self.current_cost_model().links(base)["inter"]
         self._calibrated_link = (inter.latency, inter.bandwidth)
-        self.network = w.Dropdown(options=[*NETWORKS, "custom"], value="as calibrated", description="network", style=style)
+        self.network = w.Dropdown(
+            options=[*NETWORKS, "custom"], value="as calibrated", description="network", style=style
+        )
         # a what-if outside the model's domain (no hosts, no bandwidth) cannot be typed: the bounds refuse it
         self.net_bandwidth = w.BoundedFloatText(
-            value=round(inter.bandwidth * 8 / 1e9, 3), min=0.001, max=1e5, description="link Gb/s", style=style
+            value=round(inter.bandwidth * 8 / 1e9, 3),
+            min=0.001,
+            max=1e5,
+            description="link Gb/s",
+            style=style,
         )
         self.net_latency = w.BoundedFloatText(
             value=round(inter.latency * 1e6, 2), min=0.01, max=1e6, description="latency µs", style=style
         )
+
+    def _make_run_controls(
+        self, noise_scale: float | None, model: Any, data: Any, top: int, style: dict[str, str]
+    ) -> None:
+        """The noise scale and its measure button, the ranked list, the steps and Launch."""
         self.noise_scale = w.BoundedFloatText(
-            value=float(noise_scale or 0.0), min=0.0, max=1e12, description="noise scale φ", style=style,
+            value=float(noise_scale or 0.0),
+            min=0.0,
+            max=1e12,
+            description="noise scale φ",
+            style=style,
             layout=w.Layout(width="270px"),
         )
         self.measure_button = w.Button(
@@ -160,32 +209,43 @@ class StrategyPicker(PickerLaunch, w.VBox):
         )
         self.status = w.HTML()
 
-        from distlab.notebook.picker_charts import measured_figure, plan_figure
-
-        self.view, self.measured_view = FigureView(plan_figure()), FigureView(measured_figure())
-        self.figure, self.measured = self.view.figure, self.measured_view.figure
-
-        controls = [self.builder, self.chunk_size, self.servers, self.topology, self.dynamic, self.mode,
-                    self.compressor, self.batch]
+    def _arrange(self) -> None:
+        """Observe every control and lay the picker out: controls left, the list right, charts below."""
+        controls = [
+            self.builder,
+            self.chunk_size,
+            self.servers,
+            self.topology,
+            self.dynamic,
+            self.mode,
+            self.compressor,
+            self.batch,
+        ]
         what_if = [self.hosts, self.per_host, self.network, self.net_bandwidth, self.net_latency]
         for c in (*controls, *what_if):
             c.observe(self._on_change, names="value")
         self.noise_scale.observe(self._on_noise, names="value")
         self.measure_button.on_click(self._on_measure)
-        controls = [*controls, w.HBox([self.noise_scale, self.measure_button]), w.HTML("<b>what if</b>"), *what_if]
+        controls = [
+            *controls,
+            w.HBox([self.noise_scale, self.measure_button]),
+            w.HTML("<b>what if</b>"),
+            *what_if,
+        ]
         self.table.observe(self._on_pick, names="value")
         self.launch_button.on_click(self._on_launch)
         left = w.VBox(controls, layout=w.Layout(width="390px", flex="0 0 390px"))
-        right = w.VBox([self.table, self.note, w.HBox([self.steps, self.launch_button]), self.status],
-                       layout=w.Layout(flex="1 1 auto", min_width="300px"))
-        super().__init__([w.HBox([left, right], layout=w.Layout(flex_flow="row wrap")), self.view.widget,
-                          self.measured_view.widget])
-        self.add_class("distlab-picker")
-        self.value: Any = None
-        self.prediction: Any = None
-        self.noise_measurement: Any = None
-        with self._reporting("planning"):
-            self._refresh(rank=True)
+        right = w.VBox(
+            [self.table, self.note, w.HBox([self.steps, self.launch_button]), self.status],
+            layout=w.Layout(flex="1 1 auto", min_width="300px"),
+        )
+        super().__init__(
+            [
+                w.HBox([left, right], layout=w.Layout(flex_flow="row wrap")),
+                self.view.widget,
+                self.measured_view.widget,
+            ]
+        )
 
     # -- what the controls mean ---------------------------------------------------------------
     @property
@@ -219,7 +279,11 @@ class StrategyPicker(PickerLaunch, w.VBox):
             return cm
         key = (id(cm), link.latency, link.bandwidth)
         if getattr(self, "_net_cache", (None,))[0] != key:
-            self._net_cache = (key, with_network(cm, self.base_resources, link.latency, link.bandwidth)[0], cm)
+            self._net_cache = (
+                key,
+                with_network(cm, self.base_resources, link.latency, link.bandwidth)[0],
+                cm,
+            )
         return self._net_cache[1]
 
     def set_world(self, n: int) -> None:
@@ -274,7 +338,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self._show()
 
     def _where(self, res: Any) -> str:
-        """" on 4 hosts like this one (25 Gb/s Ethernet)": the what-if, when it is not the cluster."""
+        """ " on 4 hosts like this one (25 Gb/s Ethernet)": the what-if, when it is not the cluster."""
         if res is self.base_resources:
             return ""
         net = "" if res.num_hosts < 2 else f", {self.network.value} between them"
@@ -323,7 +387,9 @@ class StrategyPicker(PickerLaunch, w.VBox):
         phi = float(self.noise_scale.value or 0.0)
         if phi <= 0 or getattr(plan, "builder", None) != "AdaptiveBatch":
             return None
-        return adaptive_forecast(self._cm, self.profile, res.with_world(plan.world) if plan.world != res.world else res, plan, phi)
+        return adaptive_forecast(
+            self._cm, self.profile, res.with_world(plan.world) if plan.world != res.world else res, plan, phi
+        )
 
     def _goodput_line(self, strategy: Any, res: Any) -> str:
         """The plan line's goodput clause for an adaptive strategy ("" for a fixed batch)."""
@@ -358,7 +424,11 @@ class StrategyPicker(PickerLaunch, w.VBox):
             r = hosts_like(self.base_resources, n, per)
             r = r if link is None else r.with_links(inter=link)
             try:
-                curve.append(self._cm.predict(self.profile, r, self._build(self.builder.value, r, self.options())).throughput)
+                curve.append(
+                    self._cm.predict(
+                        self.profile, r, self._build(self.builder.value, r, self.options())
+                    ).throughput
+                )
             except DistlabError:
                 curve.append(None)
         draw_plan(self.figure, rows, hosts, curve, here)
@@ -418,7 +488,10 @@ class StrategyPicker(PickerLaunch, w.VBox):
 
         with self._reporting("measure"):
             if self.model is None or self.data is None:
-                raise DistlabError("measure φ: create the picker with model=... and data=... (or use %distlab pick VAR --data DS)")
+                raise DistlabError(
+                    "measure φ: create the picker with model=... and data=... (or use %distlab pick VAR "
+                    "--data DS)"
+                )
             with self._lock:
                 self._plan_line = "measuring the gradient noise scale on the model's data ..."
                 self._show()
@@ -495,9 +568,6 @@ class StrategyPicker(PickerLaunch, w.VBox):
         if self.value is None:
             raise DistlabError("StrategyPicker.save: no strategy is selected")
         return self.value.save(path)
-
-
-
 
 
 def _options_of(widget: Any) -> list[Any]:

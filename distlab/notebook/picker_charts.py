@@ -26,19 +26,46 @@ EMPTY_RUNS = {
 
 
 def plan_figure() -> Figure:
-    fig = themed(make_subplots(
-        rows=1, cols=2, column_widths=[0.58, 0.42], horizontal_spacing=0.12,
-        subplot_titles=("step time of the selected and the best strategies (ms)", "scaling over hosts like this one"),
-    ))
+    fig = themed(
+        make_subplots(
+            rows=1,
+            cols=2,
+            column_widths=[0.58, 0.42],
+            horizontal_spacing=0.12,
+            subplot_titles=(
+                "step time of the selected and the best strategies (ms)",
+                "scaling over hosts like this one",
+            ),
+        )
+    )
     fig.update_layout(
-        template=THEME, height=400, barmode="stack", margin={"l": 10, "r": 10, "t": 80, "b": 50},
+        template=THEME,
+        height=400,
+        barmode="stack",
+        margin={"l": 10, "r": 10, "t": 80, "b": 50},
         legend={"orientation": "h", "x": 0, "y": 1.2, "yanchor": "bottom"},
     )
     for part, colour in PARTS:
-        fig.add_bar(x=[], y=[], name=PART_NAMES[part], marker_color=colour, orientation="h", row=1, col=1,
-                    hovertemplate="%{y}<br>" + PART_NAMES[part] + " %{x:,.2f} ms<extra></extra>")
-    fig.add_scatter(x=[], y=[], mode="lines+markers", name="selected, predicted", row=1, col=2,
-                    line={"color": "#4c78a8"}, hovertemplate="%{x} hosts<br>%{y:,.0f} samples/s<extra></extra>")
+        fig.add_bar(
+            x=[],
+            y=[],
+            name=PART_NAMES[part],
+            marker_color=colour,
+            orientation="h",
+            row=1,
+            col=1,
+            hovertemplate="%{y}<br>" + PART_NAMES[part] + " %{x:,.2f} ms<extra></extra>",
+        )
+    fig.add_scatter(
+        x=[],
+        y=[],
+        mode="lines+markers",
+        name="selected, predicted",
+        row=1,
+        col=2,
+        line={"color": "#4c78a8"},
+        hovertemplate="%{x} hosts<br>%{y:,.0f} samples/s<extra></extra>",
+    )
     fig.update_xaxes(title_text="ms per step", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(autorange="reversed", automargin=True, row=1, col=1)
     fig.update_xaxes(title_text="hosts", type="log", row=1, col=2)
@@ -46,8 +73,9 @@ def plan_figure() -> Figure:
     return fig
 
 
-def draw_plan(fig: go.Figure, rows: list[tuple[str, dict[str, float]]], hosts: list[int], curve: list[Any],
-              here: int) -> None:
+def draw_plan(
+    fig: go.Figure, rows: list[tuple[str, dict[str, float]]], hosts: list[int], curve: list[Any], here: int
+) -> None:
     """Bars: ``rows`` (label, breakdown in seconds) in ms; the curve of throughput over ``hosts``,
     the what-if's own ``here`` marked."""
     with fig.batch_update():
@@ -62,12 +90,22 @@ def draw_plan(fig: go.Figure, rows: list[tuple[str, dict[str, float]]], hosts: l
 
 def measured_figure() -> Figure:
     fig = Figure()
-    fig.add_scatter(x=[], y=[], mode="markers+text", name="runs", textposition="top center",
-                    hovertemplate="%{text}<br>predicted %{x:,.0f}<br>measured %{y:,.0f} samples/s<extra></extra>")
+    fig.add_scatter(
+        x=[],
+        y=[],
+        mode="markers+text",
+        name="runs",
+        textposition="top center",
+        hovertemplate="%{text}<br>predicted %{x:,.0f}<br>measured %{y:,.0f} samples/s<extra></extra>",
+    )
     fig.update_layout(
-        template=THEME, title="measured against the Lab's prediction (samples/s)", height=320,
-        xaxis={"title": "predicted", "visible": False}, yaxis={"title": "measured", "visible": False},
-        annotations=[EMPTY_RUNS], margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        template=THEME,
+        title="measured against the Lab's prediction (samples/s)",
+        height=320,
+        xaxis={"title": "predicted", "visible": False},
+        yaxis={"title": "measured", "visible": False},
+        annotations=[EMPTY_RUNS],
+        margin={"l": 10, "r": 10, "t": 50, "b": 40},
     )
     return fig
 
@@ -81,8 +119,16 @@ def draw_measured(fig: go.Figure, runs: list[dict[str, Any]], labels: list[str])
         fig.data[0].x, fig.data[0].y = xs, ys
         fig.data[0].text = labels
         if len(fig.data) < 2:
-            fig.add_scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", line={"color": "#808080", "dash": "dash"},
-                            hoverinfo="skip")
+            fig.add_scatter(
+                x=[0, hi],
+                y=[0, hi],
+                mode="lines",
+                name="y = x",
+                line={"color": "#808080", "dash": "dash"},
+                hoverinfo="skip",
+            )
         fig.data[1].x = fig.data[1].y = [0, hi]
         fig.layout.annotations = ()
-        fig.update_layout(xaxis={"visible": True, "range": [0, hi]}, yaxis={"visible": True, "range": [0, hi]})
+        fig.update_layout(
+            xaxis={"visible": True, "range": [0, hi]}, yaxis={"visible": True, "range": [0, hi]}
+        )

@@ -106,7 +106,9 @@ class PickerLaunch:
         try:
             with self._reporting("launch"):
                 cm = self.lab.cost_model
-                run = self.lab.launch(self.model, strategy=strategy, steps=steps, data=self.data, loss=self.loss)
+                run = self.lab.launch(
+                    self.model, strategy=strategy, steps=steps, data=self.data, loss=self.loss
+                )
                 # lab.launch measured the model's own step first when its cost model changed (a refit
                 # comes only after the run has finished)
                 measured = self.lab.cost_model is not cm and run.status in ("pending", "running")
@@ -183,10 +185,12 @@ class PickerLaunch:
             self._run_line = "<br>".join([line + whatif, *notes])
             self._refresh(rank=True)  # the Lab refitted its cost model on this run
 
+
 def _closed_text() -> str:
     from distlab.launch.lab import CLOSED  # imports dask: only once a Lab is in play
 
     return CLOSED
+
 
 def _why(refitted: bool, measured: bool) -> str:
     """Why the Lab's prediction for a run is not the one the picker showed, in one clause."""

@@ -12,8 +12,7 @@ import os
 from typing import Any
 
 from distlab.errors import DistlabError, LaunchError
-
-DEFAULT_BATCH = 32  # per-replica batch when neither --batch-size nor a remembered one is given
+from distlab.profiling.model_profile import DEFAULT_BATCH
 
 
 @dataclasses.dataclass
@@ -99,7 +98,9 @@ class NotebookSession:
             raise DistlabError(f"{exc}{self._kept()}") from None
         except Exception as exc:  # noqa: BLE001 - Dask's own failures: one line, the old cluster kept
             first = (str(exc).splitlines() or [""])[0][:200]
-            raise LaunchError(f"cluster: could not start ({type(exc).__name__}: {first}){self._kept()}") from None
+            raise LaunchError(
+                f"cluster: could not start ({type(exc).__name__}: {first}){self._kept()}"
+            ) from None
         lab.via_magics = True
         old, self.current_lab = self.current_lab, lab
         if old is not None:
@@ -205,8 +206,9 @@ class NotebookSession:
                 return strategy
             if strategy.builder == "custom":
                 raise DistlabError(
-                    f"--adaptive: strategy {strategy.name} was not made by a builder, so it cannot be re-planned "
-                    "with an adaptive batch; give a builder name (e.g. --strategy AllReduce --adaptive)"
+                    f"--adaptive: strategy {strategy.name} was not made by a builder, so it cannot be "
+                    "re-planned with an adaptive batch; give a builder name (e.g. --strategy AllReduce "
+                    "--adaptive)"
                 )
             base, options = strategy.builder, dict(strategy.options)
         else:
@@ -235,10 +237,12 @@ class NotebookSession:
 
     def runs_frame(self) -> Any:
         """Every run of this notebook (``lab.runs``' columns), across the Labs it used."""
-        from distlab.launch.run import runs_frame
+        from distlab.launch.report import runs_frame
 
         if self.current_lab is not None:
             self._harvest(self.current_lab)
         if not self.runs:
-            raise DistlabError("compare: no runs yet in this notebook; launch one with %distlab launch VAR --strategy NAME")
+            raise DistlabError(
+                "compare: no runs yet in this notebook; launch one with %distlab launch VAR --strategy NAME"
+            )
         return runs_frame(self.runs)

@@ -32,9 +32,19 @@ def _row(e: dict[str, Any]) -> str:
     who = f"rank {e['rank']}" if e["rank"] >= 0 else "predicted"
     lane = f" ({e['lane'] + 1})" if e.get("lane") else ""
     return f"{who} · {TRACKS[e['track']][1]}{lane}"
+
+
 COLOURS = {
-    "forward": "#9ecae9", "backward": "#4c78a8", "compute": "#4c78a8", "wait": "#bab0ac", "optimizer": "#54a24b", "allreduce": "#f58518",
-    "allgather": "#e45756", "ps": "#b279a2", "gossip": "#72b7b2", "predicted": "#9d755d",
+    "forward": "#9ecae9",
+    "backward": "#4c78a8",
+    "compute": "#4c78a8",
+    "wait": "#bab0ac",
+    "optimizer": "#54a24b",
+    "allreduce": "#f58518",
+    "allgather": "#e45756",
+    "ps": "#b279a2",
+    "gossip": "#72b7b2",
+    "predicted": "#9d755d",
 }
 PREDICTED_PID = 10_000  # the predicted step's process in the trace
 
@@ -53,7 +63,9 @@ def spans(run: Any, steps: int | None = None) -> list[dict[str, Any]]:
         events = [e for e in events if e["step"] > last - steps]
     out = []
     for key in sorted({(e["rank"], e["track"]) for e in events}):
-        mine = sorted((e for e in events if (e["rank"], e["track"]) == key), key=lambda e: (e["start"], e["end"]))
+        mine = sorted(
+            (e for e in events if (e["rank"], e["track"]) == key), key=lambda e: (e["start"], e["end"])
+        )
         if key[1] == "comm":  # collectives run concurrently (gloo has two threads): a lane each, greedily
             lanes: list[float] = []  # each lane's last end
             for e in mine:
@@ -84,17 +96,40 @@ def predicted_spans(run: Any, steps: int, t0: float) -> list[dict[str, Any]]:
     out = []
     for k in range(steps):
         s = t0 + k * p.step_time
-        loop = [("forward + backward (predicted)", "compute", b["compute"]), ("exposed communication (predicted)", "wait", b["comm"]),
-                ("optimizer (predicted)", "optimizer", b["optimizer"])]
+        loop = [
+            ("forward + backward (predicted)", "compute", b["compute"]),
+            ("exposed communication (predicted)", "wait", b["comm"]),
+            ("optimizer (predicted)", "optimizer", b["optimizer"]),
+        ]
         for name, cat, dur in loop:
-            out.append({"name": name, "cat": cat, "start": s, "end": s + dur, "track": "compute", "rank": -1,
-                        "step": k, "args": {}})
+            out.append(
+                {
+                    "name": name,
+                    "cat": cat,
+                    "start": s,
+                    "end": s + dur,
+                    "track": "compute",
+                    "rank": -1,
+                    "step": k,
+                    "args": {},
+                }
+            )
             s += dur
         total = d.get("backward_total", 0.0)
         if total > 0:
             end = t0 + k * p.step_time + b["compute"] + d.get("backward", 0.0)
-            out.append({"name": "gradient collectives (predicted)", "cat": "allreduce", "start": end - total,
-                        "end": end, "track": "comm", "rank": -1, "step": k, "args": {}})
+            out.append(
+                {
+                    "name": "gradient collectives (predicted)",
+                    "cat": "allreduce",
+                    "start": end - total,
+                    "end": end,
+                    "track": "comm",
+                    "rank": -1,
+                    "step": k,
+                    "args": {},
+                }
+            )
     return out
 
 
@@ -106,25 +141,63 @@ def chrome_trace(run: Any, predicted: bool = True) -> dict[str, Any]:
     hosts = {r: host_of(w) for r, w in enumerate(run._workers)}
     events: list[dict[str, Any]] = []
     for r in sorted({e["rank"] for e in measured}):
-        events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
-                       "args": {"name": f"rank {r}" + (f" ({hosts[r]})" if r in hosts else "")}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": r,
+                "tid": 0,
+                "args": {"name": f"rank {r}" + (f" ({hosts[r]})" if r in hosts else "")},
+            }
+        )
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}}
+        )
     origin = min(e["start"] for e in measured)  # microseconds from here: exact in float64, unlike Unix time
     extra = predicted_spans(run, 1, origin) if predicted else []
     if extra:
-        events.append({"ph": "M", "name": "process_name", "pid": PREDICTED_PID, "tid": 0,
-                       "args": {"name": "predicted (cost model)"}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": PREDICTED_PID,
+                "tid": 0,
+                "args": {"name": "predicted (cost model)"},
+            }
+        )
     for e in {(_pid(e), _tid(e)): e for e in measured + extra}.values():
-        events.append({"ph": "M", "name": "thread_name", "pid": _pid(e), "tid": _tid(e), "args": {"name": _row(e).split(" · ")[1]}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": _pid(e),
+                "tid": _tid(e),
+                "args": {"name": _row(e).split(" · ")[1]},
+            }
+        )
     for e in measured + extra:
-        events.append({
-            "ph": "X", "name": e["name"], "cat": e["cat"], "pid": _pid(e), "tid": _tid(e),
-            "ts": (e["start"] - origin) * 1e6, "dur": (e["end"] - e["start"]) * 1e6,
-            "args": {**e.get("args", {}), "step": e["step"]},
-        })
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"run_id": run.id, "strategy": run.strategy.name, "world": run.world,
-                          "origin_unix_s": origin}}
+        events.append(
+            {
+                "ph": "X",
+                "name": e["name"],
+                "cat": e["cat"],
+                "pid": _pid(e),
+                "tid": _tid(e),
+                "ts": (e["start"] - origin) * 1e6,
+                "dur": (e["end"] - e["start"]) * 1e6,
+                "args": {**e.get("args", {}), "step": e["step"]},
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "run_id": run.id,
+            "strategy": run.strategy.name,
+            "world": run.world,
+            "origin_unix_s": origin,
+        },
+    }
 
 
 def save_trace(run: Any, path: str | Path) -> Path:
@@ -141,7 +214,9 @@ def timeline_figure(run: Any, steps: int = 3, predicted: bool = True) -> Any:
     measured = spans(run, steps)
     t0 = min(e["start"] for e in measured)
     extra = predicted_spans(run, steps, t0) if predicted else []
-    order = sorted({(e["rank"] if e["rank"] >= 0 else 1 << 30, _tid(e)): _row(e) for e in measured + extra}.items())
+    order = sorted(
+        {(e["rank"] if e["rank"] >= 0 else 1 << 30, _tid(e)): _row(e) for e in measured + extra}.items()
+    )
     rows = [row for _, row in order]
     fig = Figure()
     for cat in COLOURS:
@@ -149,15 +224,25 @@ def timeline_figure(run: Any, steps: int = 3, predicted: bool = True) -> Any:
         if not mine:
             continue
         fig.add_bar(
-            orientation="h", base=[(e["start"] - t0) * 1e3 for e in mine], x=[(e["end"] - e["start"]) * 1e3 for e in mine],
+            orientation="h",
+            base=[(e["start"] - t0) * 1e3 for e in mine],
+            x=[(e["end"] - e["start"]) * 1e3 for e in mine],
             y=[_row(e) for e in mine],
-            name=cat, marker_color=COLOURS[cat], customdata=[_hover(e) for e in mine],
+            name=cat,
+            marker_color=COLOURS[cat],
+            customdata=[_hover(e) for e in mine],
             hovertemplate="%{customdata}<extra></extra>",
         )
     fig.update_layout(
-        template=THEME, barmode="overlay", height=140 + 34 * len(rows),
-        title={"text": f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below", "y": 0.97},
-        xaxis_title="ms since the first step shown", yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
+        template=THEME,
+        barmode="overlay",
+        height=140 + 34 * len(rows),
+        title={
+            "text": f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below",
+            "y": 0.97,
+        },
+        xaxis_title="ms since the first step shown",
+        yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         margin={"l": 10, "r": 10, "t": 90, "b": 40},
     )

@@ -14,7 +14,11 @@ def profile_chart(prof: Any) -> Any:
     from distlab.notebook.figures import themed
 
     df = prof.to_frame()
-    fig = themed(make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)", "GFLOP per step"), horizontal_spacing=0.18))
+    fig = themed(
+        make_subplots(
+            rows=1, cols=2, subplot_titles=("time per step (ms)", "GFLOP per step"), horizontal_spacing=0.18
+        )
+    )
     names = [f"{n} ({k})" for n, k in zip(df["name"], df["kind"])]
     # one colour per pass in both panels, one legend entry each (the FLOPs bars join its group)
     for pass_, colour, t, f in (
@@ -22,13 +26,21 @@ def profile_chart(prof: Any) -> Any:
         ("backward", "#f58518", "time_bwd", "flops_bwd"),
     ):
         fig.add_trace(
-            go.Bar(y=names, x=df[t] * 1e3, name=pass_, legendgroup=pass_, orientation="h", marker_color=colour),
+            go.Bar(
+                y=names, x=df[t] * 1e3, name=pass_, legendgroup=pass_, orientation="h", marker_color=colour
+            ),
             1,
             1,
         )
         fig.add_trace(
             go.Bar(
-                y=names, x=df[f] / 1e9, name=pass_, legendgroup=pass_, orientation="h", marker_color=colour, showlegend=False
+                y=names,
+                x=df[f] / 1e9,
+                name=pass_,
+                legendgroup=pass_,
+                orientation="h",
+                marker_color=colour,
+                showlegend=False,
             ),
             1,
             2,

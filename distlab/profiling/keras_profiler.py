@@ -40,7 +40,8 @@ def profile_keras(
             raise ProfileError(f"profile: {label} must be an integer >= {low}, got {value!r}")
     if not isinstance(model, keras.Model):
         raise ProfileError(
-            f"profile: {type(model).__name__} is not a Keras 3 model (keras.Model); tf_keras models are not supported"
+            f"profile: {type(model).__name__} is not a Keras 3 model (keras.Model); tf_keras models are not "
+            "supported"
         )
     name = model.name
     backend = keras.backend.backend()
@@ -52,48 +53,10 @@ def profile_keras(
     from distlab.keras_model import variable_names
 
     paths = variable_names(model)
-    owner = {id(v): layer for layer in layers for v in layer.trainable_weights}
-    variables = []
-    for v in model.trainable_variables:
-        layer = owner.get(id(v))
-        is_emb = layer is not None and isinstance(layer, keras.layers.Embedding)
-        dtype = str(getattr(v.dtype, "name", v.dtype))
-        shape = tuple(int(d) for d in v.shape)
-        variables.append(
-            VariableProfile(
-                name=paths.get(id(v), _var_name(v)),
-                shape=shape,
-                dtype=dtype,
-                nbytes=int(np.prod(shape)) * dtype_bytes(dtype),
-                sparse=is_emb and backend == "tensorflow",
-                embedding=is_emb,
-                layer=layer.name if layer is not None else name,
-            )
-        )
+    variables = _variables(model, layers, paths, backend)
     step_time = _step_time(model, x, backend, repeats, warmup)
-    flops = [layer_flops(layer, *shapes.get(id(layer), ((), ()))) for layer in layers]
-    total = sum(max(f, 1.0) for f in flops)
-    rows = []
-    for layer, f in zip(layers, flops, strict=True):
-        weighted = bool(layer.trainable_weights)
-        share = max(f, 1.0) / total * step_time  # forward + backward seconds of this layer
-        rows.append(
-            LayerProfile(
-                name=layer.name,
-                kind=type(layer).__name__,
-                params=int(sum(int(np.prod(w.shape)) for w in layer.trainable_weights)),
-                flops_fwd=float(f),
-                flops_bwd=float(2 * f if weighted else f),
-                time_fwd=share / 3,
-                time_bwd=share * 2 / 3,
-                activation_bytes=int(np.prod(shapes.get(id(layer), ((), (0,)))[1] or (0,))) * 4,
-            )
-        )
-    called = [layer for layer in layers if id(layer) in shapes]
-    order = [paths.get(id(v), _var_name(v)) for layer in reversed(called) for v in reversed(layer.trainable_weights)]
-    names = [v.name for v in variables]
-    order = [n for n in dict.fromkeys(order) if n in names]
-    order += [n for n in reversed(names) if n not in order]
+    rows = _layer_rows(layers, shapes, step_time)
+    order = _ready_order(layers, shapes, paths, variables)
     from distlab.zoo import keras_specs
 
     spec: dict[str, Any] = {"shape": list(x.shape[1:]), "dtype": str(x.dtype)}
@@ -123,6 +86,71 @@ def profile_keras(
     )
 
 
+def _variables(model: Any, layers: list[Any], paths: dict[int, str], backend: str) -> list[VariableProfile]:
+    """Each trainable variable, named by its path; an Embedding's sparse where its gradient is
+    (``tf.IndexedSlices`` under TensorFlow; dense under torch)."""
+    import keras
+
+    owner = {id(v): layer for layer in layers for v in layer.trainable_weights}
+    variables = []
+    for v in model.trainable_variables:
+        layer = owner.get(id(v))
+        is_emb = layer is not None and isinstance(layer, keras.layers.Embedding)
+        dtype = str(getattr(v.dtype, "name", v.dtype))
+        shape = tuple(int(d) for d in v.shape)
+        variables.append(
+            VariableProfile(
+                name=paths.get(id(v), _var_name(v)),
+                shape=shape,
+                dtype=dtype,
+                nbytes=int(np.prod(shape)) * dtype_bytes(dtype),
+                sparse=is_emb and backend == "tensorflow",
+                embedding=is_emb,
+                layer=layer.name if layer is not None else model.name,
+            )
+        )
+    return variables
+
+
+def _layer_rows(layers: list[Any], shapes: dict[int, Any], step_time: float) -> list[LayerProfile]:
+    """Each leaf layer's FLOPs from its shapes, and its share of the measured step split by them."""
+    flops = [layer_flops(layer, *shapes.get(id(layer), ((), ()))) for layer in layers]
+    total = sum(max(f, 1.0) for f in flops)
+    rows = []
+    for layer, f in zip(layers, flops, strict=True):
+        weighted = bool(layer.trainable_weights)
+        share = max(f, 1.0) / total * step_time  # forward + backward seconds of this layer
+        rows.append(
+            LayerProfile(
+                name=layer.name,
+                kind=type(layer).__name__,
+                params=int(sum(int(np.prod(w.shape)) for w in layer.trainable_weights)),
+                flops_fwd=float(f),
+                flops_bwd=float(2 * f if weighted else f),
+                time_fwd=share / 3,
+                time_bwd=share * 2 / 3,
+                activation_bytes=int(np.prod(shapes.get(id(layer), ((), (0,)))[1] or (0,))) * 4,
+            )
+        )
+    return rows
+
+
+def _ready_order(
+    layers: list[Any], shapes: dict[int, Any], paths: dict[int, str], variables: list[VariableProfile]
+) -> list[str]:
+    """Variables in the order backward makes their gradients ready: the called layers last first."""
+    called = [layer for layer in layers if id(layer) in shapes]
+    order = [
+        paths.get(id(v), _var_name(v))
+        for layer in reversed(called)
+        for v in reversed(layer.trainable_weights)
+    ]
+    names = [v.name for v in variables]
+    order = [n for n in dict.fromkeys(order) if n in names]
+    order += [n for n in reversed(names) if n not in order]
+    return order
+
+
 def _var_name(v: Any) -> str:
     return str(v.path).replace(".", "_")
 
@@ -133,7 +161,8 @@ def _batch(model: Any, sample_input: Any, batch_size: int) -> np.ndarray:
         inputs = getattr(model, "inputs", None) if getattr(model, "built", False) else None
         if not inputs:
             raise ProfileError(
-                f"sample_input: cannot infer the input of Keras model {model.name}; pass sample_input=np.zeros((batch, ...))"
+                f"sample_input: cannot infer the input of Keras model {model.name}; pass "
+                "sample_input=np.zeros((batch, ...))"
             )
         shape = [int(d or 1) for d in inputs[0].shape[1:]]
         sample_input = np.zeros([1, *shape], dtype=str(inputs[0].dtype or "float32"))
@@ -176,8 +205,8 @@ def _record_shapes(model: Any, layers: list[Any], x: np.ndarray) -> dict[int, tu
         model(x, training=False)
     except Exception as exc:  # noqa: BLE001 - the user's model failed on the sample
         raise ProfileError(
-            f"forward: Keras model {model.name} failed on sample_input {tuple(x.shape)}: {type(exc).__name__}: "
-            f"{str(exc).strip()[:300]}"
+            f"forward: Keras model {model.name} failed on sample_input {tuple(x.shape)}: "
+            f"{type(exc).__name__}: {str(exc).strip()[:300]}"
         ) from None
     finally:
         for layer in layers:
@@ -204,9 +233,13 @@ def layer_flops(layer: Any, in_shape: tuple, out_shape: tuple) -> float:
         lhs = layer.equation.split("->")[0].split(",")
         sizes: dict[str, int] = {}
         for letters, dims in ((lhs[0], in_shape), (lhs[1], tuple(int(d) for d in layer.kernel.shape))):
-            for letter, d in zip(letters.replace("...", ""), dims[-len(letters.replace("...", "")):], strict=False):
+            for letter, d in zip(
+                letters.replace("...", ""), dims[-len(letters.replace("...", "")) :], strict=False
+            ):
                 sizes[letter] = int(d)
-        extra = math.prod(in_shape[: len(in_shape) - len(lhs[0].replace("...", ""))]) if "..." in lhs[0] else 1
+        extra = (
+            math.prod(in_shape[: len(in_shape) - len(lhs[0].replace("...", ""))]) if "..." in lhs[0] else 1
+        )
         return 2.0 * float(math.prod(sizes.values())) * extra
     if kind.startswith("Conv") and hasattr(layer, "kernel"):
         k = [int(d) for d in layer.kernel.shape]  # (*spatial, in/groups, out)
@@ -257,5 +290,6 @@ def _step_time(model: Any, x: np.ndarray, backend: str, repeats: int, warmup: in
         return statistics.median(step() for _ in range(repeats))
     except Exception as exc:  # noqa: BLE001 - the user's model failed on the sample
         raise ProfileError(
-            f"forward: Keras model {model.name} failed in a training step: {type(exc).__name__}: {str(exc).strip()[:300]}"
+            f"forward: Keras model {model.name} failed in a training step: {type(exc).__name__}: "
+            f"{str(exc).strip()[:300]}"
         ) from None

@@ -24,6 +24,7 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 PROFILE_VERSION = 1
+DEFAULT_BATCH = 32  # the per-replica batch of a profile, a launch or a magic when none is given
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -92,7 +93,7 @@ class ModelProfile:
 
     variables: tuple[VariableProfile, ...]
     layers: tuple[LayerProfile, ...] = ()
-    batch_size: int = 32
+    batch_size: int = DEFAULT_BATCH
     grad_ready_order: tuple[str, ...] = ()
     name: str = "model"
     input_spec: dict[str, Any] | None = None
@@ -118,7 +119,7 @@ class ModelProfile:
         cls,
         variables: Iterable[Sequence[Any]],
         *,
-        batch_size: int = 32,
+        batch_size: int = DEFAULT_BATCH,
         name: str = "synthetic",
         flops_per_sample: float = 0.0,
         time_per_sample: float = 0.0,
@@ -132,9 +133,7 @@ class ModelProfile:
         vars_: list[VariableProfile] = []
         for i, item in enumerate(variables):
             if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 4:
-                raise ProfileError(
-                    f"variables[{i}]: expected (name, shape, dtype, sparse), got {item!r}"
-                )
+                raise ProfileError(f"variables[{i}]: expected (name, shape, dtype, sparse), got {item!r}")
             vname, shape = str(item[0]), item[1]
             dtype = str(item[2]) if len(item) > 2 else "float32"
             sparse = bool(item[3]) if len(item) > 3 else False
@@ -147,7 +146,15 @@ class ModelProfile:
             nbytes = math.prod(shape_t) * dtype_bytes(dtype)
             embedding = sparse or "emb" in vname.lower()
             vars_.append(
-                VariableProfile(vname, shape_t, dtype.removeprefix("torch."), nbytes, sparse, embedding, vname.rsplit(".", 1)[0])
+                VariableProfile(
+                    vname,
+                    shape_t,
+                    dtype.removeprefix("torch."),
+                    nbytes,
+                    sparse,
+                    embedding,
+                    vname.rsplit(".", 1)[0],
+                )
             )
         if not vars_:
             raise ProfileError("variables: a profile needs at least one variable")
@@ -251,9 +258,7 @@ class ModelProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelProfile:
         try:
-            variables = tuple(
-                VariableProfile(**{**v, "shape": tuple(v["shape"])}) for v in d["variables"]
-            )
+            variables = tuple(VariableProfile(**{**v, "shape": tuple(v["shape"])}) for v in d["variables"])
             layers = tuple(LayerProfile(**layer) for layer in d.get("layers", ()))
             return cls(
                 variables=variables,
@@ -267,7 +272,9 @@ class ModelProfile:
                 meta=dict(d.get("meta") or {}),
             )
         except (KeyError, TypeError) as exc:
-            raise ProfileError(f"profile JSON: malformed ({exc}); write it with ModelProfile.to_json()") from None
+            raise ProfileError(
+                f"profile JSON: malformed ({exc}); write it with ModelProfile.to_json()"
+            ) from None
 
     @classmethod
     def from_json(cls, text: str) -> ModelProfile:

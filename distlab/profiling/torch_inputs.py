@@ -1,4 +1,5 @@
-"""Inputs for profiling a torch model: per-sample specs, synthetic batches, and what went wrong when a forward fails."""
+"""Inputs for profiling a torch model: per-sample specs, synthetic batches, and what went wrong when a forward
+fails."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def spec_of(sample: torch.Tensor) -> dict[str, Any]:
-    """Per-sample spec of a batch tensor: its shape without the batch dimension, dtype, and ``high`` for ints."""
+    """Per-sample spec of a batch tensor: its shape without the batch dimension, dtype, and ``high`` for
+    ints."""
     spec: dict[str, Any] = {"shape": list(sample.shape[1:]), "dtype": dtype_name(sample.dtype)}
     if not sample.is_floating_point() and not sample.is_complex() and sample.numel():
         spec["high"] = int(sample.max()) + 1
@@ -120,7 +122,8 @@ def _shape(x: torch.Tensor) -> str:
 
 
 def diagnose(layer: str, module: nn.Module | None, args: Any, exc: BaseException) -> str:
-    """One line naming the failing layer and, for Linear/Conv/Embedding, the expected against the given input."""
+    """One line naming the failing layer and, for Linear/Conv/Embedding, the expected against the given
+    input."""
     kind = type(module).__name__ if module is not None else "model"
     where = f"forward: layer {layer!r} ({kind})" if layer else f"forward: {kind}"
     x = args[0] if isinstance(args, tuple) and args and isinstance(args[0], torch.Tensor) else None
@@ -129,11 +132,17 @@ def diagnose(layer: str, module: nn.Module | None, args: Any, exc: BaseException
         and isinstance(module, nn.Linear)
         and (x.dim() == 0 or x.shape[-1] != module.in_features)
     ):
-        return f"{where} expects inputs whose last dimension is {module.in_features} (in_features), got shape {_shape(x)}"
+        return (
+            f"{where} expects inputs whose last dimension is {module.in_features} (in_features), "
+            f"got shape {_shape(x)}"
+        )
     if x is not None and isinstance(module, nn.modules.conv._ConvNd):
         nd = len(module.kernel_size)
         if x.dim() not in (nd + 1, nd + 2):
-            return f"{where} expects a {nd + 2}-d input (batch, {module.in_channels} channels, {nd} spatial), got shape {_shape(x)}"
+            return (
+                f"{where} expects a {nd + 2}-d input (batch, {module.in_channels} channels, {nd} spatial), "
+                f"got shape {_shape(x)}"
+            )
         if x.shape[-nd - 1] != module.in_channels:
             return (
                 f"{where} expects {module.in_channels} input channels at dim {-nd - 1}, got shape {_shape(x)}"

@@ -1,4 +1,9 @@
-"""``dl.profile``: measure a torch model (variables, per-layer FLOPs and times, gradient-ready order) into a ModelProfile."""
+"""``dl.profile``: measure a torch model (variables, per-layer FLOPs and times, gradient-ready order) into a
+ModelProfile.
+
+Long because one profile is one pass over the model in order (inputs, hooks, timed steps, their
+attribution) sharing _TorchProfiler's state; inputs are in torch_inputs.py and the meters in
+torch_meter.py."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import torch
 from torch import nn
 
 from distlab.errors import ProfileError
-from distlab.profiling.model_profile import LayerProfile, ModelProfile, VariableProfile
+from distlab.profiling.model_profile import DEFAULT_BATCH, LayerProfile, ModelProfile, VariableProfile
 from distlab.profiling.torch_inputs import Batch, diagnose, dtype_name, make_batcher
 from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
 
@@ -29,7 +34,7 @@ METER_SECONDS = 1.0  # metered passes stop after this long (at least one)
 def profile(
     model: Any,
     sample_input: Any = None,
-    batch_size: int = 32,
+    batch_size: int = DEFAULT_BATCH,
     *,
     repeats: int = 3,
     warmup: int = 1,
@@ -96,8 +101,8 @@ def profile(
         raise ProfileError(f"profile: micro_batch must be an integer >= 1, got {micro_batch!r}")
     if not any(p.requires_grad for p in model.parameters()):
         raise ProfileError(
-            f"profile: {type(model).__name__} has no trainable parameters, so there is nothing to distribute; "
-            "pass a model with parameters (requires_grad=True)"
+            f"profile: {type(model).__name__} has no trainable parameters, so there is nothing to "
+            "distribute; pass a model with parameters (requires_grad=True)"
         )
     started = time.perf_counter()
     with _preserved(model):
@@ -114,7 +119,8 @@ def _is_keras(model: Any) -> bool:
         import keras  # noqa: F401
     except ImportError:
         raise ProfileError(
-            f"profile: {type(model).__name__} is a Keras model but Keras is not installed; pip install distlab[tf]"
+            f"profile: {type(model).__name__} is a Keras model but Keras is not installed; pip install "
+            "distlab[tf]"
         ) from None
     return True
 
@@ -174,8 +180,8 @@ class _TorchProfiler:
         outs = [t for t in _flat_tensors(out) if t.requires_grad and t.is_floating_point()]
         if not outs:
             raise ProfileError(
-                f"forward: the output of {type(self.model).__name__} does not depend on its trainable parameters; "
-                "profile the module whose output is trained"
+                f"forward: the output of {type(self.model).__name__} does not depend on its trainable "
+                "parameters; profile the module whose output is trained"
             )
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
@@ -220,7 +226,8 @@ class _TorchProfiler:
 
     def _explain(self, attr: ModuleAttribution, stage: str, exc: Exception) -> str:
         if stage == "backward":
-            return f"backward: {type(self.model).__name__} failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
+            failure = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+            return f"backward: {type(self.model).__name__} failed: {failure}"
         if attr.stack:
             name = attr.stack[-1][0]
             mod = self.by_name.get(name)
@@ -229,12 +236,18 @@ class _TorchProfiler:
             msg = diagnose("", self.model, (), exc)
         if self.inferred:
             shape = [*self.input_spec["shape"]]
-            msg += f" (input inferred as {self.input_spec['dtype']} {shape}; pass sample_input=a batch the model accepts; in a magic: --sample-input VAR or --data VAR)"
+            msg += (
+                f" (input inferred as {self.input_spec['dtype']} {shape}; pass sample_input=a batch "
+                "the model accepts; in a magic: --sample-input VAR or --data VAR)"
+            )
         else:
             declared, given = getattr(self.model, "input_spec", None), self.input_spec
             if isinstance(declared, dict) and isinstance(given, dict):
                 expect = f"{declared.get('dtype')} {declared.get('shape')}"
-                msg += f" ({type(self.model).__name__} takes per-sample {expect}; sample_input gives {given['dtype']} {given['shape']})"
+                msg += (
+                    f" ({type(self.model).__name__} takes per-sample {expect}; "
+                    f"sample_input gives {given['dtype']} {given['shape']})"
+                )
             else:
                 msg += f" (sample_input per-sample spec {given}); pass a sample_input the model accepts"
         return msg
@@ -341,7 +354,8 @@ class _TorchProfiler:
         return prof
 
     def _time_steps(self, m: int, budget: float) -> list[float]:
-        """Plain steps at batch ``m`` until their median is stable, ``budget`` seconds are spent or MAX_STEPS."""
+        """Plain steps at batch ``m`` until their median is stable, ``budget`` seconds are spent or
+        MAX_STEPS."""
         least = max(MIN_STEPS, self.repeats)
         times: list[float] = []
         started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Sparse all-gather: every rank's embedding-gradient rows (indices + values) to every rank, summed; never densified on the wire."""
+"""Sparse all-gather: every rank's embedding-gradient rows (indices + values) to every rank, summed; never
+densified on the wire."""
 
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 
 Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``. Setting any malloc threshold
 turns off glibc's dynamic mmap threshold, so every tensor above 128 KiB is mmap-ed and unmapped on
-free and its pages are faulted in again on the next step: a ResNet-style convnet step measured
-215 ms on a Dask worker against 108 ms in the notebook process, and 91 ms with the thresholds
-below. They are glibc's own dynamic ceilings (32 MiB mmap, twice that trim), so memory above
-them still goes back to the system.
+free and its pages are faulted in again on the next step (datasets/measurements/README.md, "Figures
+behind the code", has the convnet step it doubled). The thresholds below are glibc's own dynamic
+ceilings (32 MiB mmap, twice that trim), so memory above them still goes back to the system.
 """
 
 from __future__ import annotations

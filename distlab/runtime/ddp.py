@@ -1,4 +1,5 @@
-"""The fast path for a pure all-reduce strategy: torch's DistributedDataParallel reducer (C++ buckets, overlap)."""
+"""The fast path for a pure all-reduce strategy: torch's DistributedDataParallel reducer (C++ buckets,
+overlap)."""
 
 from __future__ import annotations
 
@@ -88,8 +89,13 @@ def _traced(hook: Callable[[Any, Any], Any], tracer: Any) -> Callable[[Any, Any]
         fut = hook(state, bucket)
         buf = bucket.buffer()
         world, rank = dist.get_world_size(), dist.get_rank()
-        tracer.collective(_Done(fut), f"all-reduce bucket {bucket.index()}", "allreduce",
-                          bytes=int(buf.numel() * buf.element_size()), peers=[r for r in range(world) if r != rank])
+        tracer.collective(
+            _Done(fut),
+            f"all-reduce bucket {bucket.index()}",
+            "allreduce",
+            bytes=int(buf.numel() * buf.element_size()),
+            peers=[r for r in range(world) if r != rank],
+        )
         return fut
 
     return traced

@@ -15,7 +15,8 @@ differenced estimator: it keeps a copy of the previous step's gradient).
 
 Adam-like optimizers (a ``betas`` entry in every group): norms are taken of the gradient
 weighted by the preconditioner the optimizer applies (P = 1 / (sqrt(v / (1 - beta2^t)) + eps):
-norms g^T P g, AdaptDL's form), which needs the optimizer's state on the rank taking the norm; so with them, variables on
+norms g^T P g, AdaptDL's form), which needs the optimizer's state on the rank taking the norm; so with them,
+variables on
 parameter servers are left out of the estimate. Gossip variables are always left out: their
 gradient is never averaged, so no global norm exists.
 """
@@ -65,9 +66,7 @@ class GradNoise:
         self.group_of = {id(p): gi for gi, g in enumerate(reference.param_groups) for p in g["params"]}
         del reference
         self.groups = max(self.group_of.values(), default=0) + 1
-        self.units = [
-            u for u in units if u.sync.kind != "gossip" and not (self.adam and u.sync.kind == "ps")
-        ]
+        self.units = [u for u in units if u.sync.kind != "gossip" and not (self.adam and u.sync.kind == "ps")]
         self.units_of: dict[int, list[SyncUnit]] = {}
         for u in self.units:
             self.units_of.setdefault(id(u.param), []).append(u)
@@ -163,7 +162,9 @@ class GradNoise:
     def _differenced(self, glob: np.ndarray) -> None:
         """One rank, one micro-batch: this step's gradient and the previous one are two batches of b."""
         now = {
-            id(u): (u.target.grad.coalesce().to_dense() if u.target.grad.is_sparse else u.target.grad).detach().clone()
+            id(u): (u.target.grad.coalesce().to_dense() if u.target.grad.is_sparse else u.target.grad)
+            .detach()
+            .clone()
             for u in self.units
             if u.target.grad is not None
         }

@@ -50,7 +50,8 @@ def build_units(model: torch.nn.Module, strategy: Strategy, world: int) -> list[
     """
     if strategy.world != world:
         raise StrategyError(
-            f"strategy.ranks: the strategy has {strategy.world} ranks but the run has {world}; rebuild it for {world}"
+            f"strategy.ranks: the strategy has {strategy.world} ranks but the run has {world}; rebuild it "
+            f"for {world}"
         )
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     plans = {}
@@ -59,13 +60,15 @@ def build_units(model: torch.nn.Module, strategy: Strategy, world: int) -> list[
             raise StrategyError(f"variables[{i}]: {p.name!r} appears twice; plan each variable once")
         if p.name not in params:
             raise StrategyError(
-                f"variables[{i}]: {p.name!r} is not a trainable parameter of the model; rebuild the strategy for this model"
+                f"variables[{i}]: {p.name!r} is not a trainable parameter of the model; rebuild the strategy "
+                "for this model"
             )
         plans[p.name] = (i, p)
     missing = [n for n in params if n not in plans]
     if missing:
         raise StrategyError(
-            f"variables: model parameter {missing[0]!r} has no plan ({len(missing)} missing); rebuild the strategy for this model"
+            f"variables: model parameter {missing[0]!r} has no plan ({len(missing)} missing); rebuild the "
+            "strategy for this model"
         )
     units: list[SyncUnit] = []
     for name, param in params.items():
@@ -85,7 +88,8 @@ def build_units(model: torch.nn.Module, strategy: Strategy, world: int) -> list[
             )
         if not 1 <= shards <= param.shape[axis]:
             raise StrategyError(
-                f"{where}.partition.shards: {shards} shards do not fit dimension {axis} of shape {tuple(param.shape)}"
+                f"{where}.partition.shards: {shards} shards do not fit dimension {axis} of shape "
+                f"{tuple(param.shape)}"
             )
         if len(plan.shards) != shards:
             raise StrategyError(

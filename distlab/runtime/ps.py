@@ -1,4 +1,5 @@
-"""Parameter servers on collectives: reduce a variable's (or shard's) gradient to its server, update there, broadcast back."""
+"""Parameter servers on collectives: reduce a variable's (or shard's) gradient to its server, update there,
+broadcast back."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ class DenseReduce:
     def launch(self) -> None:
         g = dense_grad(self.u)
         # a fresh tensor (the reduce writes into it); one rank's gradient is the global one as it is
-        self._buf = g.div(self.world).contiguous() if self.world > 1 else (g if g.is_contiguous() else g.contiguous())
+        self._buf = (
+            g.div(self.world).contiguous() if self.world > 1 else (g if g.is_contiguous() else g.contiguous())
+        )
         if self.world > 1:  # one rank: its gradient is the sum
             self._work = dist.reduce(self._buf, dst=self.u.sync.server, op=dist.ReduceOp.SUM, async_op=True)
 
@@ -40,7 +43,9 @@ class DenseReduce:
         self._buf = self._work = None
 
 
-def gather_sparse_to_servers(units: Sequence[SyncUnit], world: int, rank: int, wait: Callable[[Any], None]) -> None:
+def gather_sparse_to_servers(
+    units: Sequence[SyncUnit], world: int, rank: int, wait: Callable[[Any], None]
+) -> None:
     """The gradient half of sparse PS units: every rank's rows gathered to each unit's server.
 
     One all-gather of the row counts for all units, then per server (and value dtype) one
@@ -146,13 +151,17 @@ class ServerBroadcast:
         groups: dict[tuple, list[int]] = {}
         for i, u in enumerate(self.sparse):
             groups.setdefault((u.sync.server, u.target.dtype, None if self.packed else i), []).append(i)
-        changed = {i: self._changed_rows(i, u) for i, u in enumerate(self.sparse) if u.sync.server == self.rank}
+        changed = {
+            i: self._changed_rows(i, u) for i, u in enumerate(self.sparse) if u.sync.server == self.rank
+        }
         moved = []
         if dist.get_world_size() > 1:  # one rank serves everything: nothing to send
             counts, works = {}, []
             for key, members in groups.items():
                 mine, device = key[0] == self.rank, self.sparse[members[0]].target.device
-                c = torch.tensor([changed[i].numel() if mine else 0 for i in members], dtype=torch.long, device=device)
+                c = torch.tensor(
+                    [changed[i].numel() if mine else 0 for i in members], dtype=torch.long, device=device
+                )
                 counts[key] = c
                 works.append(dist.broadcast(c, src=key[0], async_op=True))
             for w in works:
@@ -164,7 +173,9 @@ class ServerBroadcast:
                 widths = [math.prod(t.shape[1:]) for t in targets]
                 if mine:
                     rows = torch.cat([changed[i] for i in members])
-                    vals = torch.cat([t.index_select(0, changed[i]).reshape(-1) for i, t in zip(members, targets)])
+                    vals = torch.cat(
+                        [t.index_select(0, changed[i]).reshape(-1) for i, t in zip(members, targets)]
+                    )
                 else:
                     rows = torch.empty(sum(n), dtype=torch.long, device=targets[0].device)
                     vals = targets[0].new_empty(sum(k * w for k, w in zip(n, widths)))

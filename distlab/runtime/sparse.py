@@ -93,7 +93,9 @@ def exchange_counts(counts: Sequence[int], device: torch.device, wait: Callable[
     return torch.stack(out).cpu()
 
 
-def by_dtype(units: Sequence[SyncUnit], rows: Sequence[Rows], extra: Callable[[SyncUnit], Any] = lambda u: None):
+def by_dtype(
+    units: Sequence[SyncUnit], rows: Sequence[Rows], extra: Callable[[SyncUnit], Any] = lambda u: None
+):
     """Positions of the units grouped by (``extra(u)``, value dtype): one exchange each."""
     groups: dict[Any, list[int]] = {}
     for i, (u, (_, vals)) in enumerate(zip(units, rows)):
@@ -117,7 +119,9 @@ class Packed:
 
     def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         world = self.counts.shape[0]
-        return [torch.empty_like(self.idx) for _ in range(world)], [torch.empty_like(self.vals) for _ in range(world)]
+        return [torch.empty_like(self.idx) for _ in range(world)], [
+            torch.empty_like(self.vals) for _ in range(world)
+        ]
 
     def unpack(self, all_idx: Sequence[torch.Tensor], all_vals: Sequence[torch.Tensor]) -> list[Rows]:
         """Per unit: every rank's rows, concatenated (rank order)."""

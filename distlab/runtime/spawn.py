@@ -76,7 +76,8 @@ def spawn_local(
             if left <= 0:
                 missing = sorted(set(range(world)) - set(out))
                 raise LaunchError(
-                    f"spawn_local: ranks {missing} did not finish within {timeout:g} s; raise timeout or look for a hang"
+                    f"spawn_local: ranks {missing} did not finish within {timeout:g} s; raise timeout or "
+                    "look for a hang"
                 )
             try:
                 rank, ok, value = pickle.loads(results.get(timeout=min(left, 0.5)))

@@ -1,4 +1,5 @@
-"""The per-rank synchroniser: composes the kernels for every unit of a strategy around backward and the optimizer step."""
+"""The per-rank synchroniser: composes the kernels for every unit of a strategy around backward and the
+optimizer step."""
 
 from __future__ import annotations
 
@@ -145,11 +146,19 @@ class Synchronizer:
             return
         if isinstance(t, DenseReduce):
             buf, server = t._buf, t.u.sync.server
-            self.tracer.collective(work, f"PS push {t.u.label} to rank {server}", "ps", bytes=_nbytes(buf), peers=[server])
+            self.tracer.collective(
+                work, f"PS push {t.u.label} to rank {server}", "ps", bytes=_nbytes(buf), peers=[server]
+            )
         else:
             names = [u.label for u in t.units]
-            self.tracer.collective(work, f"all-reduce bucket {t.key}", "allreduce", bytes=_nbytes(t._wire),
-                                   peers=[r for r in range(self.world) if r != self.rank], variables=names[:8])
+            self.tracer.collective(
+                work,
+                f"all-reduce bucket {t.key}",
+                "allreduce",
+                bytes=_nbytes(t._wire),
+                peers=[r for r in range(self.world) if r != self.rank],
+                variables=names[:8],
+            )
 
     def begin(self, step: int) -> None:
         """Before forward: AWC gossip sends the current parameters now, hidden behind forward and backward."""
@@ -168,7 +177,9 @@ class Synchronizer:
         gathered = [u for u in self.sparse_units if u.sync.kind == "allgather"]
         served = [u for u in self.sparse_units if u.sync.kind == "ps"]
         for group in [gathered] if self.packed and gathered else [[u] for u in gathered]:
-            with tr.span("sparse all-gather", "allgather", variables=[u.label for u in group][:8], peers=others):
+            with tr.span(
+                "sparse all-gather", "allgather", variables=[u.label for u in group][:8], peers=others
+            ):
                 allgather_sparse(group, self.wait)
         for group in [served] if self.packed and served else [[u] for u in served]:
             with tr.span("PS push (sparse rows to servers)", "ps", variables=[u.label for u in group][:8]):
@@ -184,12 +195,20 @@ class Synchronizer:
                 self.server_opt.step()
         t1 = time.perf_counter()
         if self.ps_units:
-            with tr.span("PS pull (servers broadcast new values)", "ps",
-                         servers=sorted({u.sync.server for u in self.ps_units}), bytes=sum(_nbytes(u.target) for u in self.ps_units)):
+            with tr.span(
+                "PS pull (servers broadcast new values)",
+                "ps",
+                servers=sorted({u.sync.server for u in self.ps_units}),
+                bytes=sum(_nbytes(u.target) for u in self.ps_units),
+            ):
                 self.broadcast.after_step()
         if self.gossip is not None:
-            with tr.span("gossip exchange", "gossip", bytes=sum(_nbytes(t) for t in self.gossip.tensors),
-                         peers=self.gossip.in_neighbours(step)):
+            with tr.span(
+                "gossip exchange",
+                "gossip",
+                bytes=sum(_nbytes(t) for t in self.gossip.tensors),
+                peers=self.gossip.in_neighbours(step),
+            ):
                 self.gossip.after_step(step)
         comm += time.perf_counter() - t1
         with torch.no_grad():

@@ -1,6 +1,6 @@
 """(child process) One rank of a native TensorFlow run: ``python tf_child.py JOB_DIR``.
 
-Started by its rank's pinned Dask task (``distlab.launch.tf_native``) with ``TF_CONFIG`` set, in
+Started by its rank's pinned Dask task (``distlab.launch.tf_rank``) with ``TF_CONFIG`` set, in
 a fresh process: TensorFlow's multi-worker strategy must be created before any other TensorFlow
 op, a process can host one such cluster only, and a peer that never arrives blocks its
 constructor with no timeout, so the task, not this process, owns the deadline and kills it.
@@ -29,6 +29,11 @@ from typing import Any
 
 
 def main(job_dir: str) -> int:
+    """A MultiWorkerMirroredStrategy rank (see the module's docstring): prints a JSON record per
+    step and a final one with its weights' checksum; rank 0 saves the weights.
+
+    Long because it is one TensorFlow program run top to bottom: the strategy is created before any other
+    TensorFlow op, then the model, the data and the loop."""
     os.environ["KERAS_BACKEND"] = "tensorflow"
     import pickle
 
@@ -97,8 +102,15 @@ def main(job_dir: str) -> int:
         loss = float(train_step(tf.constant(x[idx]), tf.constant(y[idx])))
         t1 = time.perf_counter()
         pos += global_batch
-        rec = {"step": step, "rank": rank, "loss": loss, "samples": pos, "step_time": t1 - t0, "comm_time": 0.0,
-               "wall_time": time.time()}
+        rec = {
+            "step": step,
+            "rank": rank,
+            "loss": loss,
+            "samples": pos,
+            "step_time": t1 - t0,
+            "comm_time": 0.0,
+            "wall_time": time.time(),
+        }
         print(json.dumps(rec), flush=True)
     weights = model.get_weights()
     checksum = float(sum(float(np.abs(w).astype("float64").sum()) for w in weights))
@@ -111,7 +123,13 @@ def main(job_dir: str) -> int:
 def serve_ps(job_dir: str) -> int:
     """A parameter-server rank: this process hosts rank r's worker and parameter-server tasks
     (in-process ``tf.distribute.Server``s); rank 0's process is also the chief, whose
-    ``ClusterCoordinator`` dispatches the steps. The other ranks serve until their task kills them."""
+    ``ClusterCoordinator`` dispatches the steps. The other ranks serve until their task kills them.
+
+    Long because it is one TensorFlow program run top to bottom: the servers start before anything else,
+    then the chief's coordinator, the partitioned model and its steps.
+
+    Long because it is one TensorFlow program run top to bottom: the servers start before anything else,
+    then the chief's coordinator, the partitioned model and its steps."""
     os.environ["KERAS_BACKEND"] = "tensorflow"
     import pickle
 
@@ -122,21 +140,27 @@ def serve_ps(job_dir: str) -> int:
     cfg = json.loads(os.environ["TF_CONFIG"])
     cluster = tf.train.ClusterSpec(cfg["cluster"])
     rank, world = int(cfg["task"]["index"]), len(cfg["cluster"]["worker"])
-    servers = [tf.distribute.Server(cluster, job_name=job, task_index=rank, protocol="grpc", start=True)
-               for job in ("worker", "ps")]
+    servers = [
+        tf.distribute.Server(cluster, job_name=job, task_index=rank, protocol="grpc", start=True)
+        for job in ("worker", "ps")
+    ]
     print(json.dumps({"serving": True, "rank": rank}), flush=True)
     if cfg["task"]["type"] != "chief":
         servers[0].join()  # until the task kills this process
         return 0
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, task_type="chief", task_id=0, rpc_layer="grpc")
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        cluster, task_type="chief", task_id=0, rpc_layer="grpc"
+    )
     with open(os.path.join(job_dir, "job.pkl"), "rb") as f:
         job = pickle.load(f)
     partitioner = None
     shards = {tuple(k): int(n) for k, n in job.get("partition") or []}  # variable shape -> shards (axis 0)
     if shards:
+
         def partitioner(shape: Any, dtype: Any) -> list[int]:  # noqa: ARG001 - TensorFlow's partitioner signature
             dims = [int(d) for d in shape]
             return [min(shards.get(tuple(dims), 1), dims[0] if dims else 1)] + [1] * max(len(dims) - 1, 0)
+
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     import keras
@@ -147,8 +171,10 @@ def serve_ps(job_dir: str) -> int:
     with strategy.scope():
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
         optimizer = job["optimizer"]() if job.get("optimizer") else keras.optimizers.SGD(learning_rate=0.01)
-    placement = {v.path: [str(getattr(s, "device", "")) for s in getattr(v.value, "variables", [v.value])]
-                 for v in model.trainable_variables}  # each variable's shards, in order, and their device
+    placement = {
+        v.path: [str(getattr(s, "device", "")) for s in getattr(v.value, "variables", [v.value])]
+        for v in model.trainable_variables
+    }  # each variable's shards, in order, and their device
     print(json.dumps({"placement": placement}), flush=True)
     if job.get("loss") is not None:
         loss_fn = job["loss"]
@@ -168,7 +194,11 @@ def serve_ps(job_dir: str) -> int:
     # update: their shards take plain SGD at the optimizer's rate (launch checks it is plain SGD)
     sharded = any(hasattr(v.value, "variables") for v in model.trainable_variables)
     shard_vars = [s for v in model.trainable_variables for s in getattr(v.value, "variables", [v.value])]
-    rate = float(optimizer.learning_rate.numpy() if hasattr(optimizer.learning_rate, "numpy") else optimizer.learning_rate)
+    rate = float(
+        optimizer.learning_rate.numpy()
+        if hasattr(optimizer.learning_rate, "numpy")
+        else optimizer.learning_rate
+    )
 
     @tf.function
     def train_step(it):
@@ -194,8 +224,20 @@ def serve_ps(job_dir: str) -> int:
         t1 = time.perf_counter()
         pos += world * b
         loss = float(np.mean([v.fetch() for v in values]))
-        print(json.dumps({"step": step, "rank": 0, "loss": loss, "samples": pos, "step_time": t1 - t0,
-                          "comm_time": 0.0, "wall_time": time.time()}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "step": step,
+                    "rank": 0,
+                    "loss": loss,
+                    "samples": pos,
+                    "step_time": t1 - t0,
+                    "comm_time": 0.0,
+                    "wall_time": time.time(),
+                }
+            ),
+            flush=True,
+        )
     weights = [np.asarray(w) for w in model.get_weights()]
     np.savez(os.path.join(job_dir, "weights.npz"), *weights)
     checksum = float(sum(float(np.abs(w).astype("float64").sum()) for w in weights))
@@ -207,10 +249,17 @@ def bench(job_dir: str) -> int:
     """``lab.calibrate(backend="tensorflow")``'s measurements on one rank, under the same
     ``MultiWorkerMirroredStrategy`` a native AllReduce run uses (``job.pkl``: ``sizes`` in bytes,
     ``repeats``, ``steps``, and ``models``: (name, per-replica batches) each, ``model{i}.keras`` and
-    ``data{i}.npz`` beside it for i >= 1; model 0 is the reference model, built here). Prints one JSON line: per size, this rank's median seconds of one
+    ``data{i}.npz`` beside it for i >= 1; model 0 is the reference model, built here). Prints one JSON line:
+    per size, this rank's median seconds of one
     all-reduce; per model and batch, the median local step (no strategy, every rank stepping at
     once, as in a run); and for the reference model (``model0``) also its mirrored step, whose
-    excess over local step plus all-reduce is the strategy's own cost per step."""
+    excess over local step plus all-reduce is the strategy's own cost per step.
+
+    Long because it is one TensorFlow program run top to bottom under one strategy, created before any
+    other TensorFlow op: the all-reduce sizes, then each model's steps.
+
+    Long because it is one TensorFlow program run top to bottom under one strategy, created before any
+    other TensorFlow op: the all-reduce sizes, then each model's steps."""
     os.environ["KERAS_BACKEND"] = "tensorflow"
     import pickle
 
@@ -219,7 +268,9 @@ def bench(job_dir: str) -> int:
 
     tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("DISTLAB_TF_THREADS", "1")))
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(os.environ.get("DISTLAB_TF_TIMEOUT", "60")))
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=float(os.environ.get("DISTLAB_TF_TIMEOUT", "60"))
+    )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)  # first TF op
     import keras
 
@@ -229,7 +280,9 @@ def bench(job_dir: str) -> int:
 
     @tf.function
     def all_reduce(t):
-        return strategy.run(lambda t: tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(t)), args=(t,))
+        return strategy.run(
+            lambda t: tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(t)), args=(t,)
+        )
 
     def barrier() -> None:
         all_reduce(tf.zeros([1]))
@@ -266,17 +319,28 @@ def bench(job_dir: str) -> int:
 
         if not replicated:
             return tf.function(step_fn)
-        return tf.function(lambda xb, yb: strategy.reduce("SUM", strategy.run(step_fn, args=(xb, yb)), axis=None))
+        return tf.function(
+            lambda xb, yb: strategy.reduce("SUM", strategy.run(step_fn, args=(xb, yb)), axis=None)
+        )
 
     world = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     # the reference model (model0), built here: three Dense layers on 64 features, 10 classes
     rng = np.random.default_rng(0)
     keras.utils.set_random_seed(0)
-    reference = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    reference = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     reference.save(os.path.join(job_dir, "model0.keras"))
-    np.savez(os.path.join(job_dir, "data0.npz"), x=rng.standard_normal((256, 64)).astype("float32"),
-             y=rng.integers(0, 10, 256))
+    np.savez(
+        os.path.join(job_dir, "data0.npz"),
+        x=rng.standard_normal((256, 64)).astype("float32"),
+        y=rng.integers(0, 10, 256),
+    )
     out["reference_bytes"] = int(sum(int(np.prod(v.shape)) * 4 for v in reference.trainable_variables))
     for i, (name, batches) in enumerate(job["models"]):
         data = np.load(os.path.join(job_dir, f"data{i}.npz"))
@@ -295,7 +359,9 @@ def bench(job_dir: str) -> int:
                 step = stepper(model, optimizer, loss_for(y), b * world if replicated else b, replicated)
                 xb, yb = x[np.arange(b) % len(x)], y[np.arange(b) % len(x)]
                 barrier()  # every rank steps at once, as in a run
-                seconds = median_time(lambda s=step, xb=xb, yb=yb: float(s(tf.constant(xb), tf.constant(yb))), steps, warm=3)
+                seconds = median_time(
+                    lambda s=step, xb=xb, yb=yb: float(s(tf.constant(xb), tf.constant(yb))), steps, warm=3
+                )
                 out[kind].append([name, int(b), seconds])
         barrier()
     print(json.dumps(out), flush=True)

@@ -33,7 +33,9 @@ class Tracer:
         self._wall0, self._perf0 = time.time(), time.perf_counter()
         self.offset = 0.0  # seconds to add to this rank's clock to read rank 0's
         self._events: list[dict[str, Any]] = []
-        self._pending: list[Any] = []  # the futures of collectives whose completion callback may not have run yet
+        self._pending: list[
+            Any
+        ] = []  # the futures of collectives whose completion callback may not have run yet
         self._lock = threading.Lock()  # completion callbacks run on the process group's thread
 
     def now(self) -> float:
@@ -41,7 +43,9 @@ class Tracer:
 
     def add(self, name: str, cat: str, start: float, end: float, track: str = "compute", **args: Any) -> None:
         with self._lock:
-            self._events.append({"name": name, "cat": cat, "start": start, "end": end, "track": track, "args": args})
+            self._events.append(
+                {"name": name, "cat": cat, "start": start, "end": end, "track": track, "args": args}
+            )
 
     @contextmanager
     def span(self, name: str, cat: str, **args: Any) -> Iterator[None]:

@@ -66,7 +66,8 @@ def run_rank(
     should_stop: Callable[[], bool] | None = None,
     store: Any = None,
 ) -> dict[str, Any]:
-    """Train ``job.steps - job.start_step`` steps of ``job.model`` under ``job.strategy`` as rank ``job.rank``.
+    """Train ``job.steps - job.start_step`` steps of ``job.model`` under ``job.strategy`` as rank
+    ``job.rank``.
 
     Returns ``{"rank", "steps", "records", "state_dict", "checkpoint", "consensus_distance",
     "stopped"}``; ``state_dict`` is rank 0's trained weights (CPU), ``None`` elsewhere.
@@ -147,8 +148,9 @@ def _controller(job: RankJob) -> Any:
     return GoodputController(table, job.world, base)
 
 
-def _make_sync(job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable,
-               tracer: Any = OFF) -> Any:
+def _make_sync(
+    job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable, tracer: Any = OFF
+) -> Any:
     s = job.strategy
     ef = bool(s.options.get("error_feedback", False))
     noise = None
@@ -189,6 +191,25 @@ def _sparse_exchange(job: RankJob) -> str:
             f"RankJob.extra['sparse_exchange']: {mode!r}; expected 'packed' (the default) or 'per_table'"
         )
     return mode
+
+
+def _forward_backward(
+    job: RankJob, forward: Any, loss_fn: Any, sync: Any, batches: Any, pos: int, tracer: Any
+) -> float:
+    """One step's forward and backward over its micro-batches, gradients accumulating (the last
+    micro-batch syncs them); returns the step's mean loss."""
+    loss_value = 0.0
+    accum = batches.accum
+    for micro in range(accum):
+        x, y = batches.data.get(pos, micro)
+        x, y = to_device(x, job.device), to_device(y, job.device)
+        with sync.micro(micro == accum - 1):
+            with tracer.span("forward", "forward", micro=micro):
+                loss = loss_fn(call_model(forward, x), y)
+            with tracer.span("backward", "backward", micro=micro):
+                (loss / accum if accum > 1 else loss).backward()
+        loss_value += float(loss.detach()) / accum
+    return loss_value
 
 
 def _train(
@@ -236,17 +257,7 @@ def _train(
             t0 = time.perf_counter()
             sync.zero_grad()
             sync.begin(step)
-            loss_value = 0.0
-            accum = batches.accum
-            for micro in range(accum):  # gradients accumulate; the last micro-batch syncs them
-                x, y = batches.data.get(pos, micro)
-                x, y = to_device(x, job.device), to_device(y, job.device)
-                with sync.micro(micro == accum - 1):
-                    with tracer.span("forward", "forward", micro=micro):
-                        loss = loss_fn(call_model(forward, x), y)
-                    with tracer.span("backward", "backward", micro=micro):
-                        (loss / accum if accum > 1 else loss).backward()
-                loss_value += float(loss.detach()) / accum
+            loss_value = _forward_backward(job, forward, loss_fn, sync, batches, pos, tracer)
             t_bwd = time.perf_counter()
             gains = batches.gains()
             with batches.scaled(gains):
@@ -254,21 +265,8 @@ def _train(
             exposed = max(0.0, t_bwd - sync.last_ready) if sync.last_ready else 0.0
             t1 = time.perf_counter()
             pos_before, pos = pos, pos + batches.global_batch
-            rec = dict(
-                zip(
-                    STEP_RECORD_KEYS,
-                    (
-                        job.run_id,
-                        step,
-                        job.rank,
-                        loss_value,
-                        pos,
-                        t1 - t0,
-                        exposed + sync.comm_time,
-                        time.time(),
-                    ),
-                )
-            )
+            values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
+            rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
             rec.update(batches.after_step(pos_before, pos, t1 - t0, gains))
             if tracer.enabled:
                 rec["trace"] = tracer.take()
@@ -306,7 +304,8 @@ def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) 
             for part in (
                 f"missing {missing[:3]}" if missing else "",
                 f"unexpected {extra[:3]}" if extra else "",
-                f"shape of {shapes[0]}: {tuple(saved[shapes[0]].shape)} saved, {tuple(own[shapes[0]].shape)} here"
+                f"shape of {shapes[0]}: {tuple(saved[shapes[0]].shape)} saved, {tuple(own[shapes[0]].shape)} "
+                "here"
                 if shapes
                 else "",
             )

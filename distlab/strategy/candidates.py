@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import StrategyError
 from distlab.strategy.builders import build
 from distlab.strategy.types import Strategy
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
 
-def option_grid(profile: Any, resources: Any) -> list[tuple[str, dict[str, Any]]]:
+
+def option_grid(profile: ModelProfile, resources: ResourceSpec) -> list[tuple[str, dict[str, Any]]]:
     """(builder, options) pairs worth predicting for this model on these resources."""
     world, n_hosts = resources.world, resources.num_hosts
     grid: list[tuple[str, dict[str, Any]]] = [("PS", {}), ("PSLoadBalancing", {})]
@@ -50,7 +54,7 @@ def plan_key(s: Strategy) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def candidates(profile: Any, resources: Any) -> list[Strategy]:
+def candidates(profile: ModelProfile, resources: ResourceSpec) -> list[Strategy]:
     """Every builder over its option grid; inapplicable combinations skipped, identical plans kept once."""
     out: dict[str, Strategy] = {}
     for name, opts in option_grid(profile, resources):

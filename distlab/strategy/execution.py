@@ -32,7 +32,12 @@ def ddp_applies(strategy: Strategy, sparse: Iterable[str] = (), error_feedback: 
     sparse = set(sparse)
     comps = set()
     for plan in strategy.variables:
-        if plan.partition is not None or plan.sync is None or plan.sync.kind != "allreduce" or plan.name in sparse:
+        if (
+            plan.partition is not None
+            or plan.sync is None
+            or plan.sync.kind != "allreduce"
+            or plan.name in sparse
+        ):
             return False
         comps.add(plan.sync.compressor)
     return len(comps) == 1

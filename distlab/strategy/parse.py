@@ -1,4 +1,5 @@
-"""Parse and validate strategies: JSON in, a checked ``Strategy`` out, or one ``StrategyError`` naming the field."""
+"""Parse and validate strategies: JSON in, a checked ``Strategy`` out, or one ``StrategyError`` naming the
+field."""
 
 from __future__ import annotations
 
@@ -227,7 +228,8 @@ def _check_sync(s: Sync, path: str, st: Strategy, var: Any, groups: dict[int, tu
         if first[0] != s.compressor:
             raise _fail(
                 f"{path}.compressor",
-                f"group {s.group} mixes {s.compressor!r} with {first[0]!r} ({first[1]}); one compressor per group",
+                f"group {s.group} mixes {s.compressor!r} with {first[0]!r} ({first[1]}); one compressor per "
+                "group",
             )
     if s.kind == "gossip" and st.gossip is None:
         raise _fail(
@@ -237,7 +239,8 @@ def _check_sync(s: Sync, path: str, st: Strategy, var: Any, groups: dict[int, tu
         if var.sparse and s.kind not in SPARSE_KINDS:
             raise _fail(
                 f"{path}.kind",
-                f"{var.name!r} has sparse gradients; {s.kind} is dense-only (use {' or '.join(SPARSE_KINDS)})",
+                f"{var.name!r} has sparse gradients; {s.kind} is dense-only (use "
+                f"{' or '.join(SPARSE_KINDS)})",
             )
         if s.kind == "allgather" and not (var.sparse or var.embedding):
             raise _fail(
@@ -336,7 +339,8 @@ def check(st: Strategy, profile: Any = None) -> Strategy:
 
 
 def parse_strategy(d: Any, profile: Any = None) -> Strategy:
-    """A ``Strategy`` from its dict form (``Strategy.to_dict``), validated; any fault is a ``StrategyError``."""
+    """A ``Strategy`` from its dict form (``Strategy.to_dict``), validated; any fault is a
+    ``StrategyError``."""
     try:
         return check(_parse(d), profile)
     except StrategyError:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
 
 SYNC_KINDS = ("allreduce", "ps", "allgather", "gossip")
 COMPRESSORS = ("none", "fp16", "bf16")
@@ -182,19 +185,19 @@ class Strategy:
         return path
 
     @classmethod
-    def from_dict(cls, d: Any, profile: Any = None) -> Strategy:
+    def from_dict(cls, d: Any, profile: ModelProfile | None = None) -> Strategy:
         from distlab.strategy.parse import parse_strategy
 
         return parse_strategy(d, profile)
 
     @classmethod
-    def from_json(cls, text: str, profile: Any = None) -> Strategy:
+    def from_json(cls, text: str, profile: ModelProfile | None = None) -> Strategy:
         from distlab.strategy.parse import parse_strategy_json
 
         return parse_strategy_json(text, profile)
 
     @classmethod
-    def load(cls, path: str | Path, profile: Any = None) -> Strategy:
+    def load(cls, path: str | Path, profile: ModelProfile | None = None) -> Strategy:
         from distlab.errors import StrategyError
 
         try:

@@ -21,7 +21,10 @@ def test_the_choice_is_the_goodput_optimum_of_a_linear_step_time():
     ctl = GoodputController(linear_table(bounds), WORLD, base_batch=4)
     choice = ctl.decide((4, 1), PHI, MIN_UPDATES)
     m = choice[0] * choice[1] * WORLD
-    best = max({b * k * WORLD for b, k in bounds.configurations(WORLD)}, key=lambda m: m / (A + B * m) * statistical_efficiency(m, PHI, 4))
+    best = max(
+        {b * k * WORLD for b, k in bounds.configurations(WORLD)},
+        key=lambda m: m / (A + B * m) * statistical_efficiency(m, PHI, 4),
+    )
     assert m == best == 128  # of the allowed batches (powers of two), the one nearest sqrt(a phi / b)
     assert optimal_batch(A, B, PHI) == pytest.approx(126.5, abs=0.1)
     assert choice == (64, 1)  # the same global batch without accumulation is preferred
@@ -47,7 +50,10 @@ def test_measured_step_times_replace_the_prediction_and_rescale_the_rest():
 
 
 def test_bounds_that_exclude_every_batch_are_one_error_naming_the_fields():
-    with pytest.raises(StrategyError, match=r"max_batch_size 8 excludes every batch: the smallest is local_bsz_bounds\[0\] x 2 ranks = 16"):
+    with pytest.raises(
+        StrategyError,
+        match=r"max_batch_size 8 excludes every batch: the smallest is local_bsz_bounds\[0\] x 2 ranks = 16",
+    ):
         Bounds((8, 64), 1, 8).check(2)
     with pytest.raises(StrategyError, match=r"local_bsz_bounds must be two integers 1 <= lo <= hi"):
         Bounds((64, 8)).check(2)

@@ -70,13 +70,16 @@ def test_best_batch_trades_throughput_for_efficiency():
     assert gp == max(goodput(1000 * b / (b + 64), b, 256, 32) for b in [32, 64, 128, 256, 512, 1024, 4096])
 
 
-@pytest.mark.parametrize("call", [
-    lambda: estimate_gradient_stats(64, 1.0, 32, 1.0),
-    lambda: statistical_efficiency(0, 1, 1),
-    lambda: adascale_gain(GradientStats(1, 1), 0.5, 16),
-    lambda: optimal_batch(0.1, 1e-3, 64, lo=128, hi=64),
-    lambda: best_batch(lambda b: 1.0, [], 1, 1),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: estimate_gradient_stats(64, 1.0, 32, 1.0),
+        lambda: statistical_efficiency(0, 1, 1),
+        lambda: adascale_gain(GradientStats(1, 1), 0.5, 16),
+        lambda: optimal_batch(0.1, 1e-3, 64, lo=128, hi=64),
+        lambda: best_batch(lambda b: 1.0, [], 1, 1),
+    ],
+)
 def test_bad_input_is_a_distlab_error(call):
     with pytest.raises(DistlabError):
         call()

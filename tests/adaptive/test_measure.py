@@ -56,7 +56,9 @@ def test_bad_input_is_one_error_naming_the_field(kwargs, field):
 
 @pytest.fixture(scope="module")
 def adaptive_plan():
-    prof = dl.ModelProfile.from_variables([("w", (512, 512)), ("b", (512,))], time_per_sample=2e-5, batch_size=8)
+    prof = dl.ModelProfile.from_variables(
+        [("w", (512, 512)), ("b", (512,))], time_per_sample=2e-5, batch_size=8
+    )
     res = dl.ResourceSpec.local(workers=2)
     return prof, res, dl.strategy.build("AdaptiveBatch", prof, res)
 

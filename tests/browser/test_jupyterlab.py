@@ -17,7 +17,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SMALL = {"model_name": "mlp", "model_options": {"width": 64, "in_features": 32}, "workers": 2, "steps": 8, "top": 1, "calibrate_sizes": [4096, 65536]}
+SMALL = {
+    "model_name": "mlp",
+    "model_options": {"width": 64, "in_features": 32},
+    "workers": 2,
+    "steps": 8,
+    "top": 1,
+    "calibrate_sizes": [4096, 65536],
+}
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -43,10 +50,26 @@ def jupyterlab(tmp_path):
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=None", f"--LabApp.user_settings_dir={tmp_path / 'settings'}", "--ServerApp.allow_root=True", "--LabApp.extension_manager=readonly", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=None",
+            f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+            "--ServerApp.allow_root=True",
+            "--LabApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        stdout=open(tmp_path / "lab.log", "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
@@ -98,20 +121,25 @@ def _chromium(errors: list[str]):
 
 
 def _run_notebook(page, url: str, token: str, name: str) -> None:
-    """Open ``name`` in JupyterLab, wait for its kernel, run every cell, wait until all ran (or one failed)."""
+    """Open ``name`` in JupyterLab, wait for its kernel, run every cell, wait until all ran (or one
+    failed)."""
     page.goto(f"{url}/lab/tree/{name}?token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
     # wait for the notebook's kernel to be ready, then run every cell
     page.wait_for_function(
         """() => { const nb = window.jupyterapp.shell.currentWidget;
-                   const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
+                   const s = nb && nb.sessionContext && nb.sessionContext.session;
+                   const k = s && s.kernel;
                    return k && k.status === 'idle'; }""",
-        timeout=120_000, polling=500,
+        timeout=120_000,
+        polling=500,
     )
     page.wait_for_timeout(2000)
     started = page.evaluate(
-        "async () => { try { await window.jupyterapp.commands.execute('notebook:run-all-cells'); return 'ok'; }"
+        "async () => { try { await window.jupyterapp.commands.execute('notebook:run-all-cells'); return "
+        "'ok'; "
+        "}"
         " catch (e) { return String(e); } }"
     )
     assert started == "ok", started
@@ -121,11 +149,13 @@ def _run_notebook(page, url: str, token: str, name: str) -> None:
           const nb = window.jupyterapp.shell.currentWidget;
           if (!nb || !nb.content || !nb.sessionContext.session) return false;
           const cells = [...nb.content.widgets].filter(c => c.model.type === 'code');
-          const failed = document.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']");
+          const stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']";
+          const failed = document.querySelector(stderr);
           const idle = nb.sessionContext.session.kernel.status === 'idle';
           return idle && (cells.every(c => c.model.executionCount !== null) || failed !== null);
         }""",
-        timeout=600_000, polling=2000,
+        timeout=600_000,
+        polling=2000,
     )
 
 
@@ -147,7 +177,9 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
     out, errors = _place(nb, root / "quickstart.ipynb"), []
     with _chromium(errors) as (browser, page):
         _run_notebook(page, url, token, "quickstart.ipynb")
-        tracebacks = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback").count()
+        tracebacks = page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
+        ).count()
         plots = page.locator(".js-plotly-plot").count()
         widgets = page.locator(".jupyter-widgets .widget-dropdown select, .jupyter-widgets select").count()
         page.screenshot(path=str(out / "browser-quickstart.png"), full_page=False)
@@ -158,14 +190,21 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
         hosts = picker.locator(".widget-inline-hbox", has_text="hosts like this").locator("input")
         hosts.fill("4")
         hosts.press("Enter")
-        picker.locator(".widget-inline-hbox", has_text="network").locator("select").select_option(label="25 Gb/s Ethernet")
-        page.wait_for_function("() => document.querySelector('.distlab-picker').innerText.includes('25 Gb/s Ethernet between them')", timeout=30_000)
+        picker.locator(".widget-inline-hbox", has_text="network").locator("select").select_option(
+            label="25 Gb/s Ethernet"
+        )
+        page.wait_for_function(
+            "() => document.querySelector('.distlab-picker').innerText.includes('25 Gb/s Ethernet between "
+            "them')",
+            timeout=30_000,
+        )
         what_if = picker.inner_text()
         scaling = picker.locator(".js-plotly-plot").count()
         picker.locator("button", has_text="Launch").click()
         page.wait_for_function(
             "() => /measured [0-9,]+ samples\\/s/.test(document.querySelector('.distlab-picker').innerText)",
-            timeout=300_000, polling=1000,
+            timeout=300_000,
+            polling=1000,
         )
         launched = status.inner_text()
         page.wait_for_timeout(1500)  # the measured point drawn
@@ -182,8 +221,12 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
     assert plots >= 2, f"expected plotly charts to render, found {plots}"
     assert widgets >= 1, "the strategy picker's controls did not render"
     assert "4 hosts like this one" in what_if and scaling == 2, what_if[-500:]
-    assert "the what-if (4 hosts x 2 ranks, 25 Gb/s Ethernet between hosts) is not this cluster" in launched, launched
-    assert {"rank 0 · training loop", "rank 1 · training loop", "predicted · training loop"} <= set(rows), rows
+    assert (
+        "the what-if (4 hosts x 2 ranks, 25 Gb/s Ethernet between hosts) is not this cluster" in launched
+    ), launched
+    assert {"rank 0 · training loop", "rank 1 · training loop", "predicted · training loop"} <= set(rows), (
+        rows
+    )
     assert not errors, f"JavaScript errors in the page: {errors[:3]}"
 
 
@@ -211,11 +254,17 @@ def test_your_own_model_trains_through_the_magics_in_jupyterlab(jupyterlab):
 
     url, token, root = jupyterlab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in OWN_MODEL_CELLS])
-    nb.metadata["kernelspec"] = {"name": "distlab", "display_name": "Python 3 (distlab)", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "distlab",
+        "display_name": "Python 3 (distlab)",
+        "language": "python",
+    }
     out, errors = _place(nb, root / "own-model.ipynb"), []
     with _chromium(errors) as (browser, page):
         _run_notebook(page, url, token, "own-model.ipynb")
-        kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.name")
+        kernel = page.evaluate(
+            "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.name"
+        )
         card = page.locator("table.distlab-run").first
         card.wait_for(timeout=30_000)
         text = card.inner_text()

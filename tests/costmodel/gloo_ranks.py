@@ -18,7 +18,12 @@ def spawn_ranks(body: Callable[..., None], world: int, what: str, timeout: float
     import torch.distributed as dist
 
     store = dist.TCPStore(
-        "127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30)
+        "127.0.0.1",
+        0,
+        world + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
     )
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

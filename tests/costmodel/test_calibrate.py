@@ -69,7 +69,13 @@ def synthetic_rows(noise: float = 0.03, outlier: bool = True, worlds=(2, 3, 4), 
     )
     # the optimizer row: 2 ranks busy on 2 cores (1.1x), the figure alone is what the model scales
     rows.append(
-        {"collective": "optimizer", "world": 2, "nbytes": 8 << 20, "seconds": 1.1 * 2.5e-10 * (8 << 20), "alone": 2.5e-10 * (8 << 20)}
+        {
+            "collective": "optimizer",
+            "world": 2,
+            "nbytes": 8 << 20,
+            "seconds": 1.1 * 2.5e-10 * (8 << 20),
+            "alone": 2.5e-10 * (8 << 20),
+        }
     )
     # a bucket's flatten: 2 MiB in 0.4 ms (one rank)
     rows.append({"collective": "copy", "world": 2, "nbytes": 2 << 20, "seconds": 4e-4, "alone": 4e-4})
@@ -231,7 +237,9 @@ def test_params_round_trip_name_a_bad_field_and_read_older_files():
 
     p = CostParams(alpha_beta={"allreduce/intra": (1e-4, 1e-9)}, call_overhead=2e-5, ddp=True)
     assert CostParams.from_dict(p.to_dict()) == p
-    old = {k: v for k, v in p.to_dict().items() if k not in ("call_overhead", "gossip_per_byte", "copy_per_byte")}
+    old = {
+        k: v for k, v in p.to_dict().items() if k not in ("call_overhead", "gossip_per_byte", "copy_per_byte")
+    }
     assert CostParams.from_dict(old).call_overhead == 0.0  # a file from before the field existed
     # a file from before bucket copies were charged predicts as it did; a new model has a default
     assert CostParams.from_dict(old).copy_per_byte == 0.0 and p.copy_per_byte > 0
@@ -251,7 +259,9 @@ def _two_hosts():
 def test_a_link_between_hosts_that_nothing_crossed_is_one_error_naming_the_hosts():
     rows = [r for r in synthetic_rows() if r.get("link") != "inter"]
     CostModel.from_microbenchmarks(rows)  # one host: nothing to cross
-    with pytest.raises(CalibrationError, match=r"link between hosts a, b was not measured .*GLOO_SOCKET_IFNAME"):
+    with pytest.raises(
+        CalibrationError, match=r"link between hosts a, b was not measured .*GLOO_SOCKET_IFNAME"
+    ):
         CostModel.from_microbenchmarks(rows, _two_hosts())
 
 
@@ -262,4 +272,7 @@ def test_a_link_whose_time_does_not_grow_with_size_is_one_error():
     ]
     with pytest.raises(CalibrationError, match=r"could not be measured: the exchanges' time did not grow"):
         CostModel.from_microbenchmarks(rows, _two_hosts())
-    assert CostModel.from_microbenchmarks(synthetic_rows(), _two_hosts()).params.alpha_beta["sendrecv/inter"][1] > 0
+    assert (
+        CostModel.from_microbenchmarks(synthetic_rows(), _two_hosts()).params.alpha_beta["sendrecv/inter"][1]
+        > 0
+    )

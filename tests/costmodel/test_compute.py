@@ -1,4 +1,5 @@
-"""A model's measured local steps (Lab.calibrate(models=...)) replace its profiled compute, and only its own."""
+"""A model's measured local steps (Lab.calibrate(models=...)) replace its profiled compute, and only its
+own."""
 
 from __future__ import annotations
 

@@ -9,17 +9,8 @@ from pathlib import Path
 import pytest
 
 from distlab.costmodel import CostModel, CostParams
-from distlab.costmodel.calibrate import (
-    OVERHEAD_TERMS,
-    CollectiveRow,
-    ComputeFitRow,
-    LocalStep,
-    LoopRun,
-    fit_compute,
-    fit_microbenchmarks,
-    fit_overhead,
-    overhead_features,
-)
+from distlab.costmodel.calibrate import OVERHEAD_TERMS, fit_compute, fit_microbenchmarks, fit_overhead
+from distlab.costmodel.rows import CollectiveRow, ComputeFitRow, LocalStep, LoopRun, overhead_features
 from distlab.errors import CalibrationError
 
 from .test_calibrate import synthetic_rows

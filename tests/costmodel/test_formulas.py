@@ -262,7 +262,11 @@ def test_training_loop_overhead_adds_per_step_per_rank_and_per_tensor():
     s = plan(prof, allreduce(0, 1, 2), res)
     base = exact_model().predict(prof, res, s)
     loaded = exact_model(
-        step_overhead=1e-3, rank_overhead=2e-3, tensor_overhead=1e-4, runtime_overhead=4e-4, hook_overhead=2e-4
+        step_overhead=1e-3,
+        rank_overhead=2e-3,
+        tensor_overhead=1e-4,
+        runtime_overhead=4e-4,
+        hook_overhead=2e-4,
     ).predict(prof, res, s)
     # 1 ms + 0.4 ms + 2 ms x (2 - 1) ranks + (0.1 + 0.2) ms x 3 tensors, all on the compute side
     assert loaded.breakdown["compute"] - base.breakdown["compute"] == pytest.approx(4.3e-3)
@@ -328,10 +332,15 @@ def test_gossip_passes_over_its_bytes_cost_copies(mode, passes, cores):
     res = toy_resources(5, cores=cores)  # exp2 on 5 ranks: 3 in-neighbours
     s = plan(prof, [Sync("gossip")] * 3, res, gossip=GossipConfig("exp2", dynamic=False, mode=mode))
     slowed = exact_model(contention=0.5)
-    extra = exact_model(contention=0.5, copy_per_byte=1e-9).predict(prof, res, s).step_time - slowed.predict(prof, res, s).step_time
+    extra = (
+        exact_model(contention=0.5, copy_per_byte=1e-9).predict(prof, res, s).step_time
+        - slowed.predict(prof, res, s).step_time
+    )
     assert extra == pytest.approx(passes * 16000 * 1e-9)
     if cores:  # the optimizer on the same host is slowed: the passes' figure is not by accident
-        opt = exact_model(contention=0.5, optimizer_per_byte=1e-9).predict(prof, res, s).breakdown["optimizer"]
+        opt = (
+            exact_model(contention=0.5, optimizer_per_byte=1e-9).predict(prof, res, s).breakdown["optimizer"]
+        )
         assert opt > 1.5 * 16000 * 1e-9
 
 
@@ -363,7 +372,14 @@ def sparse_tables(n: int):
 
     tables = tuple(
         VariableProfile(
-            f"emb{i}", (1000, 16), "float32", 64000, sparse=True, embedding=True, layer=f"emb{i}", touched_rows=100
+            f"emb{i}",
+            (1000, 16),
+            "float32",
+            64000,
+            sparse=True,
+            embedding=True,
+            layer=f"emb{i}",
+            touched_rows=100,
         )
         for i in range(n)
     )
@@ -423,7 +439,9 @@ def test_sparse_tables_share_one_packed_exchange_per_server():
 
 
 @pytest.mark.parametrize("world,cores,turns", [(2, 2, 0.0), (4, 2, 0.4 * 1), (4, 4, 0.0)])
-def test_wire_time_in_training_scales_bytes_and_latency_apart_and_grows_when_ranks_take_turns(world, cores, turns):
+def test_wire_time_in_training_scales_bytes_and_latency_apart_and_grows_when_ranks_take_turns(
+    world, cores, turns
+):
     prof = toy_profile()
     res = toy_resources(world, cores=cores)
     s = plan(prof, allreduce(0, 0, 0), res)  # one bucket after backward: fully exposed

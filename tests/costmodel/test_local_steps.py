@@ -1,4 +1,5 @@
-"""loop_pass_rank and overhead_rank on real gloo processes: lockstep, and figures a slow moment does not move."""
+"""loop_pass_rank and overhead_rank on real gloo processes: lockstep, and figures a slow moment does not
+move."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ class RankZeroSleeps(torch.nn.Module):
 
 
 def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
-    from distlab.runtime.microbench import loop_pass_rank
+    from distlab.runtime.loopbench import loop_pass_rank
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
-    local, loop = loop_pass_rank(rank, world, "127.0.0.1", port, [(RankZeroSleeps(), data, 4)], [1] * world, [], 30.0)
+    local, loop = loop_pass_rank(
+        rank, world, "127.0.0.1", port, [(RankZeroSleeps(), data, 4)], [1] * world, [], 30.0
+    )
     out.put((rank, (local, loop)))
 
 
@@ -42,7 +45,7 @@ def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [1, 3])
 def test_ranks_wait_for_the_slowest_every_local_step(world):
-    from distlab.runtime.microbench import LOCAL_STEPS
+    from distlab.runtime.loopbench import LOCAL_STEPS
 
     results = spawn_ranks(_rank_body, world, "loop_pass_rank ranks (a lockstep that never agreed?)")
     assert sorted(results) == list(range(world))
@@ -82,13 +85,15 @@ def _first_twelve(n: int) -> bool:
 def _one_rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
     import distlab as dl
     from distlab.resources import ResourceSpec
-    from distlab.runtime.microbench import loop_pass_rank, overhead_rank
+    from distlab.runtime.loopbench import loop_pass_rank, overhead_rank
     from distlab.strategy.types import RankSpec
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
     # a slow step every fifth: in every pass, so the slower or faster pass cannot hide it
-    local, _ = loop_pass_rank(rank, world, "127.0.0.1", port, [(Pauses(_every_fifth), data, 4)], [1], [], 30.0, 0.2)
+    local, _ = loop_pass_rank(
+        rank, world, "127.0.0.1", port, [(Pauses(_every_fifth), data, 4)], [1], [], 30.0, 0.2
+    )
     # the training loop: every step of a case's first pass slow (the machine busy for a moment)
     one = ResourceSpec((RankSpec(0, "vm"),), cores={"vm": 1})
     cases = []
@@ -104,7 +109,7 @@ def _one_rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_slow_moment_does_not_become_the_measured_step():
-    (local, loop), = spawn_ranks(_one_rank_body, 1, "the one-rank local step and loop").values()
+    ((local, loop),) = spawn_ranks(_one_rank_body, 1, "the one-rank local step and loop").values()
     # the local step is the median step, as a run's throughput is measured: a slow step in
     # five (a pass's mean: >= PAUSE / 5) leaves it at the layer's own fraction of a millisecond
     assert statistics.median(local[0]) < PAUSE / 10, local
@@ -116,7 +121,7 @@ def test_a_slow_moment_does_not_become_the_measured_step():
 def _loop_pass_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
     import distlab as dl
     from distlab.resources import ResourceSpec
-    from distlab.runtime.microbench import LOCAL_STEPS, loop_pass_rank
+    from distlab.runtime.loopbench import LOCAL_STEPS, loop_pass_rank
     from distlab.strategy.types import RankSpec
 
     torch.manual_seed(0)
@@ -124,7 +129,9 @@ def _loop_pass_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
     model = RankZeroSleeps()
     two = ResourceSpec((RankSpec(0, "vm"), RankSpec(1, "vm")), cores={"vm": 2})
     strategy = dl.strategy.build("AllReduce", dl.profile(model, batch_size=4), two, batch_size=4)
-    local, loop = loop_pass_rank(rank, world, "127.0.0.1", port, [(model, data, 4)], [1, 1], [(model, strategy, data, 4, 9, 1)], 30.0)
+    local, loop = loop_pass_rank(
+        rank, world, "127.0.0.1", port, [(model, data, 4)], [1, 1], [(model, strategy, data, 4, 9, 1)], 30.0
+    )
     out.put((rank, (local, loop, LOCAL_STEPS)))
 
 
@@ -145,12 +152,14 @@ def test_a_loop_pass_measures_the_local_step_beside_the_loop():
 def test_time_local_takes_steps_until_seconds_or_max_steps():
     """At least ``steps`` steps; beyond them, more while ``seconds`` last, up to ``max_steps``
     (a user's model is measured with a higher cap than the reference models)."""
-    from distlab.runtime.microbench import LOCAL_MAX_STEPS, _time_local
+    from distlab.runtime.loopbench import LOCAL_MAX_STEPS, _time_local
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
-    assert len(_time_local(model, data, 4, 0, 1, 5, seconds=60.0, max_steps=9)) == 9  # the cap, long before 60 s
+    assert (
+        len(_time_local(model, data, 4, 0, 1, 5, seconds=60.0, max_steps=9)) == 9
+    )  # the cap, long before 60 s
     assert len(_time_local(model, data, 4, 0, 1, 5, seconds=60.0)) == LOCAL_MAX_STEPS  # the default cap
     assert len(_time_local(model, data, 4, 0, 1, 5, seconds=0.0, max_steps=9)) == 5  # no time: steps alone
     assert len(_time_local(model, data, 4, 0, 1, 12, seconds=60.0, max_steps=9)) == 12  # steps beat the cap

@@ -45,7 +45,16 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     # every rank reports the same (MAX-reduced) figures
     assert [r["seconds"] for r in rows if r["world"] == 2] == [r["seconds"] for r in results[1]]
     colls = {r["collective"] for r in rows}
-    assert colls == {"allreduce", "reduce", "broadcast", "allgather", "sendrecv", "compute", "optimizer", "copy"}
+    assert colls == {
+        "allreduce",
+        "reduce",
+        "broadcast",
+        "allgather",
+        "sendrecv",
+        "compute",
+        "optimizer",
+        "copy",
+    }
     ar = sorted((r["nbytes"], r["seconds"]) for r in rows if r["collective"] == "allreduce")
     assert [n for n, _ in ar] == [4 << 10, 256 << 10, 4 << 20]
     # every size was timed (ordering between sizes is the robust fit's job below: one scheduling
@@ -67,7 +76,7 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     # the cost model's CollectiveRow documents every key the runtime writes
     from dataclasses import fields
 
-    from distlab.costmodel.calibrate import CollectiveRow
+    from distlab.costmodel.rows import CollectiveRow
 
     assert set().union(*rows) <= {f.name for f in fields(CollectiveRow)}
 

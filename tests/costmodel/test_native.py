@@ -20,9 +20,16 @@ def _bench(rank_scale: float, key_name: str = "model1") -> dict:
     sizes = [4096, 65536, 1 << 20, 4 << 20]
     reduce = [[n, rank_scale * float(collective_time("allreduce", 2, n, ALPHA, BETA))] for n in sizes]
     ref_wire = float(collective_time("allreduce", 2, 35880, ALPHA, BETA))
-    return {"allreduce": reduce, "reference_bytes": 35880,
-            "local": [["reference", 32, 0.001], [key_name, 8, 0.002 * rank_scale], [key_name, 32, 0.005 * rank_scale]],
-            "mirrored": [["reference", 32, 0.001 + ref_wire + 0.0007]]}
+    return {
+        "allreduce": reduce,
+        "reference_bytes": 35880,
+        "local": [
+            ["reference", 32, 0.001],
+            [key_name, 8, 0.002 * rank_scale],
+            [key_name, 32, 0.005 * rank_scale],
+        ],
+        "mirrored": [["reference", 32, 0.001 + ref_wire + 0.0007]],
+    }
 
 
 def test_fit_takes_the_slowest_rank_and_recovers_alpha_beta_and_the_strategy_cost():
@@ -56,7 +63,10 @@ def test_a_native_allreduce_step_is_local_step_plus_wire_plus_strategy_cost_and_
     # builders TensorFlow runs asynchronously, and worlds not measured, are not predicted
     assert predict_native(native, cm, prof, res, plan(prof, allreduce(0, 0, 0), res, builder="PS")) is None
     three = toy_resources(3)
-    assert predict_native(native, cm, prof, three, plan(prof, allreduce(0, 0, 0), three, builder="AllReduce")) is None
+    assert (
+        predict_native(native, cm, prof, three, plan(prof, allreduce(0, 0, 0), three, builder="AllReduce"))
+        is None
+    )
 
 
 def test_malformed_native_figures_name_the_fix():

@@ -1,4 +1,5 @@
-"""CostModel.refit: per-model corrections fitted to finished runs, on synthetic runs and on the recorded accuracy grids."""
+"""CostModel.refit: per-model corrections fitted to finished runs, on synthetic runs and on the recorded
+accuracy grids."""
 
 from __future__ import annotations
 
@@ -85,9 +86,9 @@ def test_refit_moves_the_model_toward_its_runs_and_leaves_other_models_alone():
     assert before.step_time < after.step_time and abs(after.step_time / measured - 1) < 0.05
     assert after.throughput == pytest.approx(before.throughput * before.step_time / after.step_time)
     assert after.step_time == pytest.approx(sum(after.breakdown.values()))
-    assert sum(after.detail[k] for k in ("backward", "sparse", "broadcast", "gossip", "calls")) == pytest.approx(
-        after.breakdown["comm"]
-    )
+    assert sum(
+        after.detail[k] for k in ("backward", "sparse", "broadcast", "gossip", "calls")
+    ) == pytest.approx(after.breakdown["comm"])
     # every path a prediction takes: rank, evaluate_many, the what-if sweep
     row = new.rank(prof, res, [st]).iloc[0]
     assert row["step_time"] == after.step_time and row["compute"] == after.breakdown["compute"]
@@ -99,7 +100,9 @@ def test_refit_moves_the_model_toward_its_runs_and_leaves_other_models_alone():
     # a model without runs: bit for bit as before, whether alone or ranked beside a corrected one
     res, st_other = allreduce(other, 2, 8)
     assert new.predict(other, res, st_other) == cm.predict(other, res, st_other)
-    assert new.sweep(other, res, [st_other], worlds=[2, 3]).equals(cm.sweep(other, res, [st_other], worlds=[2, 3]))
+    assert new.sweep(other, res, [st_other], worlds=[2, 3]).equals(
+        cm.sweep(other, res, [st_other], worlds=[2, 3])
+    )
     res, st = allreduce(prof, 2, 8)
     mixed = new._evaluate([new.compile(other, st_other), new.compile(prof, st)], res)
     assert mixed["step_time"][0] == cm.predict(other, res, st_other).step_time
@@ -116,10 +119,24 @@ def test_one_run_without_communication_is_explained_by_compute():
     assert fix.compute == pytest.approx(1.4, rel=0.03) and fix.comm == pytest.approx(1.0, abs=0.05)
     assert fix.runs == 1 and fix.error_after < 0.03
     # nothing at all on comm or optimizer: its factor has no evidence and stays at exactly 1
-    alone = fit_corrections([{**row, "predicted_optimizer": 0.0, "measured_step": 1.4 * row["predicted_compute"]}])
-    assert alone[model_key(prof)].comm == 1.0 and alone[model_key(prof)].compute == pytest.approx(1.4, rel=0.03)
+    alone = fit_corrections(
+        [{**row, "predicted_optimizer": 0.0, "measured_step": 1.4 * row["predicted_compute"]}]
+    )
+    assert alone[model_key(prof)].comm == 1.0 and alone[model_key(prof)].compute == pytest.approx(
+        1.4, rel=0.03
+    )
     # one run dominated by comm moves comm, and compute only as much as its share
-    share = fit_corrections([{**row, "predicted_compute": 0.1, "predicted_comm": 0.9, "predicted_optimizer": 0.0, "measured_step": 1.5}])
+    share = fit_corrections(
+        [
+            {
+                **row,
+                "predicted_compute": 0.1,
+                "predicted_comm": 0.9,
+                "predicted_optimizer": 0.0,
+                "measured_step": 1.5,
+            }
+        ]
+    )
     fix = share[model_key(prof)]
     assert fix.comm > 1.4 and (fix.compute - 1) == pytest.approx((fix.comm - 1) * 0.1 / 0.9, rel=1e-6)
 
@@ -229,7 +246,8 @@ def test_apply_keeps_untouched_entries_bit_for_bit():
 
 
 def held_back_errors(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per model: refit on the first half of its runs (in run order), median |error| of the second half before and after."""
+    """Per model: refit on the first half of its runs (in run order), median |error| of the second half before
+    and after."""
     order = runs.groupby("model_key").cumcount()
     first = runs[order < runs.groupby("model_key")["model_key"].transform("size") // 2]
     second = runs.drop(first.index)
@@ -284,8 +302,16 @@ def grid_breakdown(calibration: Path) -> pd.DataFrame:
                         continue  # gossip on one rank
             table = cm.rank(prof, res, cands)
             rows += [
-                {"model": name, "strategy": r.strategy, "world": world, "batch": r.per_replica,
-                 "key": model_key(prof), "compute": r.compute, "comm": r.comm, "optimizer": r.optimizer}
+                {
+                    "model": name,
+                    "strategy": r.strategy,
+                    "world": world,
+                    "batch": r.per_replica,
+                    "key": model_key(prof),
+                    "compute": r.compute,
+                    "comm": r.comm,
+                    "optimizer": r.optimizer,
+                }
                 for r in table.itertuples()
             ]
     return pd.DataFrame(rows)
@@ -321,8 +347,11 @@ def test_refit_on_the_recorded_grid_improves_the_held_back_runs():
 
 
 def test_refit_on_every_recorded_grid_from_its_predicted_step_alone():
-    """Every recorded grid, with only the predicted step (the whole of it as compute, so the comm factor stays 1)."""
-    grids = sorted(p for p in MEASUREMENTS.glob("cost-model-accuracy-*.csv") if not p.name.endswith(".predictions.csv"))
+    """Every recorded grid, with only the predicted step (the whole of it as compute, so the comm factor stays
+    1)."""
+    grids = sorted(
+        p for p in MEASUREMENTS.glob("cost-model-accuracy-*.csv") if not p.name.endswith(".predictions.csv")
+    )
     assert len(grids) >= 14
     figures = {}
     for path in grids:

@@ -12,10 +12,21 @@ def grid(pred_scale: dict[str, float]) -> pd.DataFrame:
     for world in (1, 2):
         for strategy, measured in (("A", 100.0), ("B", 80.0), ("C", 50.0)):
             for rep, jitter in enumerate((0.98, 1.02)):
-                rows.append({"model": "m", "strategy": strategy, "builder": strategy, "world": world, "batch": 8,
-                             "repeat": rep, "predicted_throughput": measured * pred_scale[strategy],
-                             "measured_throughput": measured * world * jitter, "predicted_step_time": 0.1,
-                             "measured_step_time": 0.1, "grad_bytes": 1e6})
+                rows.append(
+                    {
+                        "model": "m",
+                        "strategy": strategy,
+                        "builder": strategy,
+                        "world": world,
+                        "batch": 8,
+                        "repeat": rep,
+                        "predicted_throughput": measured * pred_scale[strategy],
+                        "measured_throughput": measured * world * jitter,
+                        "predicted_step_time": 0.1,
+                        "measured_step_time": 0.1,
+                        "grad_bytes": 1e6,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -33,9 +44,17 @@ def test_accuracy_hand_figures():
 def test_noise_floor_is_the_median_relative_difference_of_pairs_of_repeats():
     # repeats 0.9, 1.0, 1.1 of every configuration: pairs differ by 0.1/1.9, 0.1/2.1 and 0.2/2.0
     rows = [
-        {"model": "m", "strategy": st, "world": 1, "batch": 8, "repeat": rep,
-         "predicted_throughput": 100.0, "measured_throughput": 100.0 * f}
-        for st in ("A", "B", "C") for rep, f in enumerate((0.9, 1.0, 1.1))
+        {
+            "model": "m",
+            "strategy": st,
+            "world": 1,
+            "batch": 8,
+            "repeat": rep,
+            "predicted_throughput": 100.0,
+            "measured_throughput": 100.0 * f,
+        }
+        for st in ("A", "B", "C")
+        for rep, f in enumerate((0.9, 1.0, 1.1))
     ]
     df = pd.DataFrame(rows)
     _, three = accuracy(df)
@@ -71,20 +90,39 @@ def test_leave_one_world_out_recovers_a_structural_model():
         for batch in (8, 32):
             comm = 0 if world == 1 else 2 * (world - 1) * 1e-4 + 2 * (world - 1) / world * 4e6 / 1e9
             t = 1e-3 * batch + comm
-            rows.append({"model": "m", "builder": "AllReduce", "world": world, "batch": batch,
-                         "measured_step_time": t, "grad_bytes": 4e6})
+            rows.append(
+                {
+                    "model": "m",
+                    "builder": "AllReduce",
+                    "world": world,
+                    "batch": batch,
+                    "measured_step_time": t,
+                    "grad_bytes": 4e6,
+                }
+            )
     errs = leave_one_world_out(pd.DataFrame(rows))
     assert set(errs) >= {"m_w3", "m_w4"}
     assert errs["m_w4"] < 0.1 and np.isfinite(list(errs.values())).all()
 
 
-def noisy_grid(truths: list[float], noise: float, repeats: int, seed: int = 0, models: int = 1) -> pd.DataFrame:
+def noisy_grid(
+    truths: list[float], noise: float, repeats: int, seed: int = 0, models: int = 1
+) -> pd.DataFrame:
     """``models`` models at one world size, batch 8: each strategy's runs its truth times lognormal noise."""
     rng = np.random.default_rng(seed)
     return pd.DataFrame(
-        {"model": f"m{m}", "strategy": f"S{i}", "world": 2, "batch": 8, "repeat": rep,
-         "predicted_throughput": 1.0, "measured_throughput": t * float(np.exp(rng.normal(0.0, noise)))}
-        for m in range(models) for i, t in enumerate(truths) for rep in range(repeats)
+        {
+            "model": f"m{m}",
+            "strategy": f"S{i}",
+            "world": 2,
+            "batch": 8,
+            "repeat": rep,
+            "predicted_throughput": 1.0,
+            "measured_throughput": t * float(np.exp(rng.normal(0.0, noise))),
+        }
+        for m in range(models)
+        for i, t in enumerate(truths)
+        for rep in range(repeats)
     )
 
 

@@ -14,7 +14,8 @@ ALPHA, BETA = 1e-4, 1e-8  # 100 us, 100 MB/s: round numbers for hand computation
 def toy_profile(
     sizes=(1000, 1000, 2000), bwd=(0.010, 0.010, 0.010), fwd=0.005, batch=32, **extra
 ) -> ModelProfile:
-    """Variables v0, v1, ... of ``sizes`` float32 elements, each its own layer; gradients ready last-to-first."""
+    """Variables v0, v1, ... of ``sizes`` float32 elements, each its own layer; gradients ready
+    last-to-first."""
     names = [f"v{i}" for i in range(len(sizes))]
     variables = tuple(VariableProfile(n, (s,), "float32", 4 * s, layer=n) for n, s in zip(names, sizes))
     layers = tuple(
@@ -31,7 +32,8 @@ def toy_resources(world: int, hosts: int = 1, cores: int | None = None) -> Resou
 
 
 def exact_model(alpha: float = ALPHA, beta: float = BETA, **kw) -> CostModel:
-    """Every collective on every link costs (alpha, beta); no contention, optimizer, bucket copies or DDP bucketing unless asked."""
+    """Every collective on every link costs (alpha, beta); no contention, optimizer, bucket copies or DDP
+    bucketing unless asked."""
     ab = {f"{c}/{lk}": (alpha, beta) for c in COLLECTIVES for lk in LINK_CLASSES}
     return CostModel(
         CostParams(
@@ -54,7 +56,8 @@ def plan(
     gossip: GossipConfig | None = None,
     builder: str = "toy",
 ) -> Strategy:
-    """A strategy with ``syncs[i]`` for variable i (a Sync or a list of per-shard Syncs is not needed here)."""
+    """A strategy with ``syncs[i]`` for variable i (a Sync or a list of per-shard Syncs is not needed
+    here)."""
     vs = tuple(VariablePlan(v.name, s) for v, s in zip(profile.variables, syncs))
     return Strategy(
         vs,

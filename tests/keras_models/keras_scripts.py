@@ -16,10 +16,14 @@ HERE = Path(__file__).resolve().parent
 def run(backend: str, name: str, *args, timeout: float = 240) -> dict:
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(HERE)}
     code = f"import json, keras_scripts as k; print('RESULT ' + json.dumps(k.{name}(*{list(args)!r})))"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"{name} under {backend} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    assert proc.returncode == 0 and lines, (
+        f"{name} under {backend} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def mlp(seed: int = 0):
@@ -53,7 +57,9 @@ def profile_facts() -> dict:
     e = dl.profile(embedding_model(), sample_input=np.zeros((2, 6), "int32"), batch_size=batch)
     return {
         "backend": p.meta["backend"],
-        "layers": [(layer.name, layer.kind, layer.flops_fwd, layer.flops_bwd, layer.params) for layer in p.layers],
+        "layers": [
+            (layer.name, layer.kind, layer.flops_fwd, layer.flops_bwd, layer.params) for layer in p.layers
+        ],
         "variables": [(v.name, list(v.shape), v.sparse, v.embedding, v.layer) for v in p.variables],
         "grad_ready_order": list(p.grad_ready_order),
         "step_time": p.step_time,
@@ -83,8 +89,15 @@ def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_repl
     lab = dl.Lab(workers=2)
     try:
         model = mlp(seed=1)
-        run = lab.launch(model, strategy=builder, steps=steps, data=(x, y), optimizer=sgd, batch_size=per_replica,
-                         shuffle=False)
+        run = lab.launch(
+            model,
+            strategy=builder,
+            steps=steps,
+            data=(x, y),
+            optimizer=sgd,
+            batch_size=per_replica,
+            shuffle=False,
+        )
         run.wait(timeout=180)
         trained = run.model
         out = {
@@ -92,7 +105,8 @@ def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_repl
             "type": type(trained).__module__.split(".")[0] + "." + type(trained).__name__,
             "strategy": run.strategy.name,
             "losses": list(run.losses()),
-            "untouched": [w.tolist() for w in model.get_weights()] == [w.tolist() for w in mlp(seed=1).get_weights()],
+            "untouched": [w.tolist() for w in model.get_weights()]
+            == [w.tolist() for w in mlp(seed=1).get_weights()],
         }
     finally:
         lab.close()
@@ -100,13 +114,15 @@ def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_repl
     opt = sgd(ref.parameters())
     g = 2 * per_replica
     for step in range(steps):
-        xb, yb = torch.as_tensor(x[step * g:(step + 1) * g]), torch.as_tensor(y[step * g:(step + 1) * g])
+        xb, yb = torch.as_tensor(x[step * g : (step + 1) * g]), torch.as_tensor(y[step * g : (step + 1) * g])
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ref(xb), yb).backward()
         opt.step()
     diffs = [float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), ref.keras_model.get_weights())]
     out["max_weight_difference"] = max(diffs)
-    out["moved"] = max(float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), mlp(seed=1).get_weights()))
+    out["moved"] = max(
+        float(np.abs(a - b).max()) for a, b in zip(trained.get_weights(), mlp(seed=1).get_weights())
+    )
     return out
 
 
@@ -130,8 +146,13 @@ def torch_route_builders(builders: list) -> dict:
             run = lab.launch(model, strategy=st, steps=6, data=(x, y))
             run.wait(timeout=180)
             first, last = run.losses()
-            out[name] = {"status": run.status, "first": first, "last": last, "keras": hasattr(run.model, "get_weights"),
-                         "world": run.world}
+            out[name] = {
+                "status": run.status,
+                "first": first,
+                "last": last,
+                "keras": hasattr(run.model, "get_weights"),
+                "world": run.world,
+            }
         # a Keras zoo model on synthetic data drawn from its specs (no data=)
         zoo = dl.zoo.get("keras_embedding", rows=500)
         run = lab.launch(zoo, strategy="AllReduce", steps=4, batch_size=8)
@@ -180,24 +201,42 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
         # TensorFlow's side measured for the predictions, then read back from the cache
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            first = lab.calibrate(backend="tensorflow", models=[(model, (x, y))], batch_size=16, progress=False).native
-            again = lab.calibrate(backend="tensorflow", models=[(model, (x, y))], batch_size=16, progress=False).native
-        out["calibration"] = {"native": first.to_dict(), "cached": again == first,
-                              "disturbed": any("calibrate" in str(w.message) for w in caught)}
+            first = lab.calibrate(
+                backend="tensorflow", models=[(model, (x, y))], batch_size=16, progress=False
+            ).native
+            again = lab.calibrate(
+                backend="tensorflow", models=[(model, (x, y))], batch_size=16, progress=False
+            ).native
+        out["calibration"] = {
+            "native": first.to_dict(),
+            "cached": again == first,
+            "disturbed": any("calibrate" in str(w.message) for w in caught),
+        }
         for _ in range(2 if twice else 1):
             t0 = time.perf_counter()
-            run = lab.launch(model, strategy="AllReduce", steps=steps, data=(x, y), batch_size=16, backend="tensorflow")
+            run = lab.launch(
+                model, strategy="AllReduce", steps=steps, data=(x, y), batch_size=16, backend="tensorflow"
+            )
             run.wait(timeout=240)
             m = run.metrics
             last = m[m.step == m.step.max()]
-            out["runs"].append({
-                "status": run.status, "seconds": time.perf_counter() - t0, "losses": list(run.losses()),
-                "checksums": sorted(last["checksum"].tolist()), "throughput": run.throughput,
-                "model_type": type(run.model).__name__, "weights": float(sum(float(np.abs(w).sum()) for w in run.model.get_weights())),
-                "backend": lab.runs["backend"].iloc[-1], "world": run.world,
-                "predicted": run.predicted_throughput, "refitted": lab.runs["refitted_throughput"].iloc[-1],
-                "prediction": run.forecast.prediction.strategy, "detail": run.forecast.prediction.detail,
-            })
+            out["runs"].append(
+                {
+                    "status": run.status,
+                    "seconds": time.perf_counter() - t0,
+                    "losses": list(run.losses()),
+                    "checksums": sorted(last["checksum"].tolist()),
+                    "throughput": run.throughput,
+                    "model_type": type(run.model).__name__,
+                    "weights": float(sum(float(np.abs(w).sum()) for w in run.model.get_weights())),
+                    "backend": lab.runs["backend"].iloc[-1],
+                    "world": run.world,
+                    "predicted": run.predicted_throughput,
+                    "refitted": lab.runs["refitted_throughput"].iloc[-1],
+                    "prediction": run.forecast.prediction.strategy,
+                    "detail": run.forecast.prediction.detail,
+                }
+            )
     finally:
         lab.close()
     return out
@@ -209,7 +248,11 @@ def _children(run_id: str, rank: int | None = None) -> list:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "tf_child.py" in cmd and f"distlab-tf-{run_id}-" in cmd and (rank is None or f"-{run_id}-{rank}-" in cmd):
+        if (
+            "tf_child.py" in cmd
+            and f"distlab-tf-{run_id}-" in cmd
+            and (rank is None or f"-{run_id}-{rank}-" in cmd)
+        ):
             out.append(p)
     return out
 
@@ -240,8 +283,15 @@ def native_faults(kind: str) -> dict:
     y = rng.integers(0, 5, size=512).astype("int64")
     lab = dl.Lab(workers=2)
     try:
-        run = lab.launch(mlp(), strategy="AllReduce", steps=100000, data=(x, y), batch_size=8, backend="tensorflow",
-                         timeout=20)
+        run = lab.launch(
+            mlp(),
+            strategy="AllReduce",
+            steps=100000,
+            data=(x, y),
+            batch_size=8,
+            backend="tensorflow",
+            timeout=20,
+        )
         deadline = time.monotonic() + 120
         victim = []
         while not victim and time.monotonic() < deadline:
@@ -279,7 +329,14 @@ def native_bad_input() -> dict:
 
     def attempt(key, **kw):
         try:
-            args = {"model": mlp(), "strategy": "AllReduce", "steps": 2, "data": (x, y), "backend": "tensorflow", **kw}
+            args = {
+                "model": mlp(),
+                "strategy": "AllReduce",
+                "steps": 2,
+                "data": (x, y),
+                "backend": "tensorflow",
+                **kw,
+            }
             lab.launch(**args)
             out[key] = None
         except DistlabError as exc:
@@ -293,8 +350,12 @@ def native_bad_input() -> dict:
         os.environ["TF_CONFIG"] = "{}"
         attempt("tf_config")
         del os.environ["TF_CONFIG"]
-        for key, kw in {"calibrate_torch_model": {"models": [torch.nn.Linear(12, 5)]},
-                        "calibrate_one_worker": {"models": [(mlp(), (x, y))]}, "calibrate_no_data": {"models": [mlp()]}, "calibrate_backend": {"backend": "jax"}}.items():
+        for key, kw in {
+            "calibrate_torch_model": {"models": [torch.nn.Linear(12, 5)]},
+            "calibrate_one_worker": {"models": [(mlp(), (x, y))]},
+            "calibrate_no_data": {"models": [mlp()]},
+            "calibrate_backend": {"backend": "jax"},
+        }.items():
             try:
                 lab.calibrate(**{"backend": "tensorflow", **kw})
                 out[key] = None
@@ -320,20 +381,35 @@ def keras_fit_multi_worker() -> dict:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     code = (
-        "import os, numpy as np, tensorflow as tf\n"
-        "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
-        "import keras\n"
-        "with strategy.scope():\n"
-        "    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
-        "    m.compile(optimizer='sgd', loss='mse')\n"
-        "m.fit(np.zeros((64, 4), 'float32'), np.zeros((64, 2), 'float32'), batch_size=16, epochs=1, verbose=0)\n"
+        "import os, numpy as np, tensorflow as tf\nstrategy = "
+        "tf.distribute.MultiWorkerMirroredStrategy()\nimport keras\nwith strategy.scope():\n    m = "
+        "keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n    m.compile(optimizer='sgd', "
+        "loss='mse')\nm.fit(np.zeros((64, 4), 'float32'), np.zeros((64, 2), 'float32'), batch_size=16, "
+        "epochs=1, verbose=0)\n"
     )
     procs = []
     for i in range(2):
-        env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
-            {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": i}})}
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+        env = {
+            **os.environ,
+            "KERAS_BACKEND": "tensorflow",
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                    "task": {"type": "worker", "index": i},
+                }
+            ),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     out = []
     for p in procs:
         try:
@@ -368,17 +444,33 @@ def native_ps(builders: list, steps: int = 20) -> dict:
         prof = dl.profile(model, sample_input=x[:8], batch_size=16)
         for builder in builders:
             st = dl.strategy.build(builder, prof, lab.resources, batch_size=16)
-            run = lab.launch(model, strategy=st, steps=steps, data=(x, y), backend="tensorflow", timeout=90,
-                             optimizer=lambda: keras.optimizers.SGD(learning_rate=0.5))
+            run = lab.launch(
+                model,
+                strategy=st,
+                steps=steps,
+                data=(x, y),
+                backend="tensorflow",
+                timeout=90,
+                optimizer=lambda: keras.optimizers.SGD(learning_rate=0.5),
+            )
             run.wait(timeout=300)
             out[builder] = {
-                "status": run.status, "losses": list(run.losses()), "placement": run.details.get("placement"),
-                "model": type(run.model).__name__, "steps": int(run.metrics.step.max()) + 1,
+                "status": run.status,
+                "losses": list(run.losses()),
+                "placement": run.details.get("placement"),
+                "model": type(run.model).__name__,
+                "steps": int(run.metrics.step.max()) + 1,
                 "shards": {v.name: (v.partition.shards if v.partition else 1) for v in st.variables},
             }
         try:  # natively, partitioned variables train with plain SGD only
-            lab.launch(model, strategy="PartitionedPS", steps=2, data=(x, y), backend="tensorflow",
-                       optimizer=lambda: keras.optimizers.Adam())
+            lab.launch(
+                model,
+                strategy="PartitionedPS",
+                steps=2,
+                data=(x, y),
+                backend="tensorflow",
+                optimizer=lambda: keras.optimizers.Adam(),
+            )
             out["adam"] = None
         except dl.DistlabError as exc:
             out["adam"] = str(exc)

@@ -22,7 +22,10 @@ def test_every_kind_of_builder_trains_a_keras_model():
     builders = ["PS", "PartitionedPS", "Parallax", "Gossip", "AdaptiveBatch"]
     out = run("torch", "torch_route_builders", builders, timeout=380)
     for name in builders:
-        assert out[name]["status"] == "finished" and out[name]["keras"] and out[name]["world"] == 2, (name, out[name])
+        assert out[name]["status"] == "finished" and out[name]["keras"] and out[name]["world"] == 2, (
+            name,
+            out[name],
+        )
         assert out[name]["last"] == out[name]["last"]  # a number: the loss was computed
     assert out["zoo"]["status"] == "finished" and out["zoo"]["data"].startswith("synthetic")
     assert out["zoo"]["model"] == "keras_embedding"  # lab.runs names a Keras model by its own name

@@ -57,7 +57,10 @@ def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix():
     assert "data is required" in out["no_data"]
     assert "'jax' is not one of" in out["unknown_backend"]
     assert "TF_CONFIG is set" in out["tf_config"] and "unset it" in out["tf_config"]
-    assert "CalibrationError" in out["calibrate_torch_model"] and "models[0] is a Linear" in out["calibrate_torch_model"]
+    assert (
+        "CalibrationError" in out["calibrate_torch_model"]
+        and "models[0] is a Linear" in out["calibrate_torch_model"]
+    )
     assert "collectives need 2 or more" in out["calibrate_one_worker"]
     assert "needs data" in out["calibrate_no_data"] and "(model, (x, y))" in out["calibrate_no_data"]
     assert "backend must be 'torch' or 'tensorflow'" in out["calibrate_backend"]

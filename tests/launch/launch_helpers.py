@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from pathlib import Path
 
 import cloudpickle
 import torch
@@ -37,6 +40,42 @@ class Blobs(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.x[i], self.y[i]
+
+
+class Gate:
+    """A release the test gives the ranks, which run in other processes: a file that exists once
+    released."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / "gate-released"
+
+    def release(self) -> None:
+        self.path.touch()
+
+
+class HeldBlobs(Blobs):
+    """Blobs whose reads stop after ``free`` samples in each process until the test releases
+    ``gate``, then flow at full speed: a run is still running when the test acts on it, however
+    fast the machine. A gate not released within ``hold`` seconds fails the read, loudly."""
+
+    def __init__(self, gate: Gate, free: int, hold: float = 120.0) -> None:
+        super().__init__()
+        self.gate, self.free, self.hold = str(gate.path), free, hold
+        self._reads, self._open = 0, False
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_reads": 0}  # the client's own reads (checks, profile) do not count
+
+    def __getitem__(self, i):
+        self._reads += 1
+        if self._reads > self.free and not self._open:
+            deadline = time.monotonic() + self.hold
+            while not os.path.exists(self.gate):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"HeldBlobs: the test never released {self.gate} in {self.hold:g} s")
+                time.sleep(0.005)
+            self._open = True
+        return super().__getitem__(i)
 
 
 def allreduce_strategy(model, resources, world=None, batch=16) -> Strategy:

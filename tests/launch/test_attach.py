@@ -33,7 +33,9 @@ class Scheduler:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         info = tmp / "scheduler.json"
-        self._start("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(info))
+        self._start(
+            "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(info)
+        )
         from polling import poll_for  # here, not at the top: this module goes to the workers by value
 
         poll_for(info.exists, 60, "the dask scheduler to write its file", interval=0.2)
@@ -41,7 +43,9 @@ class Scheduler:
 
     def _start(self, *args: str) -> subprocess.Popen:
         log = open(self.tmp / f"{len(self.procs)}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+        proc = subprocess.Popen(
+            [DASK, *args], stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True
+        )
         log.close()
         self.procs.append(proc)
         return proc
@@ -75,13 +79,18 @@ def test_an_attached_lab_waits_for_workers_that_join_late(scheduler, tmp_path):
 def test_workers_that_never_join_are_one_error_saying_how_many_came(scheduler, tmp_path):
     scheduler.add_worker()
     t0 = time.monotonic()
-    with pytest.raises(LaunchError, match=r"1 of 3 worker\(s\) joined .* within 3 s; give workers=1, start more \(dask worker tcp://"):
+    with pytest.raises(
+        LaunchError,
+        match=r"1 of 3 worker\(s\) joined .* within 3 s; give workers=1, start more \(dask worker tcp://",
+    ):
         Lab(address=scheduler.address, workers=3, timeout=3, cache_dir=tmp_path)
     assert time.monotonic() - t0 < 20
 
 
 def test_a_scheduler_without_workers_is_one_error_naming_the_command_to_start_them(scheduler, tmp_path):
-    with pytest.raises(LaunchError, match=rf"no worker joined .*start some \(dask worker {scheduler.address}\)"):
+    with pytest.raises(
+        LaunchError, match=rf"no worker joined .*start some \(dask worker {scheduler.address}\)"
+    ):
         Lab(address=scheduler.address, timeout=2, cache_dir=tmp_path)
 
 
@@ -97,7 +106,9 @@ def test_a_worker_leaving_while_ranks_run_is_one_launch_error_not_a_hang(schedul
         assert lab.run_ranks(_sleepy, 0.1) == [0, 1]
         threading.Timer(2.0, lambda: os.killpg(leaving.pid, signal.SIGKILL)).start()
         t0 = time.monotonic()
-        with pytest.raises(LaunchError, match=r"left the cluster while its ranks ran; the Lab has 1 worker\(s\) now"):
+        with pytest.raises(
+            LaunchError, match=r"left the cluster while its ranks ran; the Lab has 1 worker\(s\) now"
+        ):
             lab.run_ranks(_sleepy, 60.0)
         assert time.monotonic() - t0 < 45  # not the 60 s the ranks would have slept
         assert lab.resources.world == 1

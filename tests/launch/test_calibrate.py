@@ -67,8 +67,8 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     cm = clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8)
     # one call per world size and pass, the world sizes in turn (MODEL_PASSES passes), each
     # with a user's model's cap on steps (higher than the reference models')
-    from distlab.launch.calibrate import MODEL_MAX_STEPS, MODEL_PASSES
-    from distlab.runtime.microbench import LOCAL_MAX_STEPS
+    from distlab.launch.measure import MODEL_MAX_STEPS, MODEL_PASSES
+    from distlab.runtime.loopbench import LOCAL_MAX_STEPS
 
     assert ran == ["loop_pass_rank"] * 2 * MODEL_PASSES
     assert caps == [MODEL_MAX_STEPS] * 2 * MODEL_PASSES and MODEL_MAX_STEPS > LOCAL_MAX_STEPS

@@ -1,4 +1,5 @@
-"""Faults on a live 2-worker cluster: a rank raises, cancel, a rank never arrives, a worker dies, bad input."""
+"""Faults on a live 2-worker cluster: a rank raises, cancel, a rank never arrives, a worker dies, bad
+input."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import torch
-from launch_helpers import Blobs, allreduce_strategy
+from launch_helpers import Blobs, Gate, HeldBlobs, allreduce_strategy
 from polling import poll_for
 
 from distlab.errors import DistlabError, LaunchError, StrategyError
@@ -30,14 +31,6 @@ class Poisoned(Blobs):
     def __getitem__(self, i):
         if i == self.bad:
             raise ValueError(f"sample {i} is corrupt")
-        return super().__getitem__(i)
-
-
-class SlowBlobs(Blobs):
-    """~2 ms per sample, so a run lasts long enough to be interrupted."""
-
-    def __getitem__(self, i):
-        time.sleep(0.002)
         return super().__getitem__(i)
 
 
@@ -62,11 +55,13 @@ def test_a_rank_that_raises_fails_the_run_with_its_error(clean_lab, tiny, blobs)
     _assert_reusable(clean_lab, tiny, blobs)
 
 
-def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny):
+def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny, tmp_path):
     st = allreduce_strategy(tiny, clean_lab.resources)
-    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs())
+    gate = Gate(tmp_path)  # the ranks hold after 3 steps until released: the run is running when cancelled
+    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=HeldBlobs(gate, free=3 * 16))
     poll_for(lambda: len(run.metrics) >= 4 or run.status not in ("pending", "running"), 120, "4 step records")
     assert run.status in ("pending", "running")
+    gate.release()
     t0 = time.monotonic()
     run.cancel()
     assert time.monotonic() - t0 < 10
@@ -82,17 +77,14 @@ import signal, sys, time
 # or `cmd &` may be, inherits SIGINT ignored, and Python then leaves it ignored)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {here!r})
-from launch_helpers import Blobs, TinyNet
+from launch_helpers import Gate, HeldBlobs, TinyNet
 import distlab as dl
-
-class SlowBlobs(Blobs):
-    def __getitem__(self, i):
-        time.sleep(0.002)
-        return super().__getitem__(i)
 
 if __name__ == "__main__":
     with dl.Lab(2, timeout=60) as lab:
-        run = lab.launch(TinyNet(), strategy="AllReduce", steps=100000, data=SlowBlobs(), elastic=False)
+        # held after 3 steps until the test, having sent SIGINT, releases the gate
+        data = HeldBlobs(Gate({gate!r}), free=3 * 32)
+        run = lab.launch(TinyNet(), strategy="AllReduce", steps=100000, data=data, elastic=False)
         while len(run.metrics) < 2:
             time.sleep(0.05)
         print("ready", flush=True)
@@ -100,7 +92,8 @@ if __name__ == "__main__":
             run.wait(60, progress=False)
             print("not interrupted", run.status, flush=True)
         except KeyboardInterrupt as exc:
-            print("interrupted:", exc, "|", run.status, "|", dl.launch.spmd.active_on_cluster(lab.client), flush=True)
+            active = dl.launch.spmd.active_on_cluster(lab.client)
+            print("interrupted:", exc, "|", run.status, "|", active, flush=True)
 """
 
 
@@ -112,12 +105,15 @@ def test_ctrl_c_in_wait_cancels_the_run(tmp_path):
     import subprocess
 
     script = tmp_path / "ctrl_c.py"
-    script.write_text(CTRL_C_SCRIPT.format(here=str(Path(__file__).parent)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    script.write_text(CTRL_C_SCRIPT.format(here=str(Path(__file__).parent), gate=str(tmp_path)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # the interrupt reaches run.wait() while the ranks are held
+        Gate(tmp_path).release()
         out = proc.communicate(timeout=120)[0]
     finally:
         if proc.poll() is None:
@@ -147,14 +143,21 @@ def test_a_rank_that_never_arrives_is_a_clear_error_within_the_timeout(clean_lab
     _assert_reusable(clean_lab, tiny, blobs)
 
 
-def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean_lab, tiny):
+def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean_lab, tiny, tmp_path):
     steps, every, batch = 240, 40, 16
+    gate = Gate(tmp_path)  # the ranks hold after step every + 5 until the worker is killed
     st = allreduce_strategy(tiny, clean_lab.resources, batch=batch)
     victim = clean_lab.resources.addresses[1]
     pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
     run = clean_lab.launch(
-        tiny, strategy=st, steps=steps, data=SlowBlobs(), checkpoint_every=every, elastic=True
+        tiny,
+        strategy=st,
+        steps=steps,
+        data=HeldBlobs(gate, free=(every + 6) * batch),
+        checkpoint_every=every,
+        elastic=True,
     )
+
     def past_checkpoint() -> bool:
         assert run.status in ("pending", "running"), run.error
         last = run.metrics["step"].max()
@@ -162,6 +165,7 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean
 
     poll_for(past_checkpoint, 120, f"step {every + 5}")
     os.kill(pid, 9)
+    gate.release()
     run.wait(120)
     assert run.status == "finished"
     df = run.metrics
@@ -178,13 +182,15 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean
     assert clean_lab.runs.iloc[-1]["restarts"] == 1
 
 
-def test_a_killed_worker_without_elastic_fails_the_run(clean_lab, tiny):
+def test_a_killed_worker_without_elastic_fails_the_run(clean_lab, tiny, tmp_path):
     st = allreduce_strategy(tiny, clean_lab.resources)
     victim = clean_lab.resources.addresses[1]
     pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
-    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=SlowBlobs(), elastic=False)
+    gate = Gate(tmp_path)
+    run = clean_lab.launch(tiny, strategy=st, steps=100000, data=HeldBlobs(gate, free=3 * 16), elastic=False)
     poll_for(lambda: len(run.metrics) >= 4, 120, "4 step records")
     os.kill(pid, 9)
+    gate.release()
     with pytest.raises(LaunchError, match="elastic=True"):
         run.wait(60)
 
@@ -266,7 +272,9 @@ def test_workers_train_with_glibcs_own_malloc_thresholds(clean_lab):
     from distlab.runtime.allocator import ENVIRON, tune_allocator
 
     env = clean_lab.client.run(
-        lambda: {k: __import__("os").environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")}
+        lambda: {
+            k: __import__("os").environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
+        }
     )
     expected = {k: str(v) for k, v in ENVIRON.items()}
     assert all(v == expected for v in env.values()), env

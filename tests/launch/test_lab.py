@@ -1,14 +1,14 @@
-"""Lab and Run on an in-process 2-worker cluster: the SPMD core, launching, live records, the trained model."""
+"""Lab and Run on an in-process 2-worker cluster: the SPMD core, launching, live records, the trained
+model."""
 
 from __future__ import annotations
 
 import sys
-import time
 
 import cloudpickle
 import pytest
 import torch
-from launch_helpers import Blobs, TinyNet, allreduce_strategy
+from launch_helpers import TinyNet, allreduce_strategy
 
 import distlab as dl
 from distlab.errors import DistlabError, LaunchError
@@ -152,14 +152,15 @@ def test_gpus_without_cuda_is_a_clear_error():
         Lab(gpus=True)
 
 
-def test_progress_bar_appears_for_long_waits(clean_lab, tiny, capsys):
-    class Slow(Blobs):
-        def __getitem__(self, i):
-            time.sleep(0.002)
-            return super().__getitem__(i)
+def test_progress_bar_appears_for_long_waits(clean_lab, tiny, capsys, tmp_path):
+    import threading
+
+    from launch_helpers import Gate, HeldBlobs
 
     st = allreduce_strategy(tiny, clean_lab.resources)
-    run = clean_lab.launch(tiny, strategy=st, steps=60, data=Slow(), elastic=False)
+    gate = Gate(tmp_path)  # held after 5 steps for 3 s: a wait longer than the bar's delay
+    run = clean_lab.launch(tiny, strategy=st, steps=60, data=HeldBlobs(gate, free=5 * 16), elastic=False)
+    threading.Timer(3.0, gate.release).start()
     run.wait(60)
     assert f"run {run.id}" in capsys.readouterr().err
 
@@ -254,23 +255,31 @@ def test_a_batchnorm_model_with_a_1x1_final_map_passes_the_pre_launch_check(clea
     from distlab.launch.validate import check_data
 
     g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 3, (32,), generator=g))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 3, (32,), generator=g)
+    )
     x, y = check_data(data, BNTo1x1(), None, 4)
     assert x.shape == (4, 1, 8, 8) and y.shape == (4,)  # the check ran a batch, as a rank will
-    run = clean_lab.launch(BNTo1x1(), strategy="AllReduce", data=data, steps=3, batch_size=4, elastic=False, block=True)
+    run = clean_lab.launch(
+        BNTo1x1(), strategy="AllReduce", data=data, steps=3, batch_size=4, elastic=False, block=True
+    )
     assert run.status == "finished"
 
 
 def test_data_that_does_not_fit_the_model_is_one_line_naming_the_batch(clean_lab):
     bad = torch.utils.data.TensorDataset(torch.randn(16, 5), torch.randint(0, 2, (16,)))
-    with pytest.raises(LaunchError, match=r"a batch of 8 samples \(input \[8, 5\]\) does not fit model IdsAndDense"):
+    with pytest.raises(
+        LaunchError, match=r"a batch of 8 samples \(input \[8, 5\]\) does not fit model IdsAndDense"
+    ):
         clean_lab.launch(IdsAndDense(), strategy="AllReduce", data=bad, steps=2, batch_size=8)
 
 
 def test_an_adaptive_batch_launch_measures_its_noise_and_reports_goodput(clean_lab, tiny, blobs):
     prof = dl.profile(tiny, batch_size=8)
     st = dl.strategy.build("AdaptiveBatch", prof, clean_lab.resources, batch_size=8, local_bsz_bounds=(8, 64))
-    run = clean_lab.launch(tiny, strategy=st, steps=120, data=blobs, optimizer=lambda p: torch.optim.SGD(p, lr=0.05))
+    run = clean_lab.launch(
+        tiny, strategy=st, steps=120, data=blobs, optimizer=lambda p: torch.optim.SGD(p, lr=0.05)
+    )
     from IPython.core.interactiveshell import InteractiveShell
 
     InteractiveShell.instance()  # a real IPython shell: the live view's displays go to its stdout
@@ -291,7 +300,16 @@ def test_an_adaptive_batch_launch_measures_its_noise_and_reports_goodput(clean_l
     assert view.error is None and view.drawn >= 2  # the first drawing, then at least the final one
     fig = run.plot()
     traces = {t.name: t for t in fig.data}
-    assert {"loss", "measured", "predicted", "rank 0", "rank 1", "global_batch", "noise_scale", "goodput"} <= set(traces)
+    assert {
+        "loss",
+        "measured",
+        "predicted",
+        "rank 0",
+        "rank 1",
+        "global_batch",
+        "noise_scale",
+        "goodput",
+    } <= set(traces)
     assert list(traces["global_batch"].y) == list(r0["global_batch"])
     # the reference line is the Lab's prediction of each step's configuration
     table = run.step_table

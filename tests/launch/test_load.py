@@ -1,4 +1,5 @@
-"""Calibration under background load: the host's CPU accounting names other programs, and a disturbed calibration is not cached."""
+"""Calibration under background load: the host's CPU accounting names other programs, and a disturbed
+calibration is not cached."""
 
 from __future__ import annotations
 
@@ -11,14 +12,24 @@ import pytest
 
 
 def _sample(t, busy, total, ticks, ours, names=None):
-    return {"host": "h", "time": t, "busy": busy, "total": total, "cpus": 2, "cores": 2,
-            "ticks": ticks, "names": names or {p: f"p{p}" for p in ticks}, "ours": ours}
+    return {
+        "host": "h",
+        "time": t,
+        "busy": busy,
+        "total": total,
+        "cpus": 2,
+        "cores": 2,
+        "ticks": ticks,
+        "names": names or {p: f"p{p}" for p in ticks},
+        "ours": ours,
+    }
 
 
 def test_host_load_counts_what_other_programs_used():
     from distlab.launch.load import host_load
 
-    # 10 s on 2 CPUs = 2000 ticks: 1500 busy, of which our worker (pid 10) 400, pid 20 900, the rest unattributed
+    # 10 s on 2 CPUs = 2000 ticks: 1500 busy, of which our worker (pid 10) 400, pid 20 900,
+    # the rest unattributed
     before = _sample(0.0, 0, 0, {10: 0, 20: 0, 30: 0}, [10])
     after = _sample(10.0, 1500, 2000, {10: 400, 20: 900, 30: 10}, [10])
     load = host_load(before, after)
@@ -52,8 +63,14 @@ def test_a_worker_child_that_ran_and_exited_between_samples_is_ours():
     from distlab.launch.load import host_load, host_sample
 
     before = host_sample([os.getpid()])
-    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"],
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass",
+        ],
+        check=True,
+    )
     after = host_sample([os.getpid()])
     load = host_load(before, after)
     assert load.ours * load.seconds >= 0.5  # the child's 0.6 s of CPU counted as the cluster's own

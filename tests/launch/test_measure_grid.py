@@ -1,4 +1,5 @@
-"""Measuring on a real Lab: grid.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop stage's passes."""
+"""Measuring on a real Lab: grid.measure_grid (rounds, rows, unrecorded warm-up runs) and the training-loop
+stage's passes."""
 
 import statistics
 
@@ -39,10 +40,14 @@ def test_short_configurations_run_for_min_seconds(lab, monkeypatch):
     # enough steps for 0.3 s at the predicted step time; recorded with the row
     assert list(lab.runs.iloc[before:]["steps"]) == [30] and list(df["steps"]) == [30]
     configs[0]["predicted_step_time"] = 1.0  # already longer than min_seconds: steps as asked
-    assert list(grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [8]
+    assert list(
+        grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]
+    ) == [8]
     monkeypatch.setattr(grid, "MAX_STEPS", 40)
     configs[0]["predicted_step_time"] = 1e-6  # 300,000 steps: capped at MAX_STEPS
-    assert list(grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]) == [40]
+    assert list(
+        grid.measure_grid(lab, configs, steps=8, repeats=1, warmup=False, min_seconds=0.3)["steps"]
+    ) == [40]
     with pytest.raises(DistlabError, match="min_seconds"):
         grid.measure_grid(lab, configs, steps=8, repeats=1, min_seconds=-1)
 
@@ -52,7 +57,7 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
 
     import distlab as dl
     from distlab.costmodel.compute import model_key
-    from distlab.launch.calibrate import measure_training_loop
+    from distlab.launch.measure import measure_training_loop
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
@@ -77,7 +82,12 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     assert [c[0] for c in calls] == [1, 2, 2, 1, 1, 2]
     assert all(n_local == 1 and passes == [1, 1] for _, n_local, passes, _ in calls)
     rows = cm.fingerprint["overhead_runs"]
-    assert [(r["world"], r["builder"]) for r in rows] == [(1, "AllReduce"), (1, "PS"), (2, "AllReduce"), (2, "PS")]
+    assert [(r["world"], r["builder"]) for r in rows] == [
+        (1, "AllReduce"),
+        (1, "PS"),
+        (2, "AllReduce"),
+        (2, "PS"),
+    ]
     # a case's figure is timed as a run's throughput: its steps pooled over the three passes,
     # each step's slowest rank, then the median
     for n, r in enumerate(rows):
@@ -87,7 +97,9 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
         assert r["measured"] == pytest.approx(statistics.median(max(s) for s in zip(*per_rank)))
     # the model's local steps of those passes: its compute in the predictions the loop is fitted against
     local = cm.fingerprint["local_steps"]
-    assert sorted(r["ranks"] for r in local) == [1, 2] and {r["key"] for r in local} == {model_key(profiles[0])}
+    assert sorted(r["ranks"] for r in local) == [1, 2] and {r["key"] for r in local} == {
+        model_key(profiles[0])
+    }
     for r in rows:
         step = next(x["seconds"] for x in local if x["ranks"] == r["world"])
         assert r["compute"] == pytest.approx(step)

@@ -1,4 +1,5 @@
-"""The cluster measures the model it will run: a user's own model's step on the workers, cached per model and cluster."""
+"""The cluster measures the model it will run: a user's own model's step on the workers, cached per model and
+cluster."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def test_a_model_outside_the_zoo_is_measured_once_then_read_from_the_cache(clean
     clean_lab.cache_dir = tmp_path
     clean_lab.cost_model = None
     model = GRULM()
-    cm = clean_lab.measure_model(model, batch_size=8, progress=False)  # its data inferred from its first layer
+    cm = clean_lab.measure_model(
+        model, batch_size=8, progress=False
+    )  # its data inferred from its first layer
     key = model_key(variables_profile(model))
     cores = clean_lab.resources.cores[clean_lab.resources.ranks[0].host]
     assert cm.compute.measured(key) == [(1, cores), (2, cores)] and clean_lab.cost_model is cm

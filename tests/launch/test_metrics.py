@@ -79,8 +79,18 @@ def test_slowest_median_is_each_steps_slowest_rank_then_the_median():
     for r, seconds in enumerate(per_rank):
         for s in range(30):
             recs.append(
-                {"run_id": "x", "step": s, "rank": r, "loss": 1.0, "samples": (s + 1) * 32, "step_time": seconds[s],
-                 "comm_time": 0.0, "wall_time": 1000.0 + sum(seconds[: s + 1]), "restart": 0, "world": 2}
+                {
+                    "run_id": "x",
+                    "step": s,
+                    "rank": r,
+                    "loss": 1.0,
+                    "samples": (s + 1) * 32,
+                    "step_time": seconds[s],
+                    "comm_time": 0.0,
+                    "wall_time": 1000.0 + sum(seconds[: s + 1]),
+                    "restart": 0,
+                    "world": 2,
+                }
             )
     assert metrics.throughput(metrics.frame(recs)) == pytest.approx(32 / 0.3, rel=1e-6)
 

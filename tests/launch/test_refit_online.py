@@ -1,4 +1,5 @@
-"""Online refit (Pollux refits while jobs run): each finished run refits the Lab's cost model, and lab.runs shows both predictions."""
+"""Online refit (Pollux refits while jobs run): each finished run refits the Lab's cost model, and lab.runs
+shows both predictions."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ class Wider(torch.nn.Module):
     def __init__(self, hidden: int = 768) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(8, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.ReLU(),
             torch.nn.Linear(hidden, 4),
         )
 
@@ -45,7 +49,9 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
     clean_lab.cache_dir = tmp_path
     model, data = Wider(), Blobs()
     clean_lab.cost_model = _skewed(clean_lab, [model], data)
-    first = clean_lab.launch(model, strategy="AllReduce", data=data, steps=60, batch_size=32, elastic=False, block=True)
+    first = clean_lab.launch(
+        model, strategy="AllReduce", data=data, steps=60, batch_size=32, elastic=False, block=True
+    )
     runs = clean_lab.runs
     row = runs.iloc[0]
     assert row["model_key"] and row["measured_step"] > 0 and row["predicted_compute"] > 0
@@ -53,10 +59,11 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
     assert row["refitted_throughput"] == row["refitted_throughput"]  # predicted again after the refit
     assert CostModel.default().refit(runs).refits  # the public, pure refit takes lab.runs as it is
 
-    second = clean_lab.launch(model, strategy="AllReduce", data=data, steps=60, batch_size=32, elastic=False, block=True)
+    second = clean_lab.launch(
+        model, strategy="AllReduce", data=data, steps=60, batch_size=32, elastic=False, block=True
+    )
     err = [abs(r.predicted_throughput / r.throughput - 1) for r in (first, second)]
     assert err[0] > 0.4 and err[1] < err[0] / 2, err  # the second prediction for the model is much closer
-
 
 
 def test_runs_that_keep_landing_far_from_their_predictions_are_named_once(clean_lab, tmp_path):
@@ -69,9 +76,15 @@ def test_runs_that_keep_landing_far_from_their_predictions_are_named_once(clean_
     clean_lab._runs.clear()  # the module's Lab: only this test's runs make a trend
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        clean_lab.launch(models[0], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True)
-        assert not [w for w in caught if issubclass(w.category, PredictionDriftWarning)]  # one run is not a trend
-        clean_lab.launch(models[1], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True)
+        clean_lab.launch(
+            models[0], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True
+        )
+        assert not [
+            w for w in caught if issubclass(w.category, PredictionDriftWarning)
+        ]  # one run is not a trend
+        clean_lab.launch(
+            models[1], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True
+        )
     notes = [str(w.message) for w in caught if issubclass(w.category, PredictionDriftWarning)]
     assert len(notes) == 1 and "the last 2 runs measured" in notes[0] and "refitted" in notes[0]
     assert "lab.calibrate(cache=False)" in notes[0] and "\n" not in notes[0]

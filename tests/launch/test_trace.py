@@ -45,9 +45,15 @@ def _check_well_formed(trace: dict, world: int) -> None:
     xs = _x_events(trace)
     assert xs and all({"name", "cat", "pid", "tid", "ts", "dur"} <= set(e) for e in xs)
     assert all(e["dur"] >= 0 for e in xs)
-    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
     ranks = sorted(p for p in names if p < 10_000)
-    assert ranks == list(range(world)) and all(names[r].startswith(f"rank {r}") for r in ranks)  # a track per rank
+    assert ranks == list(range(world)) and all(
+        names[r].startswith(f"rank {r}") for r in ranks
+    )  # a track per rank
     for key in {(e["pid"], e["tid"]) for e in xs}:  # no two spans overlap on one thread of one track
         mine = sorted((e for e in xs if (e["pid"], e["tid"]) == key), key=lambda e: e["ts"])
         for a, b in zip(mine, mine[1:]):
@@ -60,7 +66,9 @@ def test_a_traced_allreduce_run_records_forward_backward_buckets_and_optimizer(l
     import distlab as dl
 
     lab.cost_model = lab.cost_model or dl.CostModel.default()
-    run = lab.launch(TinyNet(), strategy="AllReduce", steps=STEPS, data=Blobs(), batch_size=16, trace=True, block=True)
+    run = lab.launch(
+        TinyNet(), strategy="AllReduce", steps=STEPS, data=Blobs(), batch_size=16, trace=True, block=True
+    )
     assert run.status == "finished"
     events = run.trace_events
     for rank in (0, 1):
@@ -90,9 +98,13 @@ def test_ps_pushes_and_pulls_and_gossip_exchanges_are_traced(lab):
     names = {e["name"] for e in ps.trace_events}
     assert any(n.startswith("PS push") for n in names) and "PS pull (servers broadcast new values)" in names
     _check_well_formed(chrome_trace(ps), 2)
-    gossip = lab.launch(TinyNet(), strategy="Gossip", steps=4, data=Blobs(), batch_size=16, trace=True, block=True)
+    gossip = lab.launch(
+        TinyNet(), strategy="Gossip", steps=4, data=Blobs(), batch_size=16, trace=True, block=True
+    )
     ex = [e for e in gossip.trace_events if e["name"] == "gossip exchange"]
-    assert len(ex) == 2 * 4 and all(e["args"]["peers"] == [1 - e["rank"]] and e["args"]["bytes"] > 0 for e in ex)
+    assert len(ex) == 2 * 4 and all(
+        e["args"]["peers"] == [1 - e["rank"]] and e["args"]["bytes"] > 0 for e in ex
+    )
 
 
 class FailsAt:
@@ -112,8 +124,16 @@ class FailsAt:
 @pytest.mark.timeout(300)
 def test_a_failed_traced_run_keeps_the_steps_it_recorded(lab):
 
-    run = lab.launch(TinyNet(), strategy="AllReduce", steps=50, data=Blobs(), loss=FailsAt(6), batch_size=16,
-                     trace=True, elastic=False)
+    run = lab.launch(
+        TinyNet(),
+        strategy="AllReduce",
+        steps=50,
+        data=Blobs(),
+        loss=FailsAt(6),
+        batch_size=16,
+        trace=True,
+        elastic=False,
+    )
     with pytest.raises(LaunchError, match="loss failed on purpose"):
         run.wait(timeout=120, progress=False)
     assert run.status == "failed"

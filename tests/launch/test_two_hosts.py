@@ -43,7 +43,10 @@ def test_calibration_measures_the_link_between_hosts_at_its_configured_rate(lab)
     inter = links["inter"].bandwidth  # bytes per second of one message, one way, between the hosts
     intra = 1.0 / ab["sendrecv/intra"][1]
     limit = rate_bits(RATE) / 8
-    print(f"inter-host {inter / 1e6:.1f} MB/s against the limit's {limit / 1e6:.1f}; intra-host {intra / 1e6:.1f}")
+    print(
+        f"inter-host {inter / 1e6:.1f} MB/s against the limit's {limit / 1e6:.1f}; intra-host "
+        f"{intra / 1e6:.1f}"
+    )
     # one way (send/inter), the link's own rate: 118-121 MB/s against 125 when measured alone
     # (gloo's two-way exchange, sendrecv/inter, gets 60-120 MB/s on the same link: gossip's figure)
     assert 0.85 * limit <= inter <= 1.15 * limit

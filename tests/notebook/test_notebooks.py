@@ -23,34 +23,80 @@ SMALL: dict[str, dict] = {
     "strategies": {"model_name": "mlp", "model_options": SMALL_MLP, "workers": 2},
     "bench/profile-speed": {"models": ["mlp"], "repeats": 1, "profile_repeats": 1},
     "bench/profile-accuracy": {"models": ["gru_lm"], "batch": 4, "rounds": 1, "loop_steps": 2},
-    "bench/simulator-speed": {"layers": 4, "copies": 5, "predict_sample": 10, "repeats": 1, "sweep_worlds": [1, 2], "sweep_bandwidths": [None], "picker_repeats": 1},
+    "bench/simulator-speed": {
+        "layers": 4,
+        "copies": 5,
+        "predict_sample": 10,
+        "repeats": 1,
+        "sweep_worlds": [1, 2],
+        "sweep_bandwidths": [None],
+        "picker_repeats": 1,
+    },
     "bench/sweep": {"models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "steps": 4},
-    "bench/runtime-overhead": {"models": {"mlp": SMALL_MLP}, "batch": {"mlp": 8}, "steps": 4, "warmup": 1, "repeats": 1},
-    "bench/gossip-vs-allreduce": {"worlds": [2], "model_opts": SMALL_MLP, "steps": 4, "warmup": 1, "repeats": 1},
-    "bench/ps-vs-allreduce": {"model_opts": {"rows": 2000, "fields": 2}, "steps": 4, "warmup": 1, "repeats": 1},
+    "bench/runtime-overhead": {
+        "models": {"mlp": SMALL_MLP},
+        "batch": {"mlp": 8},
+        "steps": 4,
+        "warmup": 1,
+        "repeats": 1,
+    },
+    "bench/gossip-vs-allreduce": {
+        "worlds": [2],
+        "model_opts": SMALL_MLP,
+        "steps": 4,
+        "warmup": 1,
+        "repeats": 1,
+    },
+    "bench/ps-vs-allreduce": {
+        "model_opts": {"rows": 2000, "fields": 2},
+        "steps": 4,
+        "warmup": 1,
+        "repeats": 1,
+    },
     "bench/sparse-exchange": {
-        "model": ["wide_deep", {"rows": 2000, "fields": 2}], "builders": ["PS"], "worlds": [2], "steps": 4,
-        "warmup": 1, "repeats": 1,
+        "model": ["wide_deep", {"rows": 2000, "fields": 2}],
+        "builders": ["PS"],
+        "worlds": [2],
+        "steps": 4,
+        "warmup": 1,
+        "repeats": 1,
     },
     "bench/launch-latency": {"relaunches": 2, "spawn_reference": False},
     "bench/keras-routes": {"model_options": {"width": 32}, "steps": 5, "rounds": 1},
     "bench/trace-overhead": {"models": [["mlp", SMALL_MLP]], "steps": 6, "rounds": 1},
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
     "bench/adaptive-batch": {
-        "tasks": ["quadratic"], "sweep": [16], "steps": {"quadratic": 60, "digits": 60},
-        "target": {"quadratic": 40.0, "digits": 2.0}, "rounds": 1,
+        "tasks": ["quadratic"],
+        "sweep": [16],
+        "steps": {"quadratic": 60, "digits": 60},
+        "target": {"quadratic": 40.0, "digits": 2.0},
+        "rounds": 1,
     },
     "bench/two-hosts": {
-        "rates": ["1gbit"], "strategies": ["AllReduce", "PSLoadBalancing"], "workers_per_host": 1,
-        "rows_in_table": 2000, "width": 64, "steps": 4, "repeats": 1, "calibrate": False,
+        "rates": ["1gbit"],
+        "strategies": ["AllReduce", "PSLoadBalancing"],
+        "workers_per_host": 1,
+        "rows_in_table": 2000,
+        "width": 64,
+        "steps": 4,
+        "repeats": 1,
+        "calibrate": False,
     },
     "bench/cost-model-accuracy": {
-        "models": ["gru_lm"], "strategies": ["AllReduce", "PS"], "worlds": [1, 2], "batches": [8],
-        "steps": 4, "min_seconds": 0.05, "repeats": 2, "load_processes": 0,
+        "models": ["gru_lm"],
+        "strategies": ["AllReduce", "PS"],
+        "worlds": [1, 2],
+        "batches": [8],
+        "steps": 4,
+        "min_seconds": 0.05,
+        "repeats": 2,
+        "load_processes": 0,
     },
 }
 
-NOTEBOOKS = sorted(str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in (ROOT / "notebooks").rglob("*.ipynb"))
+NOTEBOOKS = sorted(
+    str(p.relative_to(ROOT / "notebooks").with_suffix("")) for p in (ROOT / "notebooks").rglob("*.ipynb")
+)
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 
@@ -61,7 +107,9 @@ def test_every_notebook_has_small_parameters_and_a_parameters_cell():
         nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
         tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(tagged) == 1, f"{name}: needs exactly one cell tagged 'parameters'"
-        assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"), f"{name} has outputs"
+        assert not any(
+            c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"
+        ), f"{name} has outputs"
 
 
 def _values(array) -> list:
@@ -76,25 +124,45 @@ def _values(array) -> list:
 
 
 def _errors(nb) -> list[str]:
-    return [o.get("ename", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return [
+        o.get("ename", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"
+    ]
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", [n for n in NOTEBOOKS if not n.startswith("bench/")])
 def test_notebook_executes(name, tmp_path):
-    out = execute_notebook(ROOT / "notebooks" / f"{name}.ipynb", tmp_path / f"{Path(name).name}.ipynb", SMALL[name], progress=False)
+    out = execute_notebook(
+        ROOT / "notebooks" / f"{name}.ipynb",
+        tmp_path / f"{Path(name).name}.ipynb",
+        SMALL[name],
+        progress=False,
+    )
     nb = nbformat.read(out, as_version=4)
     assert not _errors(nb)
-    plots = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
+    plots = [
+        o
+        for c in nb.cells
+        for o in c.get("outputs", [])
+        if "application/vnd.plotly.v1+json" in (o.get("data") or {})
+    ]
     assert plots, f"{name} showed no chart"
     html = export_html(out, tmp_path / "page.html").read_text()
     view = "application/vnd.jupyter.widget-view+json"
     widgets = [o for c in nb.cells for o in c.get("outputs", []) if view in (o.get("data") or {})]
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    pickers = [o for o in widgets if "distlab-picker" in state[o["data"][view]["model_id"]]["state"].get("_dom_classes", [])]
+    state = (
+        nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    )
+    pickers = [
+        o
+        for o in widgets
+        if "distlab-picker" in state[o["data"][view]["model_id"]]["state"].get("_dom_classes", [])
+    ]
     # every chart offline in the page: each figure once, the picker's two drawn from its saved state
     assert html.count('class="plotly-graph-div"') == len(plots) + 2 * len(pickers)
-    assert html.count("plotly.js v") <= 1 and "widget-view+json" not in html  # plotly.js once; no widget JavaScript
+    assert (
+        html.count("plotly.js v") <= 1 and "widget-view+json" not in html
+    )  # plotly.js once; no widget JavaScript
     if name == "quickstart":
         assert pickers and "hosts like this" in html and "Launch" in html  # the picker, as it last looked
         # light outputs: figures as JSON, no copy of plotly.js in the saved notebook
@@ -115,12 +183,16 @@ def test_notebook_executes(name, tmp_path):
 @pytest.mark.timeout(600)
 def test_the_quickstart_takes_a_keras_zoo_model(tmp_path):
     params = {**SMALL["quickstart"], "model_name": "keras_mlp"}
-    out = execute_notebook(ROOT / "notebooks" / "quickstart.ipynb", tmp_path / "quickstart.ipynb", params, progress=False)
+    out = execute_notebook(
+        ROOT / "notebooks" / "quickstart.ipynb", tmp_path / "quickstart.ipynb", params, progress=False
+    )
     nb = nbformat.read(out, as_version=4)
     assert not _errors(nb)
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "measured" in text and "samples/s" in text  # the launched runs measured their throughput
-    html = "".join("".join(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", []))
+    html = "".join(
+        "".join(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", [])
+    )
     assert "keras_mlp" in html and "Dense" in html  # the profile names the Keras model and its layers
 
 
@@ -148,6 +220,23 @@ def test_cli_bench_lists_and_rejects_unknown(capsys):
 
 @pytest.mark.timeout(300)
 def test_cli_bench_prints_the_table(capsys, tmp_path):
-    assert main(["bench", "profile-speed", "-p", "models", "[mlp]", "-p", "repeats", "1", "--out", str(tmp_path), "-q"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "profile-speed",
+                "-p",
+                "models",
+                "[mlp]",
+                "-p",
+                "repeats",
+                "1",
+                "--out",
+                str(tmp_path),
+                "-q",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "mlp" in out and "profile_seconds" in out

@@ -23,8 +23,14 @@ class DigitsCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
         )
         self.head = nn.Linear(32, 10)
 
@@ -113,7 +119,9 @@ def test_a_tabular_model_trains_on_an_x_y_pair_of_arrays(session_shell, capsys):
 
 def test_launch_adaptive_trains_with_an_adaptive_batch_over_the_named_builder(session_shell, capsys):
     sh, _ = session_shell
-    out, err = magic(sh, "launch tab --strategy PS --data pair --batch-size 8 --steps 400 --adaptive -o ad", capsys)
+    out, err = magic(
+        sh, "launch tab --strategy PS --data pair --batch-size 8 --steps 400 --adaptive -o ad", capsys
+    )
     assert err == "", err
     run = sh.user_ns["ad"]
     assert run.status == "finished" and run.strategy.builder == "AdaptiveBatch"

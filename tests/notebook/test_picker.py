@@ -102,7 +102,12 @@ def test_what_if_hosts_like_this_one_and_the_network_change_the_plan_and_the_cha
 
 
 def test_what_if_controls_refuse_what_the_model_cannot_mean(picker):
-    for control, bad in ((picker.hosts, 0), (picker.per_host, -1), (picker.net_bandwidth, 0.0), (picker.net_latency, 0.0)):
+    for control, bad in (
+        (picker.hosts, 0),
+        (picker.per_host, -1),
+        (picker.net_bandwidth, 0.0),
+        (picker.net_latency, 0.0),
+    ):
         control.value = bad
         assert control.value > 0  # clamped to the control's bound: no zero hosts, no zero bandwidth
     assert picker.prediction.throughput > 0
@@ -202,7 +207,10 @@ def test_an_adaptive_strategy_shows_goodput_at_the_noise_scale_set(prof):
     assert not any("goodput" in label for label, _ in picker.table.options if "AdaptiveBatch" not in label)
     picker.builder.value = "AdaptiveBatch"
     status = picker.status.value
-    found = re.search(r"goodput <b>([\d,]+)</b> samples/s at φ = 64: .* \(global batch (\d+)\) .* efficiency (0\.\d\d)", status)
+    found = re.search(
+        r"goodput <b>([\d,]+)</b> samples/s at φ = 64: .* \(global batch (\d+)\) .* efficiency (0\.\d\d)",
+        status,
+    )
     assert found, status
     eff = float(found.group(3))
     assert eff == pytest.approx((64 + prof.batch_size) / (64 + int(found.group(2))), abs=0.01)
@@ -226,7 +234,11 @@ def test_measure_fills_the_noise_scale_from_the_model_on_its_data():
     picker.builder.value = "AdaptiveBatch"
     picker.measure_button.click()
     m = picker.noise_measurement
-    assert m is not None and m.noise_scale > 0 and picker.noise_scale.value == pytest.approx(m.noise_scale, rel=1e-3)
+    assert (
+        m is not None
+        and m.noise_scale > 0
+        and picker.noise_scale.value == pytest.approx(m.noise_scale, rel=1e-3)
+    )
     assert "goodput <b>" in picker.status.value and "measured: noise scale" in picker.status.value
 
 

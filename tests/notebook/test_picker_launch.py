@@ -92,7 +92,9 @@ def test_launch_runs_in_the_background_then_plots_measured_against_the_labs_pred
     row = lab.runs.set_index("run_id").loc[run.id]
     point = picker.measured.data[0]
     assert list(point.text) == ["PS"]
-    assert not picker.measured.layout.annotations and picker.measured.layout.xaxis.visible  # no empty-state text
+    assert (
+        not picker.measured.layout.annotations and picker.measured.layout.xaxis.visible
+    )  # no empty-state text
     assert point.x[-1] == pytest.approx(row["predicted_throughput"])
     assert point.x[-1] == pytest.approx(run.predicted_throughput)
     assert point.y[-1] == pytest.approx(row["measured_throughput"]) and point.y[-1] > 0
@@ -107,7 +109,10 @@ def test_a_what_if_launch_says_it_runs_on_the_real_cluster(picker):
     seen = record_status(picker)
     picker.hosts.value = 2
     picker.launch_button.click()
-    assert "the what-if (2 hosts x 2 ranks" in picker.status.value and "is not this cluster" in picker.status.value
+    assert (
+        "the what-if (2 hosts x 2 ranks" in picker.status.value
+        and "is not this cluster" in picker.status.value
+    )
     run = picker.wait(WAIT)
     assert run.world == 2 and run.status == "finished"
     assert any("step " in s and "is not this cluster" in s for s in seen)

@@ -1,4 +1,5 @@
-"""Profiler tests run single-threaded: timings under a shared 2-core machine are otherwise dominated by contention."""
+"""Profiler tests run single-threaded: timings under a shared 2-core machine are otherwise dominated by
+contention."""
 
 import pytest
 

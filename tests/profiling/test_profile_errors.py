@@ -57,7 +57,8 @@ def test_wrong_sample_shape_names_layer_and_expected_shape():
     model = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 2))
     text = message(model, torch.randn(3, 7))
     assert (
-        "layer '0' (Linear) expects inputs whose last dimension is 10 (in_features), got shape [batch, 7]" in text
+        "layer '0' (Linear) expects inputs whose last dimension is 10 (in_features), got shape [batch, 7]"
+        in text
     )
 
 

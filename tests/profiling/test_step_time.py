@@ -1,4 +1,5 @@
-"""dl.profile's step time is a plain step at batch_size, and its compute fit recovers how a step grows with the batch."""
+"""dl.profile's step time is a plain step at batch_size, and its compute fit recovers how a step grows with
+the batch."""
 
 import statistics
 import time

@@ -1,4 +1,5 @@
-"""dl.profile on real torch models: FLOPs against hand counts, flags, gradient order, timing, serialisation."""
+"""dl.profile on real torch models: FLOPs against hand counts, flags, gradient order, timing,
+serialisation."""
 
 import pytest
 import torch

@@ -153,7 +153,9 @@ def job_for(rank: int, world: int, addr: str, port: int, model: Any, strategy: A
     """A RankJob for one rank of a test group: dense toy data and the test batch unless given."""
     kw.setdefault("data", dataset("dense"))
     kw.setdefault("batch_size", BATCH)
-    return RankJob(rank=rank, world=world, master_addr=addr, master_port=port, strategy=strategy, model=model, **kw)
+    return RankJob(
+        rank=rank, world=world, master_addr=addr, master_port=port, strategy=strategy, model=model, **kw
+    )
 
 
 def make_job(
@@ -167,7 +169,9 @@ def make_job(
         extra = {"sparse_exchange": "per_table"}
     strategy = strategy_for(case, model, world)
     if flags.get("acc", 1) > 1 or flags.get("lr", "none") != "none":
-        batch = dataclasses.replace(strategy.batch, accumulation=flags.get("acc", 1), lr_scaling=flags.get("lr", "none"))
+        batch = dataclasses.replace(
+            strategy.batch, accumulation=flags.get("acc", 1), lr_scaling=flags.get("lr", "none")
+        )
         strategy = dataclasses.replace(strategy, batch=batch)
     return RankJob(
         rank=rank,
@@ -258,7 +262,12 @@ def averaging_body(rank: int, world: int, addr: str, port: int, topo_name: str, 
     model = dense_model(seed=100 + rank)
     strategy = strategy_for(f"gossip:{topo_name}:atc", model, world)
     job = job_for(
-        rank, world, addr, port, model, strategy,
+        rank,
+        world,
+        addr,
+        port,
+        model,
+        strategy,
         steps=steps,
         data=dataset("dense"),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
@@ -296,7 +305,12 @@ def digits_body(rank: int, world: int, addr: str, port: int, cases: list[str], s
         else:
             strategy = strategy_for(case, model, world)
         job = job_for(
-            rank, world, addr, port, model, strategy,
+            rank,
+            world,
+            addr,
+            port,
+            model,
+            strategy,
             steps=steps,
             data=data,
             optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
@@ -335,7 +349,12 @@ def failing_rank_body(rank: int, world: int, addr: str, port: int, fail_rank: in
     model = Boom(rank, fail_rank, fail_step=2)
     strategy = strategy_for(case, model, world)
     job = job_for(
-        rank, world, addr, port, model, strategy,
+        rank,
+        world,
+        addr,
+        port,
+        model,
+        strategy,
         steps=5,
         data=dataset("dense"),
         batch_size=BATCH,
@@ -366,7 +385,12 @@ def mismatch_body(rank: int, world: int, addr: str, port: int, kind: str) -> dic
         strategy = Strategy((*strategy.variables[:-1], bad), strategy.ranks, batch=strategy.batch)
     steps_seen = []
     job = job_for(
-        rank, world, addr, port, model, strategy,
+        rank,
+        world,
+        addr,
+        port,
+        model,
+        strategy,
         steps=3,
         data=dataset("dense"),
         batch_size=BATCH,
@@ -508,15 +532,31 @@ def noise_body(rank: int, world: int, addr: str, port: int, modes: list[tuple], 
         w, data = noisy_quadratic()
         model = Quadratic(w)
         st = strategy_for("builder:AllReduce", model, world)
-        st = dataclasses.replace(st, batch=BatchConfig(per_replica=b, accumulation=k, lr_scaling=(rule or ["none"])[0]))
+        st = dataclasses.replace(
+            st, batch=BatchConfig(per_replica=b, accumulation=k, lr_scaling=(rule or ["none"])[0])
+        )
         job = RankJob(
-            rank=rank, world=world, master_addr=addr, master_port=port, strategy=st, model=model, steps=steps,
-            data=data, loss=quadratic_loss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.0), batch_size=b,
-            seed=1, run_id=f"noise-{b}-{k}-{rule}", timeout=60.0, extra={"noise_scale": True},
+            rank=rank,
+            world=world,
+            master_addr=addr,
+            master_port=port,
+            strategy=st,
+            model=model,
+            steps=steps,
+            data=data,
+            loss=quadratic_loss,
+            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.0),
+            batch_size=b,
+            seed=1,
+            run_id=f"noise-{b}-{k}-{rule}",
+            timeout=60.0,
+            extra={"noise_scale": True},
         )
         res = run_rank(job)
         last = res["records"][-1]
-        out[(b, k, *rule)] = {key: last[key] for key in ("noise_scale", "efficiency", "global_batch", "lr_gain", "progress")}
+        out[(b, k, *rule)] = {
+            key: last[key] for key in ("noise_scale", "efficiency", "global_batch", "lr_gain", "progress")
+        }
     return out
 
 
@@ -534,9 +574,21 @@ def adaptive_body(rank: int, world: int, addr: str, port: int, steps: int, n: in
     configs = Bounds((4, 64), 2).configurations(world)
     table = [[b, k, 0.05 + 2e-4 * b * k * world] for b, k in configs]
     job = RankJob(
-        rank=rank, world=world, master_addr=addr, master_port=port, strategy=st, model=model, steps=steps,
-        data=data, loss=quadratic_loss, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.0), batch_size=4,
-        seed=1, run_id="adaptive", timeout=60.0, extra={"adaptive": {"table": table}, "base_batch": 4},
+        rank=rank,
+        world=world,
+        master_addr=addr,
+        master_port=port,
+        strategy=st,
+        model=model,
+        steps=steps,
+        data=data,
+        loss=quadratic_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.0),
+        batch_size=4,
+        seed=1,
+        run_id="adaptive",
+        timeout=60.0,
+        extra={"adaptive": {"table": table}, "base_batch": 4},
     )
     return run_rank(job)["records"]
 
@@ -547,8 +599,12 @@ def wrong_checkpoint_body(rank: int, world: int, addr: str, port: int, directory
     from distlab.runtime import checkpoint
     from distlab.runtime.trainer import run_rank
 
-    path = checkpoint.save(directory, {"step": 2, "samples": 8, "model": dense_model().state_dict(), "optimizer": {}})
-    job = make_job(rank, world, addr, port, "builder:AllReduce", "sparse", "sgd", 4, start_step=2, resume_from=str(path))
+    path = checkpoint.save(
+        directory, {"step": 2, "samples": 8, "model": dense_model().state_dict(), "optimizer": {}}
+    )
+    job = make_job(
+        rank, world, addr, port, "builder:AllReduce", "sparse", "sgd", 4, start_step=2, resume_from=str(path)
+    )
     try:
         run_rank(job)
     except LaunchError as exc:

@@ -55,7 +55,9 @@ def test_each_rank_reads_its_micro_batches_and_the_step_covers_the_global_batch_
     data = list(range(48))
     seen = []
     for rank in range(2):
-        rb = RankBatches(torch.utils.data.TensorDataset(torch.arange(48), torch.arange(48)), 4, rank, 2, False, 0, 3)
+        rb = RankBatches(
+            torch.utils.data.TensorDataset(torch.arange(48), torch.arange(48)), 4, rank, 2, False, 0, 3
+        )
         assert rb.global_batch == 24
         for micro in range(3):
             seen += rb.get(24, micro)[0].tolist()
@@ -81,7 +83,9 @@ def test_a_rule_the_runtime_does_not_run_or_an_optimizer_without_a_rate_is_one_e
         def __init__(self, params):
             super().__init__(params, {"momentum": 0.9})
 
-    with pytest.raises(LaunchError, match=r"NoRate has no numeric 'lr' in parameter group 0 .*use lr_scaling='none'"):
+    with pytest.raises(
+        LaunchError, match=r"NoRate has no numeric 'lr' in parameter group 0 .*use lr_scaling='none'"
+    ):
         scaling.check_optimizer(NoRate([torch.nn.Parameter(torch.zeros(1))]), "linear")
     scaling.check_optimizer(NoRate([torch.nn.Parameter(torch.zeros(1))]), "none")
 

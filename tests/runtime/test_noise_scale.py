@@ -1,4 +1,5 @@
-"""The gradient noise scale measured live on the noisy quadratic, where it is known: phi = d s^2 / |w - mu|^2."""
+"""The gradient noise scale measured live on the noisy quadratic, where it is known: phi = d s^2 / |w -
+mu|^2."""
 
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def test_an_adaptive_run_changes_its_batch_only_at_epoch_boundaries_and_every_ra
 
     n, steps = 256, 240
     out = spawn_local(2, adaptive_body, steps, n, timeout=180)
-    recs = [[(r["step"], r["global_batch"], r["per_replica"], r["accumulation"], r["samples"]) for r in rank] for rank in out]
+    recs = [
+        [(r["step"], r["global_batch"], r["per_replica"], r["accumulation"], r["samples"]) for r in rank]
+        for rank in out
+    ]
     assert recs[0] == recs[1]  # the same decisions on both ranks
     pos = 0
     for (step, m, b, k, samples), nxt in zip(recs[0], recs[0][1:] + [None]):

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic, checksummed, corrupt ones skipped; a resumed run ends where the uninterrupted one does."""
+"""Checkpoints: atomic, checksummed, corrupt ones skipped; a resumed run ends where the uninterrupted one
+does."""
 
 from __future__ import annotations
 
@@ -68,4 +69,6 @@ def test_a_checkpoint_of_another_model_is_one_error_naming_what_differs(tmp_path
     from runtime_bodies import wrong_checkpoint_body
 
     msg = spawn_local(1, wrong_checkpoint_body, str(tmp_path), timeout=60)[0]
-    assert "was written by another model (missing" in msg and "resume it with the model that wrote it" in msg, msg
+    assert (
+        "was written by another model (missing" in msg and "resume it with the model that wrote it" in msg
+    ), msg

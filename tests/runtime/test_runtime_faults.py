@@ -1,4 +1,5 @@
-"""Bad input and faults: mismatched strategies fail before step 0 on every rank; a failing rank never hangs the others."""
+"""Bad input and faults: mismatched strategies fail before step 0 on every rank; a failing rank never hangs
+the others."""
 
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ def test_uneven_partitioned_ps_uses_smallest_non_divisor(mlp, two_nodes):
     s = dl.strategy.build("UnevenPartitionedPS", mlp, two_nodes)
     shards = [p.partition.shards if p.partition else 1 for p in s.variables]
     assert shards == [3, 3, 2, 1, 1]  # 64 -> 3, 64 -> 3, 15 -> 2
-    # AutoDist's get_num_shards: no non-divisor below dimension 0 -> dimension 0 itself (2 splits in two, 1 stays whole)
+    # AutoDist's get_num_shards: no non-divisor below dimension 0 -> dimension 0 itself
+    # (2 splits in two, 1 stays whole)
     two = dl.ModelProfile.from_variables([("w", (2, 5)), ("u", (1, 5))])
     built = dl.strategy.build("UnevenPartitionedPS", two, two_nodes).variables
     assert built[0].partition.shards == 2 and built[1].partition is None

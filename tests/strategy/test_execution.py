@@ -29,13 +29,16 @@ def _units_in_ready_order(model, st):
     return sorted(units, key=lambda u: (-order[id(u.param)], u.shard or 0))
 
 
-@pytest.mark.parametrize("model_name, builder, options", [
-    ("mlp", "AllReduce", {}),
-    ("mlp", "AllReduce", {"chunk_size": 2}),
-    ("convnet", "AllReduce", {"chunk_size": 4}),
-    ("convnet", "PartitionedAR", {}),
-    ("transformer_lm", "AllReduce", {}),
-])
+@pytest.mark.parametrize(
+    "model_name, builder, options",
+    [
+        ("mlp", "AllReduce", {}),
+        ("mlp", "AllReduce", {"chunk_size": 2}),
+        ("convnet", "AllReduce", {"chunk_size": 4}),
+        ("convnet", "PartitionedAR", {}),
+        ("transformer_lm", "AllReduce", {}),
+    ],
+)
 def test_the_runtime_buckets_are_the_ones_the_cost_model_prices(model_name, builder, options):
     model = dl.zoo.get(model_name)
     prof = dl.profile(model, batch_size=4)

@@ -30,7 +30,8 @@ def err(d, profile=None) -> str:
 def test_issue_example_parses(recsys):
     text = """{"version": 1,
      "builder": {"name": "PartitionedPS", "options": {}},
-     "ranks": [{"rank": 0, "host": "10.0.0.1", "device": "gpu:0"}, {"rank": 1, "host": "10.0.0.1", "device": "gpu:1"},
+     "ranks": [{"rank": 0, "host": "10.0.0.1", "device": "gpu:0"},
+               {"rank": 1, "host": "10.0.0.1", "device": "gpu:1"},
                {"rank": 2, "host": "10.0.0.2", "device": "gpu:0"}],
      "servers": [0, 2], "backend": "auto",
      "batch": {"per_replica": 32, "accumulation": 1, "lr_scaling": "none"},
@@ -67,7 +68,8 @@ def test_round_trip_is_exact_and_save_load(recsys, two_nodes, tmp_path):
         ),
         (
             lambda d: d["variables"][2]["shards"][0]["sync"].update(kind="broadcast"),
-            r"variables\[2\].shards\[0\].sync.kind: 'broadcast' is not one of: allreduce, ps, allgather, gossip",
+            r"variables\[2\].shards\[0\].sync.kind: 'broadcast' is not one of: "
+            r"allreduce, ps, allgather, gossip",
         ),
         (
             lambda d: d["variables"][3].update(sync={"kind": "ps", "server": 1}),

@@ -1,4 +1,5 @@
-"""Strategy builders, one file per technique: pure functions ``(profile, resources, **options) -> Strategy``."""
+"""Strategy builders, one file per technique: pure functions ``(profile, resources, **options) ->
+Strategy``."""
 
 from distlab.strategy.builders import (  # noqa: F401  (importing registers each builder)
     adaptive_batch,

@@ -21,7 +21,8 @@ Servers = str | Sequence[int]
 
 
 def pick_servers(builder: str, resources: Any, servers: Servers = "first") -> list[int]:
-    """Server ranks: ``"first"`` = first rank of each host (AutoDist: one PS per node), ``"all"``, or a list."""
+    """Server ranks: ``"first"`` = first rank of each host (AutoDist: one PS per node), ``"all"``, or a
+    list."""
     if servers == "first":
         return [resources.ranks_on(h)[0] for h in resources.hosts]
     if servers == "all":

@@ -66,4 +66,6 @@ def adaptive_bounds(strategy: Strategy) -> Any:
         return None
     o, b = strategy.options, strategy.batch.per_replica
     lo, hi = o.get("local_bsz_bounds") or (b, 8 * b)
-    return Bounds((int(lo), int(hi)), int(o.get("max_accumulation", MAX_ACCUMULATION)), o.get("max_batch_size"))
+    return Bounds(
+        (int(lo), int(hi)), int(o.get("max_accumulation", MAX_ACCUMULATION)), o.get("max_batch_size")
+    )

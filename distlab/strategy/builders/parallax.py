@@ -18,7 +18,8 @@ def build_parallax(
     servers: Servers = "first",
     batch_size: int | None = None,
 ) -> Strategy:
-    """Dense: ``allreduce`` with ``group = index // chunk_size`` (index over all variables); sparse/embedding: PS."""
+    """Dense: ``allreduce`` with ``group = index // chunk_size`` (index over all variables); sparse/embedding:
+    PS."""
     check_chunk("Parallax", chunk_size)
     chosen = pick_servers("Parallax", resources, servers)
     loads = Loads(chosen)

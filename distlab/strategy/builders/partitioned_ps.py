@@ -29,7 +29,8 @@ def _build(
 def build_partitioned_ps(
     profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
 ) -> Strategy:
-    """Shards = smallest divisor >= 2 of dimension 0 (AutoDist ``PartitionedPS``); unsplit ones to the least-loaded server."""
+    """Shards = smallest divisor >= 2 of dimension 0 (AutoDist ``PartitionedPS``); unsplit ones to the
+    least-loaded server."""
     return _build("PartitionedPS", "even", profile, resources, servers, batch_size)
 
 

@@ -1,4 +1,5 @@
-"""Parameter-server builders: PS (one server) and PSLoadBalancing (each variable to the least-loaded server)."""
+"""Parameter-server builders: PS (one server) and PSLoadBalancing (each variable to the least-loaded
+server)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""What runs report: a run's row of ``lab.runs`` (the columns and what they mean) and its card in a
+notebook."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distlab.launch.run import Run
+
+RUN_COLUMNS = (
+    "run_id",
+    "model",
+    "backend",
+    "strategy",
+    "world",
+    "batch",
+    "steps",
+    "status",
+    "restarts",
+    "measured_throughput",
+    "predicted_throughput",
+    "refitted_throughput",
+    "model_key",
+    "per_replica",
+    "measured_step",
+    "predicted_compute",
+    "predicted_comm",
+    "predicted_optimizer",
+)
+
+
+def model_name(model: Any) -> str:
+    """A run's model in ``lab.runs``: a Keras model's own name, a torch module's class."""
+    name = getattr(model, "name", None)
+    return name if isinstance(name, str) and name else type(model).__name__
+
+
+def run_row(run: Run, model: str) -> dict[str, Any]:
+    """``run``'s row of ``runs_frame`` (``model``: its model's name)."""
+    tp = run.throughput
+    base = run.forecast.base if run.forecast is not None else None
+    return {
+        "run_id": run.id,
+        "model": model,
+        "backend": run.backend,
+        "strategy": run.strategy.name,
+        "world": run.world,
+        "batch": run.batch_size,
+        "steps": run.steps,
+        "status": run.status,
+        "restarts": run.restarts,
+        "measured_throughput": tp,
+        "predicted_throughput": run.predicted_throughput,
+        "refitted_throughput": run.refitted_throughput,
+        "model_key": run.forecast.model_key if run.forecast is not None else None,
+        "per_replica": run.batch_size,
+        "measured_step": run.batch_size * run.world / tp if tp and tp == tp else math.nan,
+        "predicted_compute": base.breakdown["compute"] if base is not None else math.nan,
+        "predicted_comm": base.breakdown["comm"] if base is not None else math.nan,
+        "predicted_optimizer": base.breakdown["optimizer"] if base is not None else math.nan,
+    }
+
+
+def runs_frame(runs: list[Run]) -> Any:
+    """One row per run: run_id, model, strategy, world, batch, steps, status, restarts;
+    ``measured_throughput``; ``predicted_throughput`` (made before the run, by the cost model
+    refitted on the runs before it); ``refitted_throughput`` (refitted on every run so far);
+    and what ``CostModel.refit`` reads: ``model_key``, ``per_replica``, ``measured_step`` and
+    the calibration's own ``predicted_compute``/``comm``/``optimizer`` seconds."""
+    import pandas as pd
+
+    return pd.DataFrame([r.row() for r in runs], columns=list(RUN_COLUMNS))
+
+
+def run_card(run: Run) -> str:
+    """``run`` as an HTML table: status, strategy, steps, data, loss, throughput measured and
+    predicted, where the trained model is, the checkpoint and any error."""
+    r = run.row()
+    tp, pred = r["measured_throughput"], r["predicted_throughput"]
+    loss = run.losses()
+    done = run.status == "finished"
+    restarts = f", {r['restarts']} restart(s)" if r["restarts"] else ""
+    rows = [
+        ("status", r["status"]),
+        ("strategy", f"{r['strategy']} on {r['world']} worker(s), {r['batch']} samples per replica"),
+        ("steps", f"{run.steps_done}/{run.steps}{restarts}"),
+        ("data", run.data_info),
+        ("loss", run.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
+        ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
+        ("predicted", f"{pred:,.0f} samples/s (before the run)" if pred == pred else ""),
+        ("trained model", f"{run.var_name}.model (rank 0's weights, on the CPU)" if done else ""),
+        ("checkpoint", run.checkpoint or ""),
+        ("error", str(run.error) if run.error else ""),
+    ]
+    cells = "".join(
+        f"<tr><th style='text-align:left;padding-right:1em'>{k}</th><td style='text-align:left'>"
+        f"{html.escape(str(v))}</td></tr>"
+        for k, v in rows
+        if v != ""
+    )
+    return f"<p><b>Run {html.escape(run.id)}</b></p><table class='distlab-run'>{cells}</table>"
