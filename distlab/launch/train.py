@@ -4,6 +4,7 @@ events."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -71,26 +72,39 @@ def train_rank(
     tag = {"restart": restart, "world": world}
     batch: list[dict[str, Any]] = []
     sent = [0.0]
+    lock = threading.Lock()  # the training thread appends, the flusher sends
+    done = threading.Event()
 
     def flush() -> None:
-        if batch:
-            worker.log_event(topic, {"records": list(batch)})
-            batch.clear()
-        sent[0] = time.monotonic()
+        with lock:  # sent in the order made
+            if batch:
+                worker.log_event(topic, {"records": list(batch)})
+                batch.clear()
+            sent[0] = time.monotonic()
 
     def emit(record: dict[str, Any]) -> None:
         # One event per EMIT_INTERVAL, not per step: each event wakes the worker's event loop,
         # which competes with training for the cores. The first record goes at once (latency).
-        batch.append({**{k: _plain(v) for k, v in record.items()}, **tag})
-        if not sent[0] or time.monotonic() - sent[0] >= EMIT_INTERVAL:
+        with lock:
+            batch.append({**{k: _plain(v) for k, v in record.items()}, **tag})
+            due = not sent[0] or time.monotonic() - sent[0] >= EMIT_INTERVAL
+        if due:
             flush()
+
+    def flusher() -> None:
+        # a rank that stalls (slow data, a peer late to a collective) still reports the steps it made
+        while not done.wait(EMIT_INTERVAL):
+            if time.monotonic() - sent[0] >= EMIT_INTERVAL:
+                flush()
 
     def should_stop() -> bool:
         return spmd.should_stop(job.run_id)
 
+    threading.Thread(target=flusher, name=f"distlab-records-{rank}", daemon=True).start()
     try:
         out = run_rank(job, emit=emit, should_stop=should_stop)
     finally:
+        done.set()
         flush()
     for rec in out.get("records") or []:
         rec.update(tag)
