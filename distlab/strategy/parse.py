@@ -1,12 +1,11 @@
-"""Parse and validate strategies: JSON in, a checked ``Strategy`` out, or one ``StrategyError`` naming the
-field."""
+"""Strategies from JSON, checked: a ``Strategy`` out, or one ``StrategyError`` naming the field."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import DistlabError, StrategyError
 from distlab.strategy.types import (
@@ -24,6 +23,10 @@ from distlab.strategy.types import (
     Sync,
     VariablePlan,
 )
+
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
 
 DEVICE_RE = re.compile(r"^(cpu|gpu):[0-9]+$")
 # Kernels that can move a sparse (indices + values) gradient; allreduce and gossip are dense-only.
@@ -270,7 +273,7 @@ def _check_gossip(st: Strategy) -> None:
         raise _fail("gossip.topology", str(exc)) from None
 
 
-def check(st: Strategy, profile: Any = None) -> Strategy:
+def check(st: Strategy, profile: ModelProfile | None = None) -> Strategy:
     """Check a structurally sound strategy's meaning; with a profile, its fit to the model."""
     n = len(st.ranks)
     if n == 0:
@@ -338,9 +341,8 @@ def check(st: Strategy, profile: Any = None) -> Strategy:
     return st
 
 
-def parse_strategy(d: Any, profile: Any = None) -> Strategy:
-    """A ``Strategy`` from its dict form (``Strategy.to_dict``), validated; any fault is a
-    ``StrategyError``."""
+def parse_strategy(d: Any, profile: ModelProfile | None = None) -> Strategy:
+    """A ``Strategy`` from its dict form (``Strategy.to_dict``), checked; any fault: a StrategyError."""
     try:
         return check(_parse(d), profile)
     except StrategyError:
@@ -351,7 +353,7 @@ def parse_strategy(d: Any, profile: Any = None) -> Strategy:
         raise StrategyError(f"strategy: malformed ({type(exc).__name__}: {exc})"[:300]) from None
 
 
-def parse_strategy_json(text: Any, profile: Any = None) -> Strategy:
+def parse_strategy_json(text: Any, profile: ModelProfile | None = None) -> Strategy:
     """A ``Strategy`` from JSON text, validated."""
     if isinstance(text, (bytes, bytearray)):
         try:
@@ -371,7 +373,9 @@ def parse_strategy_json(text: Any, profile: Any = None) -> Strategy:
     return parse_strategy(d, profile)
 
 
-def validate(strategy: Strategy, profile: Any = None, resources: Any = None) -> Strategy:
+def validate(
+    strategy: Strategy, profile: ModelProfile | None = None, resources: ResourceSpec | None = None
+) -> Strategy:
     """Validate a constructed ``Strategy`` (e.g. a builder's output) against a profile and resources."""
     if not isinstance(strategy, Strategy):
         raise StrategyError(f"strategy: expected a Strategy, got {_tname(strategy)}")
@@ -388,9 +392,8 @@ def validate(strategy: Strategy, profile: Any = None, resources: Any = None) -> 
     parse_strategy(d, profile)
     if resources is not None:
         if len(resources.ranks) != len(strategy.ranks):
-            raise _fail(
-                "ranks", f"strategy has {len(strategy.ranks)} ranks, resources {len(resources.ranks)}"
-            )
+            counts = f"strategy has {len(strategy.ranks)} ranks, resources {len(resources.ranks)}"
+            raise _fail("ranks", counts)
         for i, (a, b) in enumerate(zip(strategy.ranks, resources.ranks, strict=True)):
             if (a.host, a.device) != (b.host, b.device):
                 raise _fail(f"ranks[{i}]", f"{a.host} {a.device} != resources' {b.host} {b.device}")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from polling import poll_for
 
 import distlab as dl
 from distlab.costmodel import CostModel
@@ -30,13 +30,11 @@ def lab():
     lab = dl.Lab(workers=2, timeout=20)
     yield lab
     lab.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        left = [t.name for t in threading.enumerate() if t.name == "distlab-picker-launch" and t.is_alive()]
-        if not left:
-            break
-        time.sleep(0.1)
-    assert not left, f"picker launch threads left behind: {left}"
+    poll_for(
+        lambda: not any(t.name == "distlab-picker-launch" and t.is_alive() for t in threading.enumerate()),
+        10,
+        "every picker launch thread to end",
+    )
 
 
 @pytest.fixture(scope="module")

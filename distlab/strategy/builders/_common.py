@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import StrategyError
 from distlab.strategy.types import (
@@ -17,10 +17,14 @@ from distlab.strategy.types import (
     VariablePlan,
 )
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+
 Servers = str | Sequence[int]
 
 
-def pick_servers(builder: str, resources: Any, servers: Servers = "first") -> list[int]:
+def pick_servers(builder: str, resources: ResourceSpec, servers: Servers = "first") -> list[int]:
     """Server ranks: ``"first"`` = first rank of each host (AutoDist: one PS per node), ``"all"``, or a
     list."""
     if servers == "first":
@@ -110,8 +114,8 @@ def place_partitioned(var: Any, shards: int, loads: Loads) -> VariablePlan:
 
 def assemble(
     builder: str,
-    profile: Any,
-    resources: Any,
+    profile: ModelProfile,
+    resources: ResourceSpec,
     variables: list[VariablePlan],
     *,
     servers: Sequence[int] = (),

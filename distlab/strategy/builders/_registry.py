@@ -6,10 +6,14 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import StrategyError
 from distlab.strategy.types import Strategy
+
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
 
 Builder = Callable[..., Strategy]
 REGISTRY: dict[str, Builder] = {}
@@ -52,7 +56,7 @@ def register(name: str) -> Callable[[Builder], Builder]:
         )
 
         @functools.wraps(fn)
-        def wrapper(profile: Any, resources: Any, **options: Any) -> Strategy:
+        def wrapper(profile: ModelProfile, resources: ResourceSpec, **options: Any) -> Strategy:
             unknown = sorted(set(options) - set(defaults))
             if unknown and not takes_more:
                 raise StrategyError(
@@ -88,7 +92,7 @@ def builder_options(name: str) -> dict[str, Any]:
         raise StrategyError(f"builder {name!r} is not known; use one of: {', '.join(builders())}") from None
 
 
-def build(name: str, profile: Any, resources: Any, **options: Any) -> Strategy:
+def build(name: str, profile: ModelProfile, resources: ResourceSpec, **options: Any) -> Strategy:
     """Run builder ``name``; an unknown name or option is a ``StrategyError`` listing the valid ones."""
     try:
         fn = REGISTRY[name]

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import StrategyError
 from distlab.strategy.builders._registry import build, register
 from distlab.strategy.types import LR_SCALING, BatchConfig, Strategy
+
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
 
 MAX_ACCUMULATION = 4  # the builder's default
 
 
 @register("AdaptiveBatch")
 def build_adaptive_batch(
-    profile: Any,
-    resources: Any,
+    profile: ModelProfile,
+    resources: ResourceSpec,
     *,
     base: str = "AllReduce",
     lr_scaling: str = "adascale",

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distlab.strategy.builders._common import assemble, check_chunk, check_compressor
 from distlab.strategy.builders._registry import register
 from distlab.strategy.types import Strategy, Sync, VariablePlan
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+
 
 @register("AllReduce")
 def build_allreduce(
-    profile: Any,
-    resources: Any,
+    profile: ModelProfile,
+    resources: ResourceSpec,
     *,
     chunk_size: int = 128,
     compressor: str = "none",

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distlab.errors import DistlabError, StrategyError
 from distlab.strategy.builders._common import Loads, Servers, assemble, pick_servers
 from distlab.strategy.builders._registry import register
 from distlab.strategy.types import GOSSIP_MODES, GossipConfig, Strategy, Sync, VariablePlan
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+
 SPARSE_CHOICES = ("gossip", "ps", "allgather")
 
 
 @register("Gossip")
 def build_gossip(
-    profile: Any,
-    resources: Any,
+    profile: ModelProfile,
+    resources: ResourceSpec,
     *,
     topology: str = "exp2",
     dynamic: bool = False,

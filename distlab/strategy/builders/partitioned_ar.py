@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.strategy.builders._common import assemble, check_chunk, shard_counts
 from distlab.strategy.builders._registry import register
 from distlab.strategy.types import Partition, Strategy, Sync, VariablePlan
+
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
 
 
 def plan_ar_shards(v: Any, part: Partition | None, counter: int, chunk_size: int) -> tuple[VariablePlan, int]:
@@ -30,7 +34,7 @@ def plan_ar_shards(v: Any, part: Partition | None, counter: int, chunk_size: int
 
 @register("PartitionedAR")
 def build_partitioned_ar(
-    profile: Any, resources: Any, *, chunk_size: int = 128, batch_size: int | None = None
+    profile: ModelProfile, resources: ResourceSpec, *, chunk_size: int = 128, batch_size: int | None = None
 ) -> Strategy:
     """Split along axis 0 into the smallest divisor >= 2 of dimension 0 shards; all-reduce each shard."""
     check_chunk("PartitionedAR", chunk_size)

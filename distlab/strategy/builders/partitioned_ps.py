@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distlab.strategy.builders._common import (
     Loads,
@@ -15,9 +15,18 @@ from distlab.strategy.builders._common import (
 from distlab.strategy.builders._registry import register
 from distlab.strategy.types import Strategy
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+
 
 def _build(
-    name: str, rule: str, profile: Any, resources: Any, servers: Servers, batch_size: int | None
+    name: str,
+    rule: str,
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    servers: Servers,
+    batch_size: int | None,
 ) -> Strategy:
     chosen = pick_servers(name, resources, servers)
     loads = Loads(chosen)
@@ -27,7 +36,11 @@ def _build(
 
 @register("PartitionedPS")
 def build_partitioned_ps(
-    profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    *,
+    servers: Servers = "first",
+    batch_size: int | None = None,
 ) -> Strategy:
     """Shards = smallest divisor >= 2 of dimension 0 (AutoDist ``PartitionedPS``); unsplit ones to the
     least-loaded server."""
@@ -36,7 +49,11 @@ def build_partitioned_ps(
 
 @register("UnevenPartitionedPS")
 def build_uneven_partitioned_ps(
-    profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    *,
+    servers: Servers = "first",
+    batch_size: int | None = None,
 ) -> Strategy:
     """As PartitionedPS, shards = smallest i >= 2 that does not divide dimension 0 (unequal shard sizes)."""
     return _build("UnevenPartitionedPS", "uneven", profile, resources, servers, batch_size)

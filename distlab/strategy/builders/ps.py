@@ -3,16 +3,24 @@ server)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distlab.strategy.builders._common import Loads, Servers, assemble, pick_servers
 from distlab.strategy.builders._registry import register
 from distlab.strategy.types import Strategy, Sync, VariablePlan
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+
 
 @register("PS")
 def build_ps(
-    profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    *,
+    servers: Servers = "first",
+    batch_size: int | None = None,
 ) -> Strategy:
     """Every variable to the first server (AutoDist ``PS``)."""
     server = pick_servers("PS", resources, servers)[0]
@@ -22,7 +30,11 @@ def build_ps(
 
 @register("PSLoadBalancing")
 def build_ps_load_balancing(
-    profile: Any, resources: Any, *, servers: Servers = "first", batch_size: int | None = None
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    *,
+    servers: Servers = "first",
+    batch_size: int | None = None,
 ) -> Strategy:
     """Each variable, in profile order, to the server with the fewest bytes so far (ties: the earlier one)."""
     chosen = pick_servers("PSLoadBalancing", resources, servers)

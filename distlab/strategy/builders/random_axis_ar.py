@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distlab.errors import StrategyError
 from distlab.strategy.builders._common import assemble, check_chunk, smallest_divisor
@@ -11,10 +11,19 @@ from distlab.strategy.builders._registry import register
 from distlab.strategy.builders.partitioned_ar import plan_ar_shards
 from distlab.strategy.types import Partition, Strategy
 
+if TYPE_CHECKING:
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+
 
 @register("RandomAxisPartitionAR")
 def build_random_axis_partition_ar(
-    profile: Any, resources: Any, *, chunk_size: int = 128, seed: int = 0, batch_size: int | None = None
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    *,
+    chunk_size: int = 128,
+    seed: int = 0,
+    batch_size: int | None = None,
 ) -> Strategy:
     """Axis drawn uniformly among dimensions of size > 1 (axis 0 for embeddings); same seed, same strategy.
 
