@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.strategy.builders.adaptive_batch import adaptive_bounds
 from distlab.strategy.types import BatchConfig
 
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+    from distlab.strategy.types import Strategy
 
-def adaptive_extra(cm: Any, profile: Any, resources: Any, st: Any, batch: int) -> dict[str, Any]:
+
+def adaptive_extra(
+    cm: CostModel, profile: ModelProfile, resources: ResourceSpec, st: Strategy, batch: int
+) -> dict[str, Any]:
     """``RankJob.extra`` entries of a launch of ``st``: for an AdaptiveBatch strategy, the base
     batch and the cost model's predicted seconds per step of every configuration its bounds
     allow (``[[per_replica, accumulation, seconds], ...]``); nothing for a fixed batch."""
@@ -42,7 +50,7 @@ class AdaptiveForecast:
 
 
 def adaptive_forecast(
-    cm: Any, profile: Any, resources: Any, st: Any, noise_scale: float
+    cm: CostModel, profile: ModelProfile, resources: ResourceSpec, st: Strategy, noise_scale: float
 ) -> AdaptiveForecast | None:
     """The configuration an AdaptiveBatch strategy's controller would choose at ``noise_scale``
     (samples), priced by ``cm`` as a launch prices it; None for a strategy of fixed batch."""

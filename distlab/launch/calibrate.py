@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
@@ -28,6 +28,11 @@ from distlab.runtime.microbench import (
     DEFAULT_SIZES,
     microbench_worlds,
 )
+
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+    from distlab.launch.lab import Lab
+    from distlab.resources import ResourceSpec
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the local steps and training loop: two tiny MLPs (4 and 26 trainable tensors: what a step
@@ -145,8 +150,8 @@ QUICK_PASSES = 2  # a model's step measured before a launch or a simulation: sec
 
 
 def measure_model_lab(
-    lab: Any,
-    cm: Any,
+    lab: Lab,
+    cm: CostModel,
     model: Any,
     data: Any = None,
     loss: Any = None,
@@ -228,7 +233,7 @@ def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
     return 1 + len(cases) + loop_parts(_reference_worlds(res))
 
 
-def _calibrate_cluster(lab: Any, res: Any, sizes: Any, cases: Sequence[Any], bar: Progress) -> Any:
+def _calibrate_cluster(lab: Lab, res: ResourceSpec, sizes: Any, cases: Sequence[Any], bar: Progress) -> Any:
     """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
     import distlab as dl
     from distlab.costmodel import CostModel
@@ -334,7 +339,7 @@ def _synthetic_for(module: Any, n: int, where: str) -> Any:
         ) from None
 
 
-def _measured(cm: Any, key: str, res: Any) -> bool:
+def _measured(cm: CostModel, key: str, res: ResourceSpec) -> bool:
     host = res.ranks[0].host
     have = set(cm.compute.measured(key))
     return all((k, res.cores.get(host)) in have for k in range(1, res.world + 1))

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from distlab.errors import DistlabError
+
+if TYPE_CHECKING:
+    from distlab.launch.lab import Lab
 
 MAX_STEPS = 3000  # measure_grid: the most steps min_seconds makes a run take (3 s of 1 ms steps)
 
@@ -101,7 +104,7 @@ def plan_configs(
 
 
 def measure_grid(
-    lab: Any,
+    lab: Lab,
     configs: list[dict[str, Any]],
     *,
     steps: int,
@@ -157,7 +160,7 @@ def measure_grid(
     return pd.DataFrame(rows)
 
 
-def _launch(lab: Any, c: dict[str, Any], n: int, seed: int) -> Any:
+def _launch(lab: Lab, c: dict[str, Any], n: int, seed: int) -> Any:
     """One finished run of configuration ``c`` for ``n`` steps (its data drawn with ``seed``)."""
     import distlab as dl
 

@@ -5,7 +5,7 @@ they move. What each measurement fits is described in docs/cost-model.md."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
@@ -13,6 +13,10 @@ from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_f
 from distlab.errors import CalibrationError, LaunchError
 from distlab.launch.metrics import slowest_median
 from distlab.runtime.loopbench import LocalCase, LoopCase, loop_pass_rank
+
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+    from distlab.profiling.model_profile import ModelProfile
 
 OVERHEAD_STEPS = 10  # steps of a short training-loop case in one pass
 # cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES passes over every world size in turn,
@@ -257,8 +261,8 @@ def measure_training_loop(
 
 
 def _with_local(
-    cm: Any,
-    profiles: Sequence[Any],
+    cm: CostModel,
+    profiles: Sequence[ModelProfile],
     cases: Sequence[Any],
     res: Any,
     local: dict[int, list[list[list[float]]]],

@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -20,6 +20,9 @@ from distlab.launch import metrics as _metrics
 from distlab.launch import spmd
 from distlab.launch.report import model_name, run_card, run_row
 from distlab.launch.train import runtime_entry, train_rank
+
+if TYPE_CHECKING:
+    from distlab.launch.lab import Lab
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
 LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worker after a rank saw it
@@ -53,7 +56,7 @@ class Run:
 
     def __init__(
         self,
-        lab: Any,
+        lab: Lab,
         run_id: str,
         model: Any,
         strategy: Any,

@@ -15,9 +15,13 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import CalibrationError, LaunchError
+
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+    from distlab.launch.lab import Lab
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)  # bytes of one all-reduce
 REPEATS, STEPS = 10, 20  # timed all-reduces per size; timed local steps per model and batch
@@ -73,8 +77,8 @@ def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, 
 
 
 def calibrate_native(
-    lab: Any,
-    cm: Any,
+    lab: Lab,
+    cm: CostModel | None,
     models: Any = (),
     batch_size: int = 32,
     cache: bool = True,

@@ -10,9 +10,16 @@ arrays, the loss and an optimizer factory; each rank's task is ``tf_rank.train_r
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import LaunchError
+
+if TYPE_CHECKING:
+    from distlab.costmodel.model import CostModel
+    from distlab.launch.lab import Lab
+    from distlab.profiling.model_profile import ModelProfile
+    from distlab.resources import ResourceSpec
+    from distlab.strategy.types import Strategy
 
 # the builders TensorFlow runs natively, and as what: MultiWorkerMirroredStrategy, ParameterServerStrategy
 NATIVE_BUILDERS = {"AllReduce": "mirrored", "PS": "ps", "PartitionedPS": "ps"}
@@ -134,7 +141,7 @@ def _no_replan(survivors: list[str]) -> Any:
     )
 
 
-def native_forecast(cm: Any, profile: Any, res: Any, st: Any) -> Any:
+def native_forecast(cm: CostModel | None, profile: ModelProfile, res: ResourceSpec, st: Strategy) -> Any:
     """The Lab's prediction of a native run (costmodel/native.py), or None before
     ``lab.calibrate(backend="tensorflow")`` and for builders it does not predict."""
     from distlab.costmodel.compute import model_key
@@ -150,7 +157,7 @@ def native_forecast(cm: Any, profile: Any, res: Any, st: Any) -> Any:
 
 
 def launch_native(
-    lab: Any,
+    lab: Lab,
     model: Any,
     strategy: Any,
     *,

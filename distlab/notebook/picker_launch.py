@@ -9,11 +9,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import LaunchError
 from distlab.notebook.picker_charts import draw_measured
 from distlab.notebook.ranking import short_label
+
+if TYPE_CHECKING:
+    from distlab.launch.lab import Lab
 
 PROGRESS_EVERY = 0.25  # seconds between step-progress updates: records arrive once per rank per step
 SAME = 1e-3  # two predictions this close (relative) read as the same number
@@ -22,7 +25,7 @@ SAME = 1e-3  # two predictions this close (relative) read as the same number
 class PickerLaunch:
     """Launching from the picker; the attributes it uses are StrategyPicker's."""
 
-    lab: Any
+    lab: Lab | None  # None: a picker over a ResourceSpec, which cannot launch
     model: Any
     data: Any
     loss: Any

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlab.errors import DistlabError, LaunchError
 from distlab.profiling.model_profile import DEFAULT_BATCH
+
+if TYPE_CHECKING:
+    from distlab.launch.lab import Lab
 
 
 @dataclasses.dataclass
@@ -108,7 +111,7 @@ class NotebookSession:
             old.close()
         return lab
 
-    def _harvest(self, lab: Any) -> None:
+    def _harvest(self, lab: Lab) -> None:
         """Keep ``lab``'s runs (the picker's too) in the notebook's history."""
         for run in lab.history:
             if all(run is not r for r in self.runs):

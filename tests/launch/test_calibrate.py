@@ -10,7 +10,7 @@ from launch_helpers import allreduce_strategy
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_path, monkeypatch):
+def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_path, monkeypatch, load_ignored):
     from distlab.costmodel import CostModel
 
     clean_lab.cache_dir = tmp_path

@@ -26,7 +26,9 @@ class GRULM(torch.nn.Module):
         return self.out(self.rnn(self.emb(ids))[0])
 
 
-def test_a_model_outside_the_zoo_is_measured_once_then_read_from_the_cache(clean_lab, tmp_path, monkeypatch):
+def test_a_model_outside_the_zoo_is_measured_once_then_read_from_the_cache(
+    clean_lab, tmp_path, monkeypatch, load_ignored
+):
     import distlab as dl
     from distlab.costmodel.compute import model_key
     from distlab.launch.validate import variables_profile
