@@ -320,9 +320,9 @@ class Lab:
         a short one would cost more than re-running it), never otherwise. ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py).
-
-        Long because its signature and this docstring are the launch's reference; the body is the launch's
-        steps in order, with the work in prepare.py and Run."""
+        """
+        # Long because its signature and docstring are the launch's reference; the body is the
+        # launch's steps in order, the work in prepare.py and Run
         from distlab.runtime.job import RankJob
 
         steps = _v.check_positive("steps", steps)
