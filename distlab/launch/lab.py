@@ -360,7 +360,7 @@ class Lab:
 
             self.cost_model = measure_model_lab(self, self.cost_model, model, data, loss, b)
         workers = list(res.addresses)[: st.world]
-        run_id = f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
+        run_id = self._next_run_id()
         if elastic and checkpoint_every is None:
             checkpoint_every = max(10, steps // 10)
         job = RankJob(
@@ -391,6 +391,10 @@ class Lab:
         if block:
             run.wait()
         return run
+
+    def _next_run_id(self) -> str:
+        """A run's id: its number in this Lab and a random suffix (its rendezvous keys' prefix)."""
+        return f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
 
     def _new_run(self, prep: Prepared, job: Any, workers: list[str], elastic: bool) -> Run:
         """The Run of a prepared launch: its forecast, and how it replans on the workers that

@@ -172,7 +172,6 @@ def launch_native(
 ) -> Any:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
     torch launch, then one rank per worker through ``train_rank_tf``."""
-    import uuid
 
     from distlab.data import describe
     from distlab.launch import validate as _v
@@ -207,7 +206,7 @@ def launch_native(
         shapes={v.name: v.shape for v in prof.variables},
     )
     workers = list(res.addresses)[: st.world]
-    run_id = f"r{len(lab._runs) + 1}-{uuid.uuid4().hex[:6]}"
+    run_id = lab._next_run_id()
     job = _native_job(st, steps, b, seed, float(timeout or lab.timeout), run_id)
     run = Run(
         lab,
