@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import DistlabError
+from distlab.files import write_atomic
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "bench"
 
@@ -28,13 +29,8 @@ def write_result(
     path: str | Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None
 ) -> Path:
     """Write a benchmark's figures as JSON (rows: the table; summary: the headline numbers)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"rows": [dict(r) for r in rows], "summary": dict(summary or {}), "written": time.time()}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=_jsonable))
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps(payload, indent=1, default=_jsonable))
 
 
 def _jsonable(x: Any) -> Any:

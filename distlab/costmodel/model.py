@@ -471,11 +471,9 @@ class CostModel:
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration as JSON atomically (temp file + rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=str))
-        tmp.replace(path)
-        return path
+        from distlab.files import write_atomic
+
+        return write_atomic(path, json.dumps(self.to_dict(), indent=1, default=str))
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:

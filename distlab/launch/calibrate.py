@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
 from distlab.errors import CalibrationError, LaunchError
+from distlab.files import write_atomic
 from distlab.launch.measure import (
     MODEL_PASSES,
     Progress,
@@ -216,10 +217,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(rows))
 
 
 def _reference_worlds(res: Any) -> list[int]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distlab.errors import CalibrationError, LaunchError
+from distlab.files import write_atomic
 
 if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
@@ -148,7 +149,7 @@ def calibrate_native(
         "these figures describe that load: used for this session only, not cached",
     )
     if cache and not disturbed:
-        _write_cached(path, native)
+        write_atomic(path, json.dumps(native.to_dict(), indent=1))
     return cm.with_native(native)
 
 
@@ -163,10 +164,3 @@ def _read_cached(path: Path) -> Any:
         return NativeParams.from_dict(json.loads(path.read_text()))
     except (CalibrationError, ValueError, OSError):
         return None
-
-
-def _write_cached(path: Path, native: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(native.to_dict(), indent=1))
-    tmp.replace(path)

@@ -178,11 +178,9 @@ class Strategy:
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically (temp file + rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
-        return path
+        from distlab.files import write_atomic
+
+        return write_atomic(path, self.to_json())
 
     @classmethod
     def from_dict(cls, d: Any, profile: ModelProfile | None = None) -> Strategy:
