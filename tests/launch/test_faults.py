@@ -72,13 +72,14 @@ def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny, tmp_path):
 
 
 CTRL_C_SCRIPT = """
-import signal, sys, time
+import signal, sys, threading, time
 # as in a terminal: Python's own Ctrl-C handler (a process started in the background, as a CI job
 # or `cmd &` may be, inherits SIGINT ignored, and Python then leaves it ignored)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {here!r})
 from launch_helpers import Gate, HeldBlobs, TinyNet
 import distlab as dl
+from distlab.launch.run import Run
 
 if __name__ == "__main__":
     with dl.Lab(2, timeout=60) as lab:
@@ -87,7 +88,19 @@ if __name__ == "__main__":
         run = lab.launch(TinyNet(), strategy="AllReduce", steps=100000, data=data, elastic=False)
         while len(run.metrics) < 2:
             time.sleep(0.05)
-        print("ready", flush=True)
+
+        def say_ready():  # once inside run.wait(): a signal sooner would be the test's own race
+            main = threading.main_thread().ident
+            while True:
+                frame = sys._current_frames().get(main)
+                while frame is not None and frame.f_code is not Run.wait.__code__:
+                    frame = frame.f_back
+                if frame is not None:
+                    break
+                time.sleep(0.01)
+            print("ready", flush=True)
+
+        threading.Thread(target=say_ready, daemon=True).start()
         try:
             run.wait(60, progress=False)
             print("not interrupted", run.status, flush=True)
@@ -106,9 +119,9 @@ def test_ctrl_c_in_wait_cancels_the_run(tmp_path):
 
     script = tmp_path / "ctrl_c.py"
     script.write_text(CTRL_C_SCRIPT.format(here=str(Path(__file__).parent), gate=str(tmp_path)))
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
+    err = (tmp_path / "stderr").open("w")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True)
+    out = ""
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGINT)
@@ -118,7 +131,9 @@ def test_ctrl_c_in_wait_cancels_the_run(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "interrupted: run" in out and "cancelled on every worker | cancelled | {}" in out, out
+        err.close()
+    said = out + (tmp_path / "stderr").read_text()[-3000:]  # what went wrong, if it did
+    assert "interrupted: run" in out and "cancelled on every worker | cancelled | {}" in out, said
 
 
 def _busy(seconds):
