@@ -86,19 +86,21 @@ if __name__ == "__main__":
         # held after 3 steps until the test, having sent SIGINT, releases the gate
         data = HeldBlobs(Gate({gate!r}), free=3 * 32)
         run = lab.launch(TinyNet(), strategy="AllReduce", steps=100000, data=data, elastic=False)
-        while len(run.metrics) < 2:
+        deadline = time.monotonic() + 60
+        while len(run.metrics) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
 
         def say_ready():  # once inside run.wait(): a signal sooner would be the test's own race
-            main = threading.main_thread().ident
-            while True:
+            main, deadline = threading.main_thread().ident, time.monotonic() + 60
+            while time.monotonic() < deadline:
                 frame = sys._current_frames().get(main)
                 while frame is not None and frame.f_code is not Run.wait.__code__:
                     frame = frame.f_back
                 if frame is not None:
-                    break
+                    print("ready", flush=True)
+                    return
                 time.sleep(0.01)
-            print("ready", flush=True)
+            print("never inside run.wait() in 60 s", flush=True)
 
         threading.Thread(target=say_ready, daemon=True).start()
         try:
@@ -123,7 +125,8 @@ def test_ctrl_c_in_wait_cancels_the_run(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True)
     out = ""
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        said = proc.stdout.readline().strip()
+        assert said == "ready", said + (tmp_path / "stderr").read_text()[-3000:]
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)  # the interrupt reaches run.wait() while the ranks are held
         Gate(tmp_path).release()
