@@ -22,7 +22,7 @@ from distlab.launch import validate as _v
 from distlab.launch.prepare import Prepared, ProfileCache, prepare_launch
 from distlab.launch.replan import replan as _replan
 from distlab.launch.report import runs_frame
-from distlab.launch.run import Forecast, Run
+from distlab.launch.run import CANCEL_WITHIN, Forecast, Run
 from distlab.resources import ResourceSpec
 from distlab.strategy.execution import rank_threads
 
@@ -160,17 +160,19 @@ class Lab:
         if self._closed:
             return
         self._closed = True
-        for run in self._runs:
-            if not run.done:
-                try:
-                    run.cancel()
-                except Exception:  # noqa: BLE001
-                    pass
+        unsettled = [run for run in self._runs if not run.done]
+        for run in unsettled:
+            try:
+                run.cancel()
+            except Exception:  # noqa: BLE001 - ranks that ignore the stop end with their workers below
+                pass
         if self._own_client:
             self.client.close()
         if self._cluster is not None:
             self._cluster.close()
             self._cluster = None
+        for run in unsettled:  # their drivers see the client gone and settle them as cancelled
+            run._done.wait(CANCEL_WITHIN)
         if self._remove_ckpt is not None:
             self._remove_ckpt()
 
@@ -548,6 +550,7 @@ class Lab:
 
         model = prepare.as_module(model)
         _v.check_model(model)
+        _v.check_loss(loss)
         self._check_idle()
         self.cost_model = measure_model_lab(
             self,

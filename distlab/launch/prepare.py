@@ -63,6 +63,7 @@ def prepare_launch(
 
     model = as_module(model)  # a Keras 3 model: on the torch backend, as a torch module
     _v.check_model(model)
+    _v.check_loss(loss)
     data = as_dataset(data)
     hint = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
     batches: dict[int, Any] = {}
@@ -96,7 +97,9 @@ def prepare_launch(
         )
     else:
         data_info = describe(data)
-    return Prepared(model, data, st, b, profile, data_info, loss_name(loss, batch_of(b)[1]))
+    loss_info = loss_name(loss, batch_of(b)[1])  # the data's checks first: empty, unreadable, unfit
+    _v.check_global_batch(len(data), b, st.batch.accumulation, st.world)
+    return Prepared(model, data, st, b, profile, data_info, loss_info)
 
 
 def profile_at(model: Any, batch_size: int, sample_input: Any = None) -> ModelProfile:

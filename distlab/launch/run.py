@@ -217,7 +217,10 @@ class Run:
                 return
         except BaseException as exc:  # noqa: BLE001 - the driver must always settle the run
             if self._group is not None:
-                self._group.close()
+                try:
+                    self._group.close()
+                except Exception:  # noqa: BLE001 - e.g. the Lab closed its client under a cancelled run
+                    pass
             if self._cancel:
                 self._status = "cancelled"
             else:

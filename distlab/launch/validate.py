@@ -131,7 +131,7 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
 
     from distlab.data import DATA_FORMS, as_dataset
     from distlab.runtime.data import call_model, first_batch
-    from distlab.runtime.trainer import default_loss
+    from distlab.runtime.trainer import default_loss, loss_name
 
     try:
         data = as_dataset(data)
@@ -163,22 +163,59 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
     probe.train()
     try:
         out = call_model(probe, x)
-        value = (loss or default_loss)(out, y)
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise LaunchError(
-                f"loss: must return a scalar tensor, returned {type(value).__name__} of shape "
-                f"{getattr(value, 'shape', '?')}"
-            )
-    except DistlabError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        first = (str(exc).splitlines() or [""])[0][:200]
+    except Exception as exc:  # noqa: BLE001 - a user's model can raise anything
         raise LaunchError(
             f"data: a batch of {len(y)} samples (input {shapes_of(x)}) does not fit model "
-            f"{type(model).__name__}: {type(exc).__name__}: {first}; make the dataset match the model's "
-            "input and the loss's target"
+            f"{type(model).__name__}: {type(exc).__name__}: {_first_line(exc)}; make the dataset match "
+            "the model's input"
         ) from None
+    try:
+        value = (loss or default_loss)(out, y)
+    except Exception as exc:  # noqa: BLE001
+        raise LaunchError(
+            f"loss: {loss_name(loss, y if torch.is_tensor(y) else None)} of the model's output "
+            f"{shapes_of(out)} and a target {_described(y)} raised {type(exc).__name__}: "
+            f"{_first_line(exc)}; give targets that loss takes, or pass loss= one that takes these"
+        ) from None
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise LaunchError(
+            f"loss: must return a scalar tensor, returned {type(value).__name__} of shape "
+            f"{getattr(value, 'shape', '?')}"
+        )
     return x, y
+
+
+def check_global_batch(n: int, per_replica: int, accumulation: int, world: int) -> None:
+    """A step reads ``per_replica * accumulation * world`` samples: no more than the data holds
+    (more would put the same sample in one step's batch twice: a mistake, not a plan)."""
+    per_step = per_replica * accumulation * world
+    if per_step > n:
+        fits = n // (accumulation * world)
+        fix = f"batch_size={fits} or less" if fits else f"at least {accumulation * world} samples"
+        raise LaunchError(
+            f"batch_size: {per_replica} per replica x {accumulation} accumulation step(s) x {world} ranks is "
+            f"{per_step:,} samples a step, more than the {n:,} in data (each would be read twice or more in "
+            f"one step); use {fix}, or more data"
+        )
+
+
+def check_loss(loss: Any) -> None:
+    """``loss`` is None (the model's task decides) or a callable of (outputs, targets)."""
+    if loss is not None and not callable(loss):
+        raise LaunchError(
+            f"loss: expected a callable (outputs, targets) -> scalar tensor such as "
+            f"torch.nn.CrossEntropyLoss(), or None for the default; got {type(loss).__name__} {loss!r:.60}"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0][:200]
+
+
+def _described(y: Any) -> str:
+    """A target batch for messages: its shape and dtype."""
+    dtype = getattr(y, "dtype", None)
+    return f"{shapes_of(y)} {str(dtype).replace('torch.', '')}" if dtype is not None else shapes_of(y)
 
 
 def shapes_of(x: Any) -> str:

@@ -71,6 +71,34 @@ def test_cancel_stops_every_rank_within_ten_seconds(clean_lab, tiny, tmp_path):
     _assert_reusable(clean_lab, tiny, Blobs())
 
 
+class Sleepy(torch.nn.Module):
+    """A model whose step takes 0.7 s in a rank (a process group is up), not in checks and profiles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        if torch.distributed.is_initialized():
+            time.sleep(0.7)
+        return self.fc(x)
+
+
+def test_cancel_of_slow_steps_stops_after_three_steps_without_restarting_workers(clean_lab):
+    """Ranks of slow steps read the stop key at every step, so they agree on a stop 3 steps ahead,
+    not 6 (4.9 s here, which the 5 s grace would have ended by restarting the workers)."""
+    pids = clean_lab.client.run(os.getpid)
+    x, y = torch.randn(256, 8), torch.randint(0, 2, (256,))
+    run = clean_lab.launch(Sleepy(), strategy="AllReduce", steps=100000, data=(x, y), batch_size=16)
+    poll_for(lambda: run.steps_done >= 5 or run.done, 120, "5 steps of 0.7 s")
+    at_cancel = run.steps_done
+    t0 = time.monotonic()
+    run.cancel()
+    assert run.status == "cancelled" and time.monotonic() - t0 < 10
+    assert run.steps_done - at_cancel <= 5, (at_cancel, run.steps_done)
+    assert clean_lab.client.run(os.getpid) == pids, "a worker was restarted: its rank did not stop itself"
+
+
 CTRL_C_SCRIPT = """
 import signal, sys, threading, time
 # as in a terminal: Python's own Ctrl-C handler (a process started in the background, as a CI job
@@ -248,6 +276,17 @@ class Wide(torch.nn.Module):
         ({"strategy": "NoSuchBuilder"}, StrategyError, "NoSuchBuilder"),
         ({"batch_size": 0}, LaunchError, "batch_size"),
         ({"data": Blobs(d=7)}, LaunchError, "does not fit model TinyNet"),
+        ({"loss": "mse"}, LaunchError, "loss: expected a callable .* got str 'mse'"),
+        (
+            {"loss": torch.nn.MSELoss()},
+            LaunchError,
+            r"loss: MSELoss of the model's output \[16, \d+\] and a target \[16\] int64 raised",
+        ),
+        (
+            {"data": Blobs(n=20)},
+            LaunchError,
+            r"batch_size: 16 per replica .* 32 samples a step, more than the 20 in data .*=10 or less",
+        ),
         ({"data": [1, 2, 3]}, LaunchError, "data\\[0\\]"),
         ({"data": []}, LaunchError, "empty"),
         ({"strategy": "/nonexistent/strategy.json"}, StrategyError, "cannot read"),

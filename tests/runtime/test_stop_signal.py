@@ -1,0 +1,72 @@
+"""How ranks agree on the step to stop at (runtime/process_group.StopSignal), on a real torch store.
+
+Two ranks in lockstep share a ``HashStore``; the clock is the test's, so a "slow" step costs no time.
+Only rank 0 is told to stop (the request reached it first): both must stop at the same step."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from distlab.runtime.process_group import StopSignal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stops(step_seconds: list[float], request_at: int, skew: int = 0) -> tuple[int, int]:
+    """Run two ranks step by step (rank 1 ``skew`` steps ahead) until both stop; rank 0 is asked
+    to stop from step ``request_at`` on. Returns the step each stopped before."""
+    store, clock = dist.HashStore(), Clock()
+    asked = [False]
+    ranks = [
+        StopSignal(store, lambda: asked[0], margin=2, clock=clock),
+        StopSignal(store, lambda: False, margin=2, clock=clock),
+    ]
+    stopped: list[int | None] = [None, None]
+    for step in range(len(step_seconds)):
+        asked[0] = step >= request_at
+        order = [(1, step + skew), (0, step)] if skew else [(0, step), (1, step)]
+        for rank, at in order:
+            if stopped[rank] is None and at < len(step_seconds) and ranks[rank].stop_before(at):
+                stopped[rank] = at
+        if None not in stopped:
+            return stopped[0], stopped[1]
+        clock.now += step_seconds[step]
+    raise AssertionError(f"the ranks did not both stop: {stopped}")
+
+
+@pytest.mark.parametrize("skew", [0, 1])
+def test_fast_steps_stop_together_after_the_margin_and_the_read_period(skew):
+    a, b = _stops([0.01] * 40, request_at=9, skew=skew)
+    assert a == b == 9 + 2 + 4
+
+
+@pytest.mark.parametrize("skew", [0, 1])
+def test_slow_steps_stop_together_one_step_after_the_margin(skew):
+    """Steps of 1 s: every rank reads the store each step, so a cancel waits 3 steps, not 6."""
+    a, b = _stops([1.0] * 40, request_at=9, skew=skew)
+    assert a == b == 9 + 2 + 1
+
+
+def test_one_slow_step_among_fast_ones_keeps_the_long_margin():
+    """A hiccup on the rank that writes must not shorten the margin: the other rank, back to fast
+    steps, reads only every fourth step and would miss a nearer stop."""
+    seconds = [0.01] * 40
+    seconds[8] = 1.0
+    a, b = _stops(seconds, request_at=9)
+    assert a == b == 9 + 2 + 4
+
+
+def test_without_a_stop_request_nothing_stops():
+    store, clock = dist.HashStore(), Clock()
+    signal = StopSignal(store, lambda: False, margin=2, clock=clock)
+    for step in range(20):
+        assert not signal.stop_before(step)
+        clock.now += 1.0
+    assert not signal.requested()
