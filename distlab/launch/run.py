@@ -23,6 +23,7 @@ from distlab.launch.train import runtime_entry, train_rank
 
 if TYPE_CHECKING:
     from distlab.launch.lab import Lab
+    from distlab.runtime.job import RankJob
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
 LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worker after a rank saw it
@@ -161,14 +162,7 @@ class Run:
                     return
                 self._group = None
                 try:
-                    fn, args = (train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0]))
-                    if self.native is not None:
-                        from distlab.launch.tf_rank import train_rank_tf
-
-                        fn, args = (
-                            train_rank_tf,
-                            (self.native, self._topic, restart, self.id, threads[0], job.timeout),
-                        )
+                    fn, args = self._rank_call(job, restart, threads)
                     self._group = spmd.start_ranks(
                         client,
                         workers,
@@ -231,6 +225,15 @@ class Run:
             except Exception:  # noqa: BLE001
                 pass
             self._done.set()
+
+    def _rank_call(self, job: RankJob, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
+        """The function each rank's task runs and its arguments: distlab's runtime, or a native
+        TensorFlow child process."""
+        if self.native is None:
+            return train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0])
+        from distlab.launch.tf_rank import train_rank_tf
+
+        return train_rank_tf, (self.native, self._topic, restart, self.id, threads[0], job.timeout)
 
     def _complete(self, results: list[dict[str, Any]]) -> bool:
         """Every step ran (a stop asked for near the end may come too late to matter)."""
