@@ -580,7 +580,8 @@ class Lab:
             for r, a in zip(res.ranks, res.addresses)
         )
         how = "%distlab calibrate" if self.via_magics else "lab.calibrate()"
-        cm = "calibrated" if self.cost_model is not None else f"not calibrated ({how})"
+        calibrated = self.cost_model is not None and self.cost_model.fingerprint.get("calibrated")
+        cm = "calibrated" if calibrated else f"not calibrated ({how})"
         return (
             f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost "
             "model "

@@ -75,6 +75,21 @@ def runs_frame(runs: list[Run]) -> Any:
     return pd.DataFrame([r.row() for r in runs], columns=list(RUN_COLUMNS))
 
 
+def _no_prediction(run: Run) -> str:
+    """Why a run has no prediction, and the call that gives the next one."""
+    if run.forecast is not None:
+        return ""
+    how = "%distlab calibrate" if run.lab.via_magics else "lab.calibrate()"
+    if run.native is not None:
+        if run.strategy.builder in ("PS", "PartitionedPS"):
+            return "none: native parameter-server runs (asynchronous rounds) are not predicted"
+        return (
+            "none: TensorFlow's collectives were not calibrated at launch; "
+            'lab.calibrate(backend="tensorflow", models=[model]) measures them'
+        )
+    return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
+
+
 def run_card(run: Run) -> str:
     """``run`` as an HTML table: status, strategy, steps, data, loss, throughput measured and
     predicted, where the trained model is, the checkpoint and any error."""
@@ -90,7 +105,7 @@ def run_card(run: Run) -> str:
         ("data", run.data_info),
         ("loss", run.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
         ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
-        ("predicted", f"{pred:,.0f} samples/s (before the run)" if pred == pred else ""),
+        ("predicted", f"{pred:,.0f} samples/s (before the run)" if pred == pred else _no_prediction(run)),
         ("trained model", f"{run.var_name}.model (rank 0's weights, on the CPU)" if done else ""),
         ("checkpoint", run.checkpoint or ""),
         ("error", str(run.error) if run.error else ""),

@@ -176,7 +176,19 @@ class NotebookSession:
         cands = distlab.strategy.candidates(prof, res)
         if not cands:
             raise DistlabError(f"simulate: no candidate strategy for {var} on {res.world} ranks")
-        return ranking(self.cost_model, prof, res, cands)
+        table = ranking(self.cost_model, prof, res, cands)
+        if not self.cost_model.fingerprint.get("calibrated"):
+            table.attrs["note"] = "; ".join(
+                n
+                for n in (
+                    table.attrs.get("note"),
+                    "predicted with the default cost model: the model's step was measured on the "
+                    "workers, the collectives were not; %distlab calibrate measures them on this "
+                    "cluster (seconds, cached)",
+                )
+                if n
+            )
+        return table
 
     def picker(self, var: str, model: Any) -> Any:
         from distlab.notebook.picker import StrategyPicker

@@ -79,7 +79,11 @@ def test_launch_trains_and_reports_records_model_and_throughput(clean_lab, tiny,
         row["run_id"] == run.id and row["status"] == "finished" and row["world"] == 2 and row["batch"] == 16
     )
     assert row["measured_throughput"] == pytest.approx(run.throughput)
-    assert "finished" in run._repr_html_()
+    card = run._repr_html_()
+    assert "finished" in card
+    assert clean_lab.cost_model is None  # never calibrated in this module: the card says why no prediction
+    assert "none: the Lab had no cost model at launch; lab.calibrate() measures this cluster" in card
+    assert "not calibrated (lab.calibrate())" in clean_lab._repr_html_()
 
 
 def test_relaunch_reuses_the_warm_worker_processes(clean_lab, tiny, blobs):

@@ -100,6 +100,9 @@ def test_a_batchnorm_cnn_on_digits_trains_through_the_magics_and_comes_back(sess
     card = run._repr_html_()
     assert "1,400 samples" in card and "cross-entropy" in card and "first step" in card
     assert "cnn_run.model" in card
+    # predicted with the model's step measured on the workers, the collectives not calibrated: said
+    assert "samples/s (before the run)" in card
+    assert "not calibrated (%distlab calibrate)" in magics.session.current_lab._repr_html_()
     first, last = run.losses()
     assert last < first
     acc = _accuracy(run.model, sh.user_ns["test_images"], sh.user_ns["test_y"])
@@ -138,6 +141,10 @@ def test_the_ranking_has_the_single_process_row(session_shell, capsys):
     table = sh.user_ns["ranking"]
     assert "1 process (no distribution)" in set(table["strategy"])
     assert (table.loc[table["strategy"] == "1 process (no distribution)", "world"] == 1).all()
+    # never calibrated: the step is the model's own, the collectives the default model's, and it says so
+    assert "predicted with the default cost model" in table.attrs["note"]
+    lab = session_shell[1].session.current_lab  # simulate measured the step: a cost model, uncalibrated
+    assert lab.cost_model is not None and "not calibrated (%distlab calibrate)" in lab._repr_html_()
 
 
 def test_mistakes_lose_nothing(session_shell, capsys):
