@@ -163,6 +163,8 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
     probe.train()
     try:
         out = call_model(probe, x)
+    except DistlabError:  # a Keras model's own distlab error says what it needs
+        raise
     except Exception as exc:  # noqa: BLE001 - a user's model can raise anything
         raise LaunchError(
             f"data: a batch of {len(y)} samples (input {shapes_of(x)}) does not fit model "
@@ -171,6 +173,8 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
         ) from None
     try:
         value = (loss or default_loss)(out, y)
+    except DistlabError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise LaunchError(
             f"loss: {loss_name(loss, y if torch.is_tensor(y) else None)} of the model's output "
@@ -194,8 +198,8 @@ def check_global_batch(n: int, per_replica: int, accumulation: int, world: int) 
         fix = f"batch_size={fits} or less" if fits else f"at least {accumulation * world} samples"
         raise LaunchError(
             f"batch_size: {per_replica} per replica x {accumulation} accumulation step(s) x {world} ranks is "
-            f"{per_step:,} samples a step, more than the {n:,} in data (each would be read twice or more in "
-            f"one step); use {fix}, or more data"
+            f"{per_step:,} samples a step, more than the {n:,} in data (a step would read samples twice); "
+            f"use {fix}, or more data"
         )
 
 
