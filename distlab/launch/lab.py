@@ -141,6 +141,10 @@ class Lab:
         """True once ``close()`` ran: the Lab then launches, calibrates and measures nothing."""
         return self._closed
 
+    def calibrate_call(self) -> str:
+        """What calibrates this Lab, as its user types it: the magic in a magics notebook."""
+        return "%distlab calibrate" if self.via_magics else "lab.calibrate()"
+
     def _check_open(self) -> None:
         if self._closed:
             raise LaunchError(CLOSED)
@@ -579,7 +583,7 @@ class Lab:
             f"<td>{html.escape(a)}</td></tr>"
             for r, a in zip(res.ranks, res.addresses)
         )
-        how = "%distlab calibrate" if self.via_magics else "lab.calibrate()"
+        how = self.calibrate_call()
         calibrated = self.cost_model is not None and self.cost_model.fingerprint.get("calibrated")
         cm = "calibrated" if calibrated else f"not calibrated ({how})"
         return (

@@ -79,7 +79,6 @@ def _no_prediction(run: Run) -> str:
     """Why a run has no prediction, and the call that gives the next one."""
     if run.forecast is not None:
         return ""
-    how = "%distlab calibrate" if run.lab.via_magics else "lab.calibrate()"
     if run.native is not None:
         if run.strategy.builder in ("PS", "PartitionedPS"):
             return "none: native parameter-server runs (asynchronous rounds) are not predicted"
@@ -87,6 +86,7 @@ def _no_prediction(run: Run) -> str:
             "none: TensorFlow's collectives were not calibrated at launch; "
             'lab.calibrate(backend="tensorflow", models=[model]) measures them'
         )
+    how = run.lab.calibrate_call()
     return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
 
 

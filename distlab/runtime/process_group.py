@@ -241,8 +241,8 @@ class StopSignal:
         self.store, self.should_stop, self.period = store, should_stop, max(1, period)
         self.base, self.interval, self.clock = margin, interval, clock
         self.target: int | None = None
-        self._last_read = self._last_call = clock()
-        self._called = False
+        self._last_read = clock()
+        self._last_call: float | None = None  # None before the first step
         self._steps_s: list[float] = []  # the last three steps' seconds, the time to setup excluded
 
     def margin(self) -> int:
@@ -255,9 +255,9 @@ class StopSignal:
         if self.should_stop is None:
             return False
         now = self.clock()
-        if self._called:
+        if self._last_call is not None:
             self._steps_s = [*self._steps_s[-2:], now - self._last_call]
-        self._called, self._last_call = True, now
+        self._last_call = now
         if self.target is None:
             wants = self.should_stop()
             if wants:
