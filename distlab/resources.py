@@ -11,6 +11,7 @@ import html
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,6 +351,40 @@ class ResourceSpec:
             "<table><tr><th>host</th><th>ranks</th><th>devices</th><th>cores</th></tr>" + rows + "</table>"
             "<table><tr><th>link</th><th>latency</th><th>bandwidth</th></tr>" + links + "</table>"
         )
+
+
+# foreign load at or above this many cores (or this share of the host's cores, whichever is
+# larger) disturbs a measurement: an idle desktop's daemons, a terminal and a notebook server
+# use a few hundredths of a core
+DISTURBED_CORES, DISTURBED_SHARE = 0.25, 0.15
+
+
+def disturbed_by(foreign: float, cores: int) -> bool:
+    """Whether ``foreign`` cores busy with other programs disturb a measurement on ``cores`` cores."""
+    return foreign >= max(DISTURBED_CORES, DISTURBED_SHARE * cores)
+
+
+def cpu_sample() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the whole host, CPU seconds of this process, monotonic time), or None
+    where ``/proc/stat`` cannot be read (not Linux): what ``foreign_load`` compares."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return (sum(fields) - idle) / tick, time.process_time(), time.monotonic()
+
+
+def foreign_load(before: tuple[float, float, float] | None) -> float | None:
+    """Cores other processes kept busy on average since ``before`` (a ``cpu_sample``); None
+    when unknown. This process's own threads are not counted."""
+    after = cpu_sample()
+    if before is None or after is None:
+        return None
+    seconds = max(after[2] - before[2], 1e-9)
+    return max((after[0] - before[0]) - (after[1] - before[1]), 0.0) / seconds
 
 
 def available_cores() -> int:

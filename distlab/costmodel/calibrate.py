@@ -273,6 +273,7 @@ class _StepPoint(NamedTuple):
 
     row: ComputeFitRow
     base: float  # profiled x slowdown(n, c) under the params before the fit
+    n: int  # ranks on the host
     m: int  # busy cores: min(n, c)
     sliced: float  # ranks taking turns per core: n t / c
     contention: float  # the params' contention before the fit
@@ -280,6 +281,7 @@ class _StepPoint(NamedTuple):
 
 COMPUTE_TERMS: tuple[Term, ...] = (
     Term("step_overhead", "", lambda p: 1.0),
+    Term("lockstep_overhead", "(n > 1)", lambda p: float(p.n > 1)),
     Term("tensor_overhead", "tensors", lambda p: float(p.row.tensors)),
     Term("compute_scale", "base", lambda p: p.base, lower=-0.95, combine="scale"),
     Term(
@@ -292,7 +294,11 @@ COMPUTE_TERMS: tuple[Term, ...] = (
 )
 
 
-def fit_compute(params: CostParams, rows: Sequence[ComputeFitRow | Mapping[str, Any]]) -> CostParams:
+def fit_compute(
+    params: CostParams,
+    rows: Sequence[ComputeFitRow | Mapping[str, Any]],
+    terms: Sequence[Term] = COMPUTE_TERMS,
+) -> CostParams:
     """How a model's step in a rank compares with its profile, from local steps of reference models.
 
     With ``base = profiled x slowdown(n, c)`` under ``params`` (contention and thread efficiency
@@ -303,7 +309,7 @@ def fit_compute(params: CostParams, rows: Sequence[ComputeFitRow | Mapping[str, 
 
     by bounded least squares on relative residuals: the profile may be faster or slower than a
     rank, the loop and the extra interference only cost. Models without measured local steps
-    compute by these figures.
+    compute by these figures (``terms``: a subset of the table, to fit fewer).
     Bounds: {bounds}.
     """
     rs = as_rows(ComputeFitRow, rows)
@@ -314,10 +320,11 @@ def fit_compute(params: CostParams, rows: Sequence[ComputeFitRow | Mapping[str, 
         n = int(r.ranks_on_host or 1)
         c = int(r.cores or n)
         threads = int(r.profile_threads) if r.profile_threads else None
-        base = float(r.profiled) * slowdown(n, c, params.contention, threads, params.thread_efficiency, 0.0)
-        points.append(_StepPoint(r, base, min(n, c), time_slicing(n, c), params.contention))
+        e = params.thread_efficiency if r.thread_efficiency is None else float(r.thread_efficiency)
+        base = float(r.profiled) * slowdown(n, c, params.contention, threads, e, 0.0)
+        points.append(_StepPoint(r, base, n, min(n, c), time_slicing(n, c), params.contention))
     measured = [float(r.measured) for r in rs]
-    return _fit_terms(params, COMPUTE_TERMS, points, [m - p.base for m, p in zip(measured, points)], measured)
+    return _fit_terms(params, tuple(terms), points, [m - p.base for m, p in zip(measured, points)], measured)
 
 
 class _LoopPoint(NamedTuple):

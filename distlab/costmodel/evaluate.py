@@ -139,6 +139,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     bwd = col(b.bwd) * slow * prm.compute_scale
     overhead = (
         prm.step_overhead
+        + prm.lockstep_overhead * (p > 1)
         + prm.runtime_overhead
         + prm.rank_overhead * (p - 1)
         + (prm.tensor_overhead + prm.hook_overhead) * col(b.n_tensors)

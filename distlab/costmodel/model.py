@@ -28,7 +28,7 @@ from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
 from distlab.costmodel.native import NativeParams
 from distlab.costmodel.params import CostParams, fingerprint_of
-from distlab.costmodel.prediction import Prediction
+from distlab.costmodel.prediction import MEASURED_STEP, PROFILE, Prediction
 from distlab.costmodel.refit import HALFLIFE, PRIOR, Correction, apply, fit_corrections
 from distlab.costmodel.rows import CollectiveRow, LocalStep, LoopRun
 from distlab.errors import CalibrationError, StrategyError
@@ -127,10 +127,10 @@ class CostModel:
             return float(c.device_share), float(c.device_share)
         prm = self.params
 
+        e = prm.thread_efficiency if c.profile_thread_efficiency is None else c.profile_thread_efficiency
+
         def model(n: int, cores: int | None) -> float:
-            return slowdown(
-                n, cores, prm.contention, c.profile_threads, prm.thread_efficiency, prm.oversubscription
-            )
+            return slowdown(n, cores, prm.contention, c.profile_threads, e, prm.oversubscription)
 
         if not hosts:
             return 1.0, 1.0
@@ -143,7 +143,7 @@ class CostModel:
         profiled = c.accum * (c.fwd + c.bwd) * prm.compute_scale
         if measured is None or profiled <= 0:
             return structural, structural
-        loop = prm.step_overhead + prm.tensor_overhead * c.n_tensors
+        loop = prm.step_overhead + prm.tensor_overhead * c.n_tensors + prm.lockstep_overhead * (c.world > 1)
         return max(c.accum * measured - loop, 0.1 * c.accum * measured) / profiled, structural
 
     def _env(self, batch: Batch, resources: ResourceSpec | None) -> Env:
@@ -157,6 +157,7 @@ class CostModel:
                 c.gpu,
                 c.device_share,
                 c.profile_threads,
+                c.profile_thread_efficiency,
                 c.model_key,
                 c.per_replica,
                 c.accum,
@@ -242,6 +243,8 @@ class CostModel:
             eff = float(statistical_efficiency(gb, noise_scale, base_batch or profile.batch_size))
             good = float(out["throughput"][0]) * eff
         return Prediction(
+            basis=self.basis(c),
+            notes=self.notes(profile),
             strategy=strategy.name,
             world=c.world,
             global_batch=gb,
@@ -256,6 +259,27 @@ class CostModel:
             efficiency=eff,
         )
 
+    def basis(self, c: CompiledStrategy) -> str:
+        """``"measured step"`` when the model's own step was measured on the cluster, else ``"profile"``."""
+        return MEASURED_STEP if not c.gpu and c.model_key in self.compute else PROFILE
+
+    def notes(self, profile: ModelProfile) -> tuple[str, ...]:
+        """What a prediction from this model and ``profile`` should say beside its figure: collectives
+        never calibrated, a profile timed while other programs used the cores."""
+        out = []
+        if not self.fingerprint.get("calibrated"):
+            out.append(
+                "not calibrated: default collectives and compute figures; %distlab calibrate "
+                "(lab.calibrate()) measures this cluster"
+            )
+        if profile.meta.get("disturbed"):
+            load = profile.meta.get("load") or {}
+            out.append(
+                f"profiled under load: other programs used {float(load.get('foreign', 0)):.1f} of "
+                f"{load.get('cores', '?')} cores while dl.profile timed it; profile again on a quiet machine"
+            )
+        return tuple(out)
+
     def rank(
         self,
         profile: ModelProfile,
@@ -267,7 +291,9 @@ class CostModel:
         """Every candidate's prediction, best first (by goodput when a noise scale is given, else throughput).
 
         Columns: strategy (name), builder, world, per_replica, throughput, step_time, compute, comm,
-        optimizer, [efficiency, goodput], index (position in ``candidates``), plan (the Strategy).
+        optimizer, basis (``"measured step"`` or ``"profile"``), [efficiency, goodput], index
+        (position in ``candidates``), plan (the Strategy). ``table.attrs["notes"]``: what every
+        row's figure should be read with (``CostModel.notes``).
         """
         import pandas as pd
 
@@ -290,8 +316,10 @@ class CostModel:
                 "compute": out["compute"],
                 "comm": out["comm"],
                 "optimizer": out["optimizer"],
+                "basis": [self.basis(c) for c in items],
             }
         )
+        df.attrs["notes"] = self.notes(profile)
         key = "throughput"
         if noise_scale is not None:
             gb = np.array([c.per_replica * c.accum * c.world for c in items], dtype=float)

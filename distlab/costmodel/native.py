@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from distlab.costmodel.collectives import collective_time
-from distlab.costmodel.prediction import Prediction
+from distlab.costmodel.prediction import MEASURED_STEP, Prediction
 from distlab.errors import CalibrationError
 
 if TYPE_CHECKING:
@@ -174,6 +174,7 @@ def predict_native(
     step = local + wire + native.strategy_overhead
     gb = b * strategy.world
     return Prediction(
+        basis=MEASURED_STEP,  # the model's native step, measured by the calibration
         strategy=f"{strategy.name} (tensorflow)",
         world=strategy.world,
         global_batch=gb,

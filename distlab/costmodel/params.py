@@ -41,6 +41,10 @@ class CostParams:
     """Multiplies the profiled compute (a profile taken on another machine or thread count)."""
     step_overhead: float = 0.0
     """The training loop's own cost per step (reading the batch, zeroing gradients, Python)."""
+    lockstep_overhead: float = 0.0
+    """Per step when several ranks step together: a local step on the cluster waits for its
+    slowest peer each step (what a rank's compute measured in lockstep carries beyond its
+    arithmetic; the training-loop stage fits what a strategy adds to it)."""
     rank_overhead: float = 0.0
     """Per step per rank beyond the first: ranks waiting for the slowest one beyond what the
     lockstep local steps already wait."""

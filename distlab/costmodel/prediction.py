@@ -6,6 +6,16 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+#: where a prediction's compute came from: the model's own step measured on the cluster's workers
+#: (``Lab.measure_model``, which ``lab.launch``, the picker and ``%distlab simulate`` call), or
+#: its profile scaled by the calibrated compute model
+MEASURED_STEP, PROFILE = "measured step", "profile"
+
+#: the mean absolute error of each basis on models no calibration, default or test was fitted to
+#: (``distlab bench prediction-paths``; the figures and their date in
+#: datasets/measurements/prediction-paths.md, which a test compares with these)
+BASIS_ERROR: dict[str, float] = {MEASURED_STEP: 0.10, PROFILE: 0.15}
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -31,6 +41,13 @@ class Prediction:
     detail: dict[str, float] = field(default_factory=dict)
     goodput: float | None = None
     efficiency: float | None = None
+    basis: str = PROFILE
+    notes: tuple[str, ...] = ()
+
+    @property
+    def uncertainty(self) -> float | None:
+        """The typical relative error of predictions of this basis (``BASIS_ERROR``)."""
+        return BASIS_ERROR.get(self.basis)
 
     @property
     def total(self) -> float:
@@ -47,7 +64,12 @@ class Prediction:
         )
         if self.goodput is not None:
             text += f", goodput {self.goodput:,.1f} (efficiency {self.efficiency:.2f})"
-        return text
+        return text + f"; {self.basis_text()}" + "".join(f"; {n}" for n in self.notes)
+
+    def basis_text(self) -> str:
+        """``from the measured step, typically within 10%``: what the figure rests on, in words."""
+        err = self.uncertainty
+        return f"from the {self.basis}" + (f", typically within {err:.0%}" if err is not None else "")
 
     def __repr__(self) -> str:
         return f"<Prediction {self.summary()}>"

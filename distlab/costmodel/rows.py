@@ -122,6 +122,8 @@ class ComputeFitRow(_Row):
     cores: int | None = None
     profile_threads: int | None = None
     """Threads the profile ran."""
+    thread_efficiency: float | None = None
+    """The profile's own thread scaling (``meta["thread_efficiency"]``), if it measured one."""
 
     @classmethod
     def of(cls, step: LocalStep, profile: ModelProfile) -> ComputeFitRow:
@@ -133,6 +135,7 @@ class ComputeFitRow(_Row):
             ranks_on_host=step.ranks,
             cores=step.cores,
             profile_threads=profile.meta.get("threads"),
+            thread_efficiency=profile.meta.get("thread_efficiency"),
         )
 
 

@@ -18,12 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from distlab.resources import available_cores
-
-# foreign load at or above this many cores (or this share of the host's cores, whichever is
-# larger) disturbs a measurement: an idle desktop's daemons, a terminal and a notebook server
-# use a few hundredths of a core
-DISTURBED_CORES, DISTURBED_SHARE = 0.25, 0.15
+from distlab.resources import DISTURBED_CORES, DISTURBED_SHARE, available_cores
 
 
 class CalibrationWarning(UserWarning):

@@ -29,6 +29,8 @@ RUN_COLUMNS = (
     "predicted_compute",
     "predicted_comm",
     "predicted_optimizer",
+    "prediction_basis",
+    "prediction_notes",
 )
 
 
@@ -61,6 +63,8 @@ def run_row(run: Run, model: str) -> dict[str, Any]:
         "predicted_compute": base.breakdown["compute"] if base is not None else math.nan,
         "predicted_comm": base.breakdown["comm"] if base is not None else math.nan,
         "predicted_optimizer": base.breakdown["optimizer"] if base is not None else math.nan,
+        "prediction_basis": base.basis if base is not None else None,
+        "prediction_notes": "; ".join(base.notes) if base is not None else "",
     }
 
 
@@ -90,6 +94,17 @@ def _no_prediction(run: Run) -> str:
     return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
 
 
+def _prediction_text(run: Run, pred: float) -> str:
+    """The card's predicted figure with what it rests on: ``1,234 samples/s (before the run, from
+    the measured step, typically within 10%)`` and any note (uncalibrated, profiled under load)."""
+    base = run.forecast.base if run.forecast is not None else None
+    if base is None or not hasattr(base, "basis_text"):
+        return f"{pred:,.0f} samples/s (before the run)"
+    return f"{pred:,.0f} samples/s (before the run, {base.basis_text()})" + "".join(
+        f"; {n}" for n in base.notes
+    )
+
+
 def run_card(run: Run) -> str:
     """``run`` as an HTML table: status, strategy, steps, data, loss, throughput measured and
     predicted, where the trained model is, the checkpoint and any error."""
@@ -105,7 +120,7 @@ def run_card(run: Run) -> str:
         ("data", run.data_info),
         ("loss", run.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
         ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
-        ("predicted", f"{pred:,.0f} samples/s (before the run)" if pred == pred else _no_prediction(run)),
+        ("predicted", _prediction_text(run, pred) if pred == pred else _no_prediction(run)),
         ("trained model", f"{run.var_name}.model (rank 0's weights, on the CPU)" if done else ""),
         ("checkpoint", run.checkpoint or ""),
         ("error", str(run.error) if run.error else ""),

@@ -391,6 +391,9 @@ class DistlabMagics(Magics):
         from distlab.notebook.views import runs_table
 
         display(runs_table(runs))
+        notes = sorted({n for v in runs.get("prediction_notes", ()) if v for n in str(v).split("; ")})
+        for note in notes:  # what the predictions rest on: said once, not per run
+            print(f"predictions: {note}")
         if runs["predicted_throughput"].notna().any():
             display(plots.predicted_vs_measured(runs))
         else:

@@ -330,6 +330,8 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self._plan_line = (
                 f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
                 f"step {p.step_time * 1e3:,.1f} ms on {_workers(res.world)}{self._where(res)}"
+                f" <span style='color:#888'>({html.escape(p.basis_text())})</span>"
+                + "".join(f"<br><span style='color:#b35900'>{html.escape(n)}</span>" for n in p.notes)
             ) + self._goodput_line(self.value, res)
             if rank or self._ranked is None:
                 self._rank(res)

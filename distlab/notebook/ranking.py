@@ -45,12 +45,14 @@ def ranking(cost_model: Any, profile: Any, resources: Any, candidates: Sequence[
     single = float(base["throughput"].iloc[0])
     wins = bool(len(distributed) == 0 or single > float(distributed["throughput"].max()))
     rows.attrs["single_wins"] = wins
-    rows.attrs["note"] = (
+    rows.attrs["notes"] = table.attrs.get("notes", ())
+    wins_note = (
         f"one process is predicted fastest ({single:,.0f} samples/s, best distributed "
         f"{float(distributed['throughput'].max()):,.0f}/s): for this model on this cluster, do not distribute"
         if wins and len(distributed)
         else ""
     )
+    rows.attrs["note"] = "; ".join(n for n in (wins_note, *rows.attrs["notes"]) if n)
     return rows
 
 
@@ -104,6 +106,8 @@ def display_table(table: Any, top: int = 10) -> Any:
         "comm (ms)": (head["comm"] * 1e3).round(1),
         "optimizer (ms)": (head["optimizer"] * 1e3).round(1),
     }
+    if "basis" in head:  # what the compute came from: the model's measured step or its profile
+        cols["from"] = head["basis"].astype(str)
     if "goodput" in head:
         cols["goodput"] = head["goodput"].round().astype(int)
     from distlab.notebook.views import Table

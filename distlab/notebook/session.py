@@ -177,11 +177,11 @@ class NotebookSession:
         if not cands:
             raise DistlabError(f"simulate: no candidate strategy for {var} on {res.world} ranks")
         table = ranking(self.cost_model, prof, res, cands)
-        if not self.cost_model.fingerprint.get("calibrated"):
+        if not self.cost_model.fingerprint.get("calibrated"):  # said more exactly than CostModel.notes
             table.attrs["note"] = "; ".join(
                 n
                 for n in (
-                    table.attrs.get("note"),
+                    *(n for n in table.attrs["note"].split("; ") if n and not n.startswith("not calibrated")),
                     "predicted with the default cost model: the model's step was measured on the "
                     "workers, the collectives were not; %distlab calibrate measures them on this "
                     "cluster (seconds, cached)",

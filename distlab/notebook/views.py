@@ -92,6 +92,8 @@ def runs_table(runs: Any) -> Any:
             "refitted (samples/s)": rate("refitted_throughput"),
         }
     )
+    if "prediction_basis" in runs:  # what each prediction's compute came from
+        out["predicted from"] = runs["prediction_basis"].map(lambda v: v if isinstance(v, str) else "-")
     return Table(out)
 
 

@@ -7,6 +7,7 @@ torch_meter.py."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 
 from distlab.errors import ProfileError
+from distlab.resources import available_cores, cpu_sample, disturbed_by, foreign_load
+from distlab.runtime.allocator import tune_allocator
 from distlab.profiling.model_profile import DEFAULT_BATCH, LayerProfile, ModelProfile, VariableProfile
 from distlab.profiling.torch_inputs import Batch, diagnose, dtype_name, make_batcher
 from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
@@ -29,6 +32,7 @@ STABLE_WITHIN = 0.02  # stable: the median moved less than this (relative) over 
 SETTLE_SHARE = 0.2  # ... judged once this share of the budget is spent too: fast steps take more
 METER_STEP_SECONDS = 0.25  # per-op metered passes run at batch_size if a plain step there is this fast
 METER_SECONDS = 1.0  # metered passes stop after this long (at least one)
+THREAD_EFFICIENCY_MAX = 1.2  # above 1: more than linear in threads (caches); beyond this, noise
 
 
 def profile(
@@ -104,10 +108,15 @@ def profile(
             f"profile: {type(model).__name__} has no trainable parameters, so there is nothing to "
             "distribute; pass a model with parameters (requires_grad=True)"
         )
-    started = time.perf_counter()
+    tune_allocator()  # glibc's thresholds as every rank runs with them (runtime/allocator.py)
+    started, cpu = time.perf_counter(), cpu_sample()
     with _preserved(model):
         prof = _TorchProfiler(model, sample_input, batch_size, repeats, warmup, micro_batch, seed).run()
     prof.meta["profile_seconds"] = time.perf_counter() - started
+    foreign = foreign_load(cpu)
+    if foreign is not None:
+        prof.meta["load"] = {"foreign": foreign, "cores": available_cores()}
+        prof.meta["disturbed"] = disturbed_by(foreign, available_cores())
     return prof
 
 
@@ -176,13 +185,21 @@ class _TorchProfiler:
         return ModuleAttribution(self.modules, {id(t): self.owner[n] for n, t in tensors.items()})
 
     def _backward(self, out: Any) -> None:
-        """Backward from every trainable floating-point output (a ones gradient each)."""
+        """Backward from every trainable floating-point output: through the default loss when the
+        output is one tensor of class scores (cross-entropy over its last dimension, as the runtime
+        trains it on integer targets: over a vocabulary of thousands it is a real share of the
+        step), else a ones gradient each."""
         outs = [t for t in _flat_tensors(out) if t.requires_grad and t.is_floating_point()]
         if not outs:
             raise ProfileError(
                 f"forward: the output of {type(self.model).__name__} does not depend on its trainable "
                 "parameters; profile the module whose output is trained"
             )
+        if len(outs) == 1 and outs[0].dim() >= 2 and outs[0].shape[-1] >= 2:
+            scores = outs[0].reshape(-1, outs[0].shape[-1])
+            target = torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device)
+            torch.nn.functional.cross_entropy(scores, target).backward()
+            return
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
     def _step(
@@ -311,6 +328,7 @@ class _TorchProfiler:
             self._plain_step(second)
         second_time = statistics.median(self._time_steps(second, FIT_SECONDS))
         fit = _fit_line(bs, step_time, second, second_time)
+        threads = self._thread_scaling(bs, step_time)
 
         if self.micro_batch is not None:
             mb = max(min(least, bs), min(self.micro_batch, bs))
@@ -347,11 +365,33 @@ class _TorchProfiler:
                 "step_time_method": f"median of {len(steps)} plain steps at batch {bs}",
                 "step_repeats": len(steps),
                 "step_fit": fit,
+                **threads,
                 "meter_batch": mb,
                 "meter_passes": len(meters),
             }
         )
         return prof
+
+    def _thread_scaling(self, bs: int, step_time: float) -> dict[str, Any]:
+        """The step at ``bs`` on one thread as well, when the process runs several: a rank gets
+        fewer threads than the notebook when ranks share the cores, and how much a model gains
+        from threads is its own (a GRU or an embedding model gains little, a wide MLP almost
+        twice). ``thread_efficiency`` ``e`` fits ``seconds(t) = step_time (T / t) ** e``."""
+        big = torch.get_num_threads()
+        if self.cuda or big < 2:
+            return {}
+        torch.set_num_threads(1)
+        try:
+            if self.warmup:
+                self._plain_step(bs)
+            one = statistics.median(self._time_steps(bs, FIT_SECONDS))
+        finally:
+            torch.set_num_threads(big)
+        e = math.log(max(one, 1e-12) / max(step_time, 1e-12)) / math.log(big)
+        return {
+            "thread_steps": {"threads": [big, 1], "seconds": [step_time, one]},
+            "thread_efficiency": min(max(e, 0.0), THREAD_EFFICIENCY_MAX),
+        }
 
     def _time_steps(self, m: int, budget: float) -> list[float]:
         """Plain steps at batch ``m`` until their median is stable, ``budget`` seconds are spent or
