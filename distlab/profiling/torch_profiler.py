@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from distlab.errors import ProfileError
-from distlab.resources import available_cores, cpu_sample, disturbed_by, foreign_load
-from distlab.runtime.allocator import tune_allocator
 from distlab.profiling.model_profile import DEFAULT_BATCH, LayerProfile, ModelProfile, VariableProfile
 from distlab.profiling.torch_inputs import Batch, diagnose, dtype_name, make_batcher
 from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
+from distlab.resources import available_cores, cpu_sample, disturbed_by, foreign_load
+from distlab.runtime.allocator import tune_allocator
 
 STEP_SECONDS = 1.5  # plain steps at batch_size stop once stable or after this long (at least MIN_STEPS)
 FIT_SECONDS = 0.75  # the same for the second batch of the compute fit
