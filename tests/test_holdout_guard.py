@@ -1,0 +1,42 @@
+"""The held-out set stays held out: nothing that calibrates, defaults, fits or tests distlab imports it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORT = re.compile(
+    r"(from\s+distlab\s+import\s+[^\n]*\bholdout\b|distlab\.holdout\b|from\s+distlab\.holdout)"
+)
+# the module itself, the test of its shapes (builds them, fits nothing) and the one benchmark that scores on them
+ALLOWED = {"distlab/holdout.py", "tests/test_holdout.py", "notebooks/bench/prediction-paths.ipynb"}
+
+
+def _importers() -> set[str]:
+    files = [*ROOT.glob("distlab/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("notebooks/**/*.ipynb")]
+    return {
+        str(f.relative_to(ROOT))
+        for f in files
+        if f.name != Path(__file__).name and IMPORT.search(f.read_text(errors="replace"))
+    }
+
+
+def test_only_the_prediction_paths_benchmark_imports_the_held_out_models():
+    importers = _importers()
+    assert importers <= ALLOWED, (
+        f"{sorted(importers - ALLOWED)} import distlab.holdout: the held-out models may be scored on, "
+        "never calibrated, fitted, tuned or tested against; use distlab.heldout's models for that"
+    )
+    assert "notebooks/bench/prediction-paths.ipynb" in importers  # the guard sees real imports
+
+
+def test_the_pattern_catches_every_spelling():
+    for line in (
+        "from distlab import holdout",
+        "from distlab import bench, holdout",
+        "import distlab.holdout as h",
+        "from distlab.holdout import build",
+    ):
+        assert IMPORT.search(line), line
+    assert not IMPORT.search("from distlab import heldout")
