@@ -69,6 +69,7 @@ class ResourceSpec:
     nodes: tuple[NodeSpec, ...] = ()
     ssh: dict[str, Any] = field(default_factory=dict)
     addresses: tuple[str, ...] = ()  # Dask worker address per rank, when built from a client
+    memory: dict[str, int] = field(default_factory=dict)  # host -> bytes its smallest worker may use
 
     @property
     def world(self) -> int:
@@ -218,7 +219,10 @@ class ResourceSpec:
         threads: dict[str, int] = {}
         measured: dict[str, int] = {}
         per_host: dict[tuple[str, str], int] = {}
+        memory: dict[str, int] = {}
         for host, addr, info in rows:
+            if info.get("memory_limit"):  # a Dask worker's memory limit: what one rank may hold
+                memory[host] = min(memory.get(host, 1 << 62), int(info["memory_limit"]))
             fact = facts.get(addr) or {}
             gpu = fact.get("gpu")
             kind = "gpu" if gpu not in (None, "") or _has_gpu(info) else "cpu"
@@ -230,7 +234,9 @@ class ResourceSpec:
             threads[host] = threads.get(host, 0) + int(info.get("nthreads") or 1)
             if fact.get("cores"):
                 measured[host] = max(measured.get(host, 0), int(fact["cores"]))
-        return cls(ranks=tuple(ranks), cores={**threads, **measured}, addresses=tuple(addresses))
+        return cls(
+            ranks=tuple(ranks), cores={**threads, **measured}, addresses=tuple(addresses), memory=memory
+        )
 
     # -- what-if variants ------------------------------------------------------------------------
     def with_links(self, intra: Link | None = None, inter: Link | None = None) -> ResourceSpec:

@@ -244,7 +244,7 @@ class CostModel:
             good = float(out["throughput"][0]) * eff
         return Prediction(
             basis=self.basis(c),
-            notes=self.notes(profile),
+            notes=self.notes(profile, resources, strategy),
             strategy=strategy.name,
             world=c.world,
             global_batch=gb,
@@ -263,9 +263,12 @@ class CostModel:
         """``"measured step"`` when the model's own step was measured on the cluster, else ``"profile"``."""
         return MEASURED_STEP if not c.gpu and c.model_key in self.compute else PROFILE
 
-    def notes(self, profile: ModelProfile) -> tuple[str, ...]:
+    def notes(
+        self, profile: ModelProfile, resources: ResourceSpec | None = None, strategy: Strategy | None = None
+    ) -> tuple[str, ...]:
         """What a prediction from this model and ``profile`` should say beside its figure: collectives
-        never calibrated, a profile timed while other programs used the cores."""
+        never calibrated, a profile timed while other programs used the cores, a profile of another
+        batch than ``strategy``'s, a model too large for the workers of ``resources``."""
         out = []
         if not self.fingerprint.get("calibrated"):
             out.append(
@@ -277,6 +280,20 @@ class CostModel:
             out.append(
                 f"profiled under load: other programs used {float(load.get('foreign', 0)):.1f} of "
                 f"{load.get('cores', '?')} cores while dl.profile timed it; profile again on a quiet machine"
+            )
+        if strategy is not None and strategy.batch.per_replica != profile.batch_size:
+            out.append(
+                f"profiled at batch {profile.batch_size}, predicted at {strategy.batch.per_replica} per "
+                "replica: compute scaled by the profile's two-batch fit; profile at the run's batch "
+                f"(dl.profile(model, batch_size={strategy.batch.per_replica})) for its own step"
+            )
+        need = training_bytes(profile, strategy.batch.per_replica if strategy is not None else None)
+        have = min((resources.memory.values() if resources is not None else ()), default=0)
+        if have and need > have:
+            out.append(
+                f"does not fit: training needs about {need / 2**30:.1f} GiB per rank (weights, "
+                f"gradients, optimizer state, activations), a worker may use {have / 2**30:.1f} GiB; "
+                "give the workers more memory or shard the model (PartitionedPS)"
             )
         return tuple(out)
 
@@ -553,3 +570,13 @@ class CostModel:
                 else ""
             )
         )
+
+
+def training_bytes(profile: ModelProfile, per_replica: int | None = None, optimizer_states: int = 2) -> int:
+    """About what one rank holds to train ``profile``'s model: weights, gradients, ``optimizer_states``
+    copies of the weights (Adam's two moments; SGD with momentum one) and the activations of a
+    step at ``per_replica`` (the profile's batch when None), kept for backward."""
+    weights = sum(v.nbytes for v in profile.variables)
+    acts = sum(layer.activation_bytes for layer in profile.layers)
+    scale = (per_replica or profile.batch_size) / max(profile.batch_size, 1)
+    return int(weights * (2 + optimizer_states) + acts * scale)
