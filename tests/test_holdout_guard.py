@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMPORT = re.compile(
     r"(from\s+distlab\s+import\s+[^\n]*\bholdout\b|distlab\.holdout\b|from\s+distlab\.holdout)"
 )
-# the module itself, the test of its shapes (builds them, fits nothing) and the one benchmark that scores on them
+# the module, the test of its shapes (builds them, fits nothing), the one benchmark scoring on them
 ALLOWED = {"distlab/holdout.py", "tests/test_holdout.py", "notebooks/bench/prediction-paths.ipynb"}
 
 
