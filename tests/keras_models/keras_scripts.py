@@ -194,7 +194,13 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
     import tempfile
     import warnings
 
-    lab = dl.Lab(workers=2, cache_dir=tempfile.mkdtemp(prefix="distlab-native-cache-"))
+    from distlab.launch import load
+
+    # a busy CI host would mark the measurement disturbed, which is never cached; this script tests
+    # the cache (native_calibration_under_load tests the disturbed branch)
+    load.DISTURBED_CORES = float("inf")
+    cache = tempfile.mkdtemp(prefix="distlab-native-cache-")
+    lab = dl.Lab(workers=2, cache_dir=cache)
     out = {"runs": []}
     try:
         model = mlp(seed=2)
@@ -211,6 +217,7 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
             "native": first.to_dict(),
             "cached": again == first,
             "disturbed": any("calibrate" in str(w.message) for w in caught),
+            "files": [f.name for f in Path(cache).glob("native-*.json")],
         }
         for _ in range(2 if twice else 1):
             t0 = time.perf_counter()
@@ -477,3 +484,37 @@ def native_ps(builders: list, steps: int = 20) -> dict:
     finally:
         lab.close()
     return out
+
+
+def native_calibration_under_load() -> dict:
+    """calibrate(backend="tensorflow") beside two busy processes: the warnings it gives and the
+    cache files it leaves."""
+    import tempfile
+    import warnings
+
+    import numpy as np
+
+    import distlab as dl
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 12)).astype("float32")
+    y = (x[:, :5].argmax(1)).astype("int64")
+    cache = tempfile.mkdtemp(prefix="distlab-native-load-")
+    lab = dl.Lab(workers=2, cache_dir=cache)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cm = lab.calibrate(
+                backend="tensorflow", models=[(mlp(seed=2), (x, y))], batch_size=16, progress=False
+            )
+        return {
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+            "files": [f.name for f in Path(cache).glob("native-*.json")],
+            "native": cm.native is not None,
+        }
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        lab.close()

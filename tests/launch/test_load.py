@@ -140,3 +140,28 @@ def test_workers_that_joined_or_left_during_a_calibration_are_one_warning_naming
     assert len(seen) == 1 and issubclass(seen[0].category, CalibrationWarning)
     assert "joined: tcp://h:3; left: tcp://h:2" in str(seen[0].message)
     assert "run lab.calibrate() again" in str(seen[0].message)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_model_measured_beside_busy_processes_warns_is_used_and_is_not_cached(clean_lab, tmp_path, tiny):
+    from launch_helpers import Blobs
+
+    from distlab.costmodel.compute import model_key
+    from distlab.launch.load import CalibrationWarning
+    from distlab.launch.validate import variables_profile
+
+    clean_lab.cache_dir = tmp_path
+    hogs = _hogs(2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cm = clean_lab.measure_model(tiny, data=Blobs(256), batch_size=8, progress=False)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    said = [str(w.message) for w in caught if issubclass(w.category, CalibrationWarning)]
+    assert len(said) == 1 and "not cached" in said[0] and "other programs used" in said[0], said
+    assert model_key(variables_profile(tiny)) in cm.compute  # used for this session's predictions
+    assert list(tmp_path.glob("local-steps-*.json")) == []  # never cached
