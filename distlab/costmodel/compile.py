@@ -404,4 +404,4 @@ def compile_strategy(
 def _thread_efficiency(profile: ModelProfile) -> float | None:
     """The profile's own thread scaling (``dl.profile`` measures the step on one thread too), or None."""
     e = profile.meta.get("thread_efficiency")
-    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 else None
+    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) else None

@@ -32,7 +32,10 @@ STABLE_WITHIN = 0.02  # stable: the median moved less than this (relative) over 
 SETTLE_SHARE = 0.2  # ... judged once this share of the budget is spent too: fast steps take more
 METER_STEP_SECONDS = 0.25  # per-op metered passes run at batch_size if a plain step there is this fast
 METER_SECONDS = 1.0  # metered passes stop after this long (at least one)
-THREAD_EFFICIENCY_MAX = 1.2  # above 1: more than linear in threads (caches); beyond this, noise
+# above 1: more than linear in threads (caches); below 0: one thread faster than all of them, as
+# when the cluster's own processes take turns on the cores (every thread of a step waits for the
+# slowest at each op); beyond these bounds, noise
+THREAD_EFFICIENCY_MIN, THREAD_EFFICIENCY_MAX = -1.0, 1.2
 
 
 def profile(
@@ -51,8 +54,19 @@ def profile(
     to the sizes profiled. It may be omitted for zoo models (they carry ``input_spec``) and
     for models whose first layer is Linear, Embedding or Conv with known channels.
 
-    A step is forward plus backward, driven by a gradient of ones on every trainable output
-    (the loss itself is not part of the profile), then the gradients are dropped.
+    A step is forward plus backward, then the gradients are dropped. The backward runs through
+    the runtime's default loss when the output is one tensor of class scores (cross-entropy over
+    its last dimension: over a vocabulary it is a real share of the step), else from a gradient
+    of ones on every trainable output.
+
+    The profile is taken as a rank computes: under the glibc malloc thresholds every rank runs
+    with (``runtime/allocator.py``; set in this process too), and, when this process runs
+    several threads, the step is also timed on one thread (``meta["thread_steps"]``), so
+    ``meta["thread_efficiency"]`` ``e`` says how this model's step scales with threads
+    (``seconds(t) = step_time (T / t) ** e``; a rank gets fewer threads when ranks share the
+    cores). Other programs' CPU use while it ran is ``meta["load"]`` (cores, from
+    ``/proc/stat``); at a quarter of a core or 15% of the cores it is ``meta["disturbed"]``, and
+    every prediction made from it says so.
 
     ``step_time`` is measured at ``batch_size`` itself, never scaled from another batch: it
     is the median of plain steps (no hooks, no per-op timing) taken after ``warmup`` untimed
@@ -376,7 +390,10 @@ class _TorchProfiler:
         """The step at ``bs`` on one thread as well, when the process runs several: a rank gets
         fewer threads than the notebook when ranks share the cores, and how much a model gains
         from threads is its own (a GRU or an embedding model gains little, a wide MLP almost
-        twice). ``thread_efficiency`` ``e`` fits ``seconds(t) = step_time (T / t) ** e``."""
+        twice). ``thread_efficiency`` ``e`` fits ``seconds(t) = step_time (T / t) ** e``, so a rank
+        of one thread is predicted from the one-thread step itself, which on a shared machine is
+        the steadier of the two (a step on every core waits at each op for a thread the cluster's
+        own processes delayed)."""
         big = torch.get_num_threads()
         if self.cuda or big < 2:
             return {}
@@ -390,7 +407,7 @@ class _TorchProfiler:
         e = math.log(max(one, 1e-12) / max(step_time, 1e-12)) / math.log(big)
         return {
             "thread_steps": {"threads": [big, 1], "seconds": [step_time, one]},
-            "thread_efficiency": min(max(e, 0.0), THREAD_EFFICIENCY_MAX),
+            "thread_efficiency": min(max(e, THREAD_EFFICIENCY_MIN), THREAD_EFFICIENCY_MAX),
         }
 
     def _time_steps(self, m: int, budget: float) -> list[float]:
