@@ -82,6 +82,16 @@ SMALL: dict[str, dict] = {
         "repeats": 1,
         "calibrate": False,
     },
+    "bench/prediction-paths": {  # the diagnostic set: no test runs distlab.holdout's models
+        "model_set": "diagnostic",
+        "models": "mlp",
+        "builders": "AllReduce",
+        "batch": 8,
+        "steps": 4,
+        "rounds": 2,
+        "samples": 256,
+        "calibrate_sizes": [4096, 65536],
+    },
     "bench/cost-model-accuracy": {
         "models": ["gru_lm"],
         "strategies": ["AllReduce", "PS"],
@@ -208,6 +218,11 @@ def test_benchmark_writes_its_figures(name, tmp_path):
         assert {"mape", "noise_floor", "spearman_min", "regret_max"} <= set(summary)
         assert 0.0 <= summary["ceiling_share_regret_max_met"] <= 1.0 and summary["ceiling_mape"] >= 0.0
         assert summary["gru_lm_mape"] == summary["mape"]  # per model, beside the overall figures
+    if name == "prediction-paths":  # both paths from one fresh calibration, beside the noise's ceiling
+        summary = result["summary"]
+        assert summary["model_set"] == "diagnostic" and summary["configurations"] == 2  # AllReduce, 1 process
+        assert summary["profile_mape"] >= 0 and summary["measured_step_mape"] >= 0 and summary["ceiling_mape"] >= 0
+        assert summary["mlp_profile_mape"] == summary["profile_mape"]
 
 
 def test_cli_bench_lists_and_rejects_unknown(capsys):
