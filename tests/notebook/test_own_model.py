@@ -101,7 +101,8 @@ def test_a_batchnorm_cnn_on_digits_trains_through_the_magics_and_comes_back(sess
     assert "1,400 samples" in card and "cross-entropy" in card and "first step" in card
     assert "cnn_run.model" in card
     # predicted with the model's step measured on the workers, the collectives not calibrated: said
-    assert "samples/s (before the run)" in card
+    assert "samples/s (before the run, from the measured step, typically within" in card
+    assert "not calibrated: default collectives" in card and "%distlab calibrate" in card
     assert "not calibrated (%distlab calibrate)" in magics.session.current_lab._repr_html_()
     first, last = run.losses()
     assert last < first
@@ -143,6 +144,8 @@ def test_the_ranking_has_the_single_process_row(session_shell, capsys):
     assert (table.loc[table["strategy"] == "1 process (no distribution)", "world"] == 1).all()
     # never calibrated: the step is the model's own, the collectives the default model's, and it says so
     assert "predicted with the default cost model" in table.attrs["note"]
+    assert table.attrs["note"].count("not calibrated") == 0  # said once, the specific way
+    assert set(table["basis"]) == {"measured step"}  # simulate measured the model's own step
     lab = session_shell[1].session.current_lab  # simulate measured the step: a cost model, uncalibrated
     assert lab.cost_model is not None and "not calibrated (%distlab calibrate)" in lab._repr_html_()
 
@@ -165,6 +168,8 @@ def test_mistakes_lose_nothing(session_shell, capsys):
     # runs belong to the notebook, not to the Lab that made them
     out, err = magic(sh, "compare", capsys)
     assert err == "" and all(r.id in out for r in magics.session.runs)
+    # what the predictions rest on, once below the table: these were never calibrated
+    assert "predicted from" in out and out.count("predictions: not calibrated") == 1
     # a closed Lab says so, and how to start one
     assert "closed" in repr(lab)
     from distlab.errors import LaunchError
