@@ -57,8 +57,7 @@ class CompiledStrategy:
     device_share: int  # most ranks sharing one accelerator (1 on CPU)
     gpu: bool
     profile_threads: int | None  # threads the profile's timings were measured with
-    # how the model's own step scaled from profile_threads to one (profile.meta); None: params'
-    profile_thread_efficiency: float | None
+    profile_thread_efficiency: float | None  # the model's own thread scaling; None: the params'
     multi_host: bool
     ddp: bool  # the runtime's DDP fast path (pure all-reduce)
     # backward tasks in launch order: an all-reduce bucket or a PS reduce each
@@ -349,7 +348,7 @@ def compile_strategy(
         device_share=max(devices.values(), default=1),
         gpu=bool(devices),
         profile_threads=int(profile.meta["threads"]) if profile.meta.get("threads") else None,
-        profile_thread_efficiency=_thread_efficiency(profile),
+        profile_thread_efficiency=profile.thread_efficiency,
         multi_host=len(hosts) > 1,
         ddp=ddp,
         task_ar_bytes=col(2),
@@ -399,9 +398,3 @@ def compile_strategy(
             + tally.gossip_msgs * math.ceil(degree)
         ),
     )
-
-
-def _thread_efficiency(profile: ModelProfile) -> float | None:
-    """The profile's own thread scaling (``dl.profile`` measures the step on one thread too), or None."""
-    e = profile.meta.get("thread_efficiency")
-    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) else None

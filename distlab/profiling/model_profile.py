@@ -201,6 +201,15 @@ class ModelProfile:
             return self.step_time
         return sum(layer.time_fwd + layer.time_bwd for layer in self.layers)
 
+    @property
+    def thread_efficiency(self) -> float | None:
+        """How this model's step scales with threads (``meta["thread_efficiency"]``, measured by
+        ``dl.profile`` on one thread and on the process's threads), or None when not measured."""
+        e = self.meta.get("thread_efficiency")
+        return (
+            float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) else None
+        )
+
     def compute_time_at(self, batch: float) -> float:
         """Forward + backward seconds at a per-replica ``batch``; ``compute_time`` at ``batch_size``.
 

@@ -102,6 +102,7 @@ def profile(
 
     The model's training mode, gradients, buffers and the global RNG state are restored.
     """
+    # Long because its docstring is dl.profile's reference; the work is in _TorchProfiler
     from distlab.keras_model import KerasModule
 
     if isinstance(model, KerasModule):  # a Keras model as the runtime runs it: profiled as Keras

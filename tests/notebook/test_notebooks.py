@@ -221,7 +221,11 @@ def test_benchmark_writes_its_figures(name, tmp_path):
     if name == "prediction-paths":  # both paths from one fresh calibration, beside the noise's ceiling
         summary = result["summary"]
         assert summary["model_set"] == "diagnostic" and summary["configurations"] == 2  # AllReduce, 1 process
-        assert summary["profile_mape"] >= 0 and summary["measured_step_mape"] >= 0 and summary["ceiling_mape"] >= 0
+        assert (
+            summary["profile_mape"] >= 0
+            and summary["measured_step_mape"] >= 0
+            and summary["ceiling_mape"] >= 0
+        )
         assert summary["mlp_profile_mape"] == summary["profile_mape"]
 
 
