@@ -4,13 +4,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+# a GPU machine (nvidia-smi lists a device) also gets the gpu extra (dask-cuda's LocalCUDACluster)
+comma := ,
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+EXTRAS := dev,bench$(if $(GPU),$(comma)gpu)
+# where torch comes from: the index pip is configured with, unless TORCH_INDEX names another
+# (make test TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build from PyPI's mirror)
+TORCH_INDEX ?=
 
 .PHONY: demo test install lint bench browser-deps clean
 
 $(STAMP): pyproject.toml constraints.txt kernels/distlab/kernel.json kernels/distlab/logo-32x32.png kernels/distlab/logo-64x64.png
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) torch==2.13.0 tensorflow-cpu==2.21.0
-	$(PIP) -e ".[dev,bench]"
+	$(PIP) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
+	$(PIP) tensorflow-cpu==2.21.0
+	$(PIP) -e ".[$(EXTRAS)]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	$(BIN)/jupyter kernelspec install --sys-prefix kernels/distlab >/dev/null
 	touch $(STAMP)
