@@ -353,7 +353,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
         from distlab.notebook.ranking import SINGLE_PROCESS, ranking
 
         table = ranking(self._cm, self.profile, res, st.candidates(self.profile, res))
-        note = table.attrs.get("note", "")
+        note = table.attrs.get("single_note", "")  # the cost model's notes are on the plan line
         head = table.head(self.top)
         single = table[table["strategy"] == SINGLE_PROCESS]
         if not (head["strategy"] == SINGLE_PROCESS).any():  # the baseline every plan must beat stays listed

@@ -29,7 +29,8 @@ def ranking(cost_model: Any, profile: Any, resources: Any, candidates: Sequence[
     strategies of exactly equal predictions merged into one row ("AllReduce(fp16) = AllReduce(bf16)").
 
     ``table.attrs["single_wins"]`` is True when one process is predicted faster than every
-    distributed strategy; ``table.attrs["note"]`` says so in a sentence (else "").
+    distributed strategy; ``table.attrs["single_note"]`` says so in a sentence (else ""), and
+    ``table.attrs["note"]`` is that and the cost model's notes (``CostModel.notes``) in one line.
     """
     import pandas as pd
 
@@ -46,7 +47,7 @@ def ranking(cost_model: Any, profile: Any, resources: Any, candidates: Sequence[
     wins = bool(len(distributed) == 0 or single > float(distributed["throughput"].max()))
     rows.attrs["single_wins"] = wins
     rows.attrs["notes"] = table.attrs.get("notes", ())
-    wins_note = (
+    rows.attrs["single_note"] = wins_note = (
         f"one process is predicted fastest ({single:,.0f} samples/s, best distributed "
         f"{float(distributed['throughput'].max()):,.0f}/s): for this model on this cluster, do not distribute"
         if wins and len(distributed)

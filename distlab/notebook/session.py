@@ -181,7 +181,8 @@ class NotebookSession:
             table.attrs["note"] = "; ".join(
                 n
                 for n in (
-                    *(n for n in table.attrs["note"].split("; ") if n and not n.startswith("not calibrated")),
+                    table.attrs["single_note"],
+                    *(n for n in table.attrs["notes"] if not n.startswith("not calibrated")),
                     "predicted with the default cost model: the model's step was measured on the "
                     "workers, the collectives were not; %distlab calibrate measures them on this "
                     "cluster (seconds, cached)",

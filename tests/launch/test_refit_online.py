@@ -49,8 +49,9 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
     clean_lab.cache_dir = tmp_path
     model, data = Wider(), Blobs()
     clean_lab.cost_model = _skewed(clean_lab, [model], data)
+    # 150 steps: a median step steady enough that the second run's error is the refit's, not the noise's
     first = clean_lab.launch(
-        model, strategy="AllReduce", data=data, steps=60, batch_size=32, elastic=False, block=True
+        model, strategy="AllReduce", data=data, steps=150, batch_size=32, elastic=False, block=True
     )
     runs = clean_lab.runs
     row = runs.iloc[0]
@@ -60,7 +61,7 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
     assert CostModel.default().refit(runs).refits  # the public, pure refit takes lab.runs as it is
 
     second = clean_lab.launch(
-        model, strategy="AllReduce", data=data, steps=60, batch_size=32, elastic=False, block=True
+        model, strategy="AllReduce", data=data, steps=150, batch_size=32, elastic=False, block=True
     )
     err = [abs(r.predicted_throughput / r.throughput - 1) for r in (first, second)]
     assert err[0] > 0.4 and err[1] < err[0] / 2, err  # the second prediction for the model is much closer
