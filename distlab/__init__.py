@@ -85,3 +85,18 @@ def unload_ipython_extension(ipython: _Any) -> None:
     from distlab.notebook.magics import unload_ipython_extension as _unload
 
     _unload(ipython)
+
+
+def _register_in_ipython() -> None:
+    """Inside IPython (any kernel: Colab, VS Code, a plain "Python 3"), ``import distlab`` registers
+    ``%distlab``, as ``%load_ext distlab`` does; once per shell, silently. Outside IPython, nothing
+    (IPython is not imported for it)."""
+    import sys
+
+    ipython_module = sys.modules.get("IPython")
+    shell = getattr(ipython_module, "get_ipython", lambda: None)() if ipython_module else None
+    if shell is not None and hasattr(shell, "register_magics"):
+        load_ipython_extension(shell)
+
+
+_register_in_ipython()

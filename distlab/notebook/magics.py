@@ -461,6 +461,12 @@ def _log_traceback(what: str) -> str:
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%distlab`` in ``ipython`` once: ``import distlab``, ``%load_ext distlab`` and the
+    distlab kernel all come here, and a second call keeps the first one's session (its Lab, data
+    and runs)."""
+    if getattr(ipython, "_distlab_magics", None) is not None:
+        ipython.extension_manager.loaded.add("distlab")  # %load_ext after the import: already in
+        return
     magics = DistlabMagics(ipython)
     ipython.register_magics(magics)
     ipython._distlab_magics = magics  # unload stops what this instance started
@@ -471,3 +477,4 @@ def unload_ipython_extension(ipython: Any) -> None:
     if magics is not None and magics.session.current_lab is not None:
         magics.session.stop_lab()
     ipython.magics_manager.magics["line"].pop("distlab", None)
+    ipython._distlab_magics = None

@@ -130,3 +130,32 @@ def test_profile_with_a_wrong_input_shape_names_the_layer(shell, capsys):
 def test_cluster_status_before_any_cluster(shell, capsys):
     out, err = run(shell, "cluster status", capsys)
     assert "no cluster yet" in out and err == ""
+
+
+def test_import_distlab_registers_the_magic_in_any_ipython_once_and_quietly():
+    import subprocess
+    import sys
+
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "sh = InteractiveShell.instance()\n"
+        "sh.run_cell('import distlab')\n"
+        "print('registered', 'distlab' in sh.magics_manager.magics['line'])\n"
+        "first = sh._distlab_magics\n"
+        "print('load_ext', sh.run_line_magic('load_ext', 'distlab'))\n"
+        "print('same session', sh._distlab_magics is first)\n"
+        "sh.run_line_magic('distlab', 'help')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "registered True" in out and "load_ext None" in out and "same session True" in out, out
+    assert "already loaded" not in out + proc.stderr and "%distlab SUBCOMMAND" in out
+    # outside IPython, import distlab does not import IPython for it
+    bare = subprocess.run(
+        [sys.executable, "-c", "import sys, distlab; print('IPython' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bare.stdout.strip() == "False", bare.stderr[-2000:]

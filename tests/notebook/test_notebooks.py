@@ -191,10 +191,15 @@ def test_notebook_executes(name, tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_the_quickstart_takes_a_keras_zoo_model(tmp_path):
+def test_the_quickstart_takes_a_keras_zoo_model_in_a_plain_python_kernel(tmp_path):
     params = {**SMALL["quickstart"], "model_name": "keras_mlp"}
+    # "python3", no --ext distlab (Colab, VS Code, Binder): `import distlab` registers %distlab
     out = execute_notebook(
-        ROOT / "notebooks" / "quickstart.ipynb", tmp_path / "quickstart.ipynb", params, progress=False
+        ROOT / "notebooks" / "quickstart.ipynb",
+        tmp_path / "quickstart.ipynb",
+        params,
+        kernel="python3",
+        progress=False,
     )
     nb = nbformat.read(out, as_version=4)
     assert not _errors(nb)
