@@ -3,8 +3,9 @@
 They are **no longer held out**: calibration format 16 added its 34 MB reference MLP after
 their Gossip errors and the gain was reported on them, and formats 18-19's profile-path fix was
 diagnosed on all six (the GRU LM, GPT-2, BERT and the BatchNorm ResNet in benchmark runs, all six
-in an offline evaluation of the compute fit; docs/cost-model.md, Calibration formats). Their figures in the ``cost-model-accuracy`` and ``profile-accuracy`` benchmarks are
-figures on models distlab was tuned on. The held-out set is :mod:`distlab.holdout`, which
+in an offline evaluation of the compute fit; docs/cost-model.md, Calibration formats). Their
+figures in the ``cost-model-accuracy`` and ``profile-accuracy`` benchmarks are figures on models
+distlab was tuned on. The held-out set is :mod:`distlab.holdout`, which
 nothing but the ``prediction-paths`` benchmark imports. The architectures come from
 torch itself (``torch.nn.GRU``, a plain MLP), HuggingFace ``transformers`` (ResNet with batch
 norm, BERT, GPT-2) and ``deepctr-torch`` (DeepFM), built from small configs without weights.
