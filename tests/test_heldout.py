@@ -3,7 +3,6 @@ stay lazy."""
 
 import copy
 import pickle
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import distlab as dl
 from distlab import heldout
 from distlab.errors import DistlabError
+from tests.fresh import run_python
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,7 +142,7 @@ def test_importing_the_module_does_not_import_the_libraries():
         "assert not bad, bad; h.build('mlp', n=4); "
         "assert 'transformers' not in sys.modules"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

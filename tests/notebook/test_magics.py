@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from distlab.profiling.model_profile import ModelProfile
+from tests.fresh import run_python
 from tests.notebook.conftest import run
 
 
@@ -133,9 +134,6 @@ def test_cluster_status_before_any_cluster(shell, capsys):
 
 
 def test_import_distlab_registers_the_magic_in_any_ipython_once_and_quietly():
-    import subprocess
-    import sys
-
     code = (
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "sh = InteractiveShell.instance()\n"
@@ -146,16 +144,11 @@ def test_import_distlab_registers_the_magic_in_any_ipython_once_and_quietly():
         "print('same session', sh._distlab_magics is first)\n"
         "sh.run_line_magic('distlab', 'help')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "registered True" in out and "load_ext None" in out and "same session True" in out, out
     assert "already loaded" not in out + proc.stderr and "%distlab SUBCOMMAND" in out
     # outside IPython, import distlab does not import IPython for it
-    bare = subprocess.run(
-        [sys.executable, "-c", "import sys, distlab; print('IPython' in sys.modules)"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bare = run_python("import sys, distlab; print('IPython' in sys.modules)")
     assert bare.stdout.strip() == "False", bare.stderr[-2000:]
