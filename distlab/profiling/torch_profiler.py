@@ -394,15 +394,18 @@ class _TorchProfiler:
         twice). ``thread_efficiency`` ``e`` fits ``seconds(t) = step_time (T / t) ** e``, so a rank
         of one thread is predicted from the one-thread step itself, which on a shared machine is
         the steadier of the two (a step on every core waits at each op for a thread the cluster's
-        own processes delayed)."""
+        own processes delayed). A slow step (over ``METER_STEP_SECONDS``) is timed once, without
+        a warm-up (the model is warm from the steps before): this pass costs a profile at most
+        about one step on one thread."""
         big = torch.get_num_threads()
         if self.cuda or big < 2:
             return {}
+        slow = step_time > METER_STEP_SECONDS
         torch.set_num_threads(1)
         try:
-            if self.warmup:
+            if self.warmup and not slow:
                 self._plain_step(bs)
-            one = statistics.median(self._time_steps(bs, FIT_SECONDS))
+            one = statistics.median(self._time_steps(bs, FIT_SECONDS, least=1 if slow else None))
         finally:
             torch.set_num_threads(big)
         e = math.log(max(one, 1e-12) / max(step_time, 1e-12)) / math.log(big)
@@ -411,10 +414,10 @@ class _TorchProfiler:
             "thread_efficiency": min(max(e, THREAD_EFFICIENCY_MIN), THREAD_EFFICIENCY_MAX),
         }
 
-    def _time_steps(self, m: int, budget: float) -> list[float]:
+    def _time_steps(self, m: int, budget: float, least: int | None = None) -> list[float]:
         """Plain steps at batch ``m`` until their median is stable, ``budget`` seconds are spent or
-        MAX_STEPS."""
-        least = max(MIN_STEPS, self.repeats)
+        MAX_STEPS (at least ``least`` steps; ``max(MIN_STEPS, repeats)`` by default)."""
+        least = max(MIN_STEPS, self.repeats) if least is None else least
         times: list[float] = []
         started = time.perf_counter()
         while len(times) < MAX_STEPS:
