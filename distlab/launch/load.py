@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from distlab.resources import DISTURBED_CORES, DISTURBED_SHARE, available_cores
+from distlab.resources import available_cores, disturbed_by
 
 
 class CalibrationWarning(UserWarning):
@@ -38,7 +38,7 @@ class HostLoad:
 
     @property
     def disturbed(self) -> bool:
-        return self.foreign >= max(DISTURBED_CORES, DISTURBED_SHARE * self.cores)
+        return disturbed_by(self.foreign, self.cores)
 
     def describe(self) -> str:
         who = ", ".join(f"{cmd} (pid {pid}, {cores:.1f} cores)" for pid, cmd, cores in self.top[:3])

@@ -194,11 +194,11 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
     import tempfile
     import warnings
 
-    from distlab.launch import load
+    from distlab import resources
 
     # a busy CI host would mark the measurement disturbed, which is never cached; this script tests
     # the cache (native_calibration_under_load tests the disturbed branch)
-    load.DISTURBED_CORES = float("inf")
+    resources.DISTURBED_CORES = float("inf")
     cache = tempfile.mkdtemp(prefix="distlab-native-cache-")
     lab = dl.Lab(workers=2, cache_dir=cache)
     out = {"runs": []}

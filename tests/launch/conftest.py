@@ -80,10 +80,10 @@ def load_ignored():
     """For tests of fitting and caching: other programs on a busy CI machine would mark the
     measurement disturbed, and a disturbed one is never cached (launch/load.py). Load detection
     has tests of its own (test_load.py)."""
-    from distlab.launch import load
+    from distlab import resources
 
     with pytest.MonkeyPatch.context() as mp:  # its own: a test's monkeypatch.undo() leaves it
-        mp.setattr(load, "DISTURBED_CORES", float("inf"))
+        mp.setattr(resources, "DISTURBED_CORES", float("inf"))
         yield
 
 
