@@ -133,6 +133,27 @@ def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
 def _start_cuda_cluster(
     workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any, config: dict
 ) -> Any:
+    """One worker per GPU (dask-cuda's ``LocalCUDACluster``); more workers than GPUs share them in
+    turn (``SharedGPUCluster``: ranks on one device then exchange over gloo, see launch/train.py)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise LaunchError(
+            "Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers"
+        )
+    if workers and workers > torch.cuda.device_count():
+        return SharedGPUCluster(
+            [str(i) for i in range(torch.cuda.device_count())],
+            n_workers=workers,
+            threads_per_worker=threads_per_worker or 1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=dashboard_address,
+            silence_logs=50,
+            config=config,
+            **({"security": security} if security is not None else {}),
+            **({} if dashboard_address else {"scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}),
+        )
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
@@ -140,12 +161,6 @@ def _start_cuda_cluster(
             "Lab(gpus=True) needs dask-cuda; install it with `pip install "
             "dask-cuda` (or use Lab() for CPU workers)"
         ) from None
-    import torch
-
-    if not torch.cuda.is_available():
-        raise LaunchError(
-            "Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers"
-        )
     kwargs: dict[str, Any] = {
         "host": "127.0.0.1",
         "dashboard_address": dashboard_address,
@@ -220,3 +235,34 @@ def unguarded_script() -> bool:
     except OSError:
         return False
     return "__name__" not in text or "__main__" not in text
+
+
+def _shared_gpu_cluster_class() -> Any:
+    from distributed import LocalCluster
+
+    class _SharedGPUCluster(LocalCluster):
+        """A LocalCluster whose workers see one GPU each, in turn over ``devices`` (worker i sees
+        ``devices[i % len(devices)]``), replacements included: more ranks than GPUs on one host."""
+
+        def __init__(self, devices: list[str], n_workers: int, **kwargs: Any) -> None:
+            self.devices = devices
+            super().__init__(n_workers=0, **kwargs)  # LocalCluster's first workers skip new_worker_spec
+            self.scale(n_workers)
+            self.sync(self._correct_state)
+
+        def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
+            ((name, spec),) = super().new_worker_spec().items()
+            spec = copy.deepcopy(spec)
+            used = [
+                s["options"].get("env", {}).get("CUDA_VISIBLE_DEVICES") for s in self.worker_spec.values()
+            ]
+            device = min(self.devices, key=lambda d: (used.count(d), self.devices.index(d)))
+            spec["options"].setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = device
+            return {name: spec}
+
+    return _SharedGPUCluster
+
+
+def SharedGPUCluster(devices: list[str], **kwargs: Any) -> Any:  # noqa: N802 - a class, built lazily
+    """``LocalCluster`` with workers sharing ``devices`` in turn (distributed imported on use)."""
+    return _shared_gpu_cluster_class()(devices, **kwargs)

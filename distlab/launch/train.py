@@ -38,6 +38,15 @@ def _device(job: Any, rank: int) -> str:
     return job.device
 
 
+def _backend(job: Any) -> str:
+    """The strategy's backend, except that ``auto`` is gloo when two ranks of one host share a GPU
+    (more workers than GPUs): NCCL refuses two ranks on one device."""
+    gpus = [(r.host, r.device) for r in job.strategy.ranks if r.device.startswith("gpu")]
+    if job.strategy.backend == "auto" and len(gpus) != len(set(gpus)):
+        return "gloo"
+    return job.strategy.backend
+
+
 def train_rank(
     rank: int,
     world: int,
@@ -68,6 +77,7 @@ def train_rank(
         master_addr=master_addr,
         master_port=master_port,
         device=_device(job, rank),
+        strategy=dataclasses.replace(job.strategy, backend=_backend(job)),
     )
     tag = {"restart": restart, "world": world}
     batch: list[dict[str, Any]] = []

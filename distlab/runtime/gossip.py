@@ -11,6 +11,15 @@ import torch.distributed as dist
 from distlab.errors import StrategyError
 
 
+def host_staged(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as gloo's point-to-point calls can send it: gloo reads a send's or receive's memory as
+    host memory (it has no CUDA path for them, unlike its collectives), so a CUDA tensor goes by
+    way of a host copy; NCCL and CPU tensors go as they are."""
+    if t.is_cuda and dist.get_backend() == "gloo":
+        return t.cpu()
+    return t
+
+
 def resolve_topology(strategy: Any, given: Any = None) -> Any:
     """The topology object: ``given`` if passed, else the one ``strategy.gossip`` names over its ranks."""
     if given is not None:
@@ -64,8 +73,9 @@ class Gossip:
         r = self.rank
         ins = [j for j in g.in_neighbors(r) if j != r]
         outs = [j for j in g.out_neighbors(r) if j != r]
-        recv = {j: torch.empty_like(flat) for j in ins}
-        ops = [dist.P2POp(dist.isend, flat, j) for j in outs] + [
+        wire = host_staged(flat)
+        recv = {j: torch.empty_like(wire) for j in ins}
+        ops = [dist.P2POp(dist.isend, wire, j) for j in outs] + [
             dist.P2POp(dist.irecv, recv[j], j) for j in ins
         ]
         works = dist.batch_isend_irecv(ops) if ops else []
@@ -78,7 +88,7 @@ class Gossip:
         w = g.weights
         out = flat * float(w[self.rank, self.rank])
         for j, buf in recv.items():
-            out.add_(buf, alpha=float(w[j, self.rank]))
+            out.add_(buf.to(flat.device), alpha=float(w[j, self.rank]))
         return out
 
     def _write(self, flat: torch.Tensor) -> None:

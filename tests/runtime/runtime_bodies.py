@@ -610,3 +610,49 @@ def wrong_checkpoint_body(rank: int, world: int, addr: str, port: int, directory
     except LaunchError as exc:
         return str(exc)
     return "no error"
+
+
+# -- CUDA (one GPU is enough: NCCL at one rank, gloo for ranks sharing a device) ------------------
+def cuda_body(
+    rank: int, world: int, addr: str, port: int, cases: list, steps: int, device: str, backend: str
+) -> dict:
+    """``equivalence_body`` with the model on ``device`` and the strategy's backend set; weights
+    and losses come back on the host."""
+    from distlab.runtime.trainer import run_rank
+
+    out = {}
+    for case, model_kind, opt in cases:
+        job = make_job(rank, world, addr, port, case, model_kind, opt, steps, device=device, tag=backend)
+        job = dataclasses.replace(job, strategy=dataclasses.replace(job.strategy, backend=backend))
+        res = run_rank(job)
+        out[(case, model_kind, opt)] = {
+            "weights": {k: v.detach().cpu() for k, v in job.model.state_dict().items()},
+            "steps": res["steps"],
+            "losses": [r["loss"] for r in res["records"]],
+            "on": str(next(job.model.parameters()).device),
+        }
+    return out
+
+
+def nccl_probe_body(rank: int, world: int, addr: str, port: int) -> dict:
+    """distlab's own process group on NCCL: a real all-reduce, broadcast and all-gather of CUDA tensors."""
+    import torch.distributed as dist
+
+    from distlab.runtime.process_group import connect_store, process_group
+
+    store = connect_store(addr, port, world, 30.0, "nccl-probe")
+    with process_group(store, rank, world, "nccl", 30.0, f"cuda:{rank}"):
+        x = torch.arange(4, dtype=torch.float32, device=f"cuda:{rank}") + rank
+        dist.all_reduce(x)
+        b = torch.full((3,), float(rank + 7), device=f"cuda:{rank}")
+        dist.broadcast(b, src=0)
+        got = [torch.zeros(2, device=f"cuda:{rank}") for _ in range(world)]
+        dist.all_gather(got, torch.full((2,), float(rank), device=f"cuda:{rank}"))
+        torch.cuda.synchronize()
+        backend = dist.get_backend()
+    return {
+        "backend": backend,
+        "all_reduce": x.cpu().tolist(),
+        "broadcast": b.cpu().tolist(),
+        "all_gather": [g.cpu().tolist() for g in got],
+    }
