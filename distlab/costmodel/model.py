@@ -123,17 +123,16 @@ class CostModel:
         """How much slower than profiled the busiest host's ranks compute, with ``hosts`` = (ranks, cores)
         per host: (for this model: measured where calibrated; for the optimizer's arithmetic: the
         contention model)."""
-        if c.gpu:
-            return float(c.device_share), float(c.device_share)
         prm = self.params
-
         e = prm.thread_efficiency if c.profile_thread_efficiency is None else c.profile_thread_efficiency
 
         def model(n: int, cores: int | None) -> float:
+            if c.gpu:  # a GPU rank's step slows with the ranks sharing its device, not the host's cores
+                return float(c.device_share)
             return slowdown(n, cores, prm.contention, c.profile_threads, e, prm.oversubscription)
 
         if not hosts:
-            return 1.0, 1.0
+            return (float(c.device_share),) * 2 if c.gpu else (1.0, 1.0)
         n, cores = max(hosts, key=lambda h: (model(*h), h[0]))
         structural = model(n, cores)
         if c.model_key not in self.compute:
@@ -261,7 +260,7 @@ class CostModel:
 
     def basis(self, c: CompiledStrategy) -> str:
         """``"measured step"`` when the model's own step was measured on the cluster, else ``"profile"``."""
-        return MEASURED_STEP if not c.gpu and c.model_key in self.compute else PROFILE
+        return MEASURED_STEP if c.model_key in self.compute else PROFILE
 
     def notes(
         self, profile: ModelProfile, resources: ResourceSpec | None = None, strategy: Strategy | None = None

@@ -165,8 +165,11 @@ def _start_cuda_cluster(
         "host": "127.0.0.1",
         "dashboard_address": dashboard_address,
         "threads_per_worker": threads_per_worker or 1,
-        "config": config,
+        # no config=: LocalCUDACluster passes its own (UCX) to LocalCluster; its nannies copy this
+        # process's config, WORKER_CONFIG included, as they start (seen on an H100, dask-cuda 26.10)
     }
+    if dashboard_address is None:
+        kwargs["scheduler_kwargs"] = {"dashboard_address": "127.0.0.1:0"}
     if workers:
         kwargs["n_workers"] = workers
     if security is not None:

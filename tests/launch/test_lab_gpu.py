@@ -31,7 +31,7 @@ def cuda_only_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _train_digits(lab: dl.Lab) -> None:
     data = dl.data.digits()
     model = dl.data.digits_mlp()
-    prof = dl.profile(model, sample_input=data.tensors[0][:32], batch_size=32)
+    prof = dl.profile(model, sample_input=data.inputs[:32], batch_size=32)
     st = dl.strategy.build("AllReduce", prof, lab.resources, batch_size=32)
     run = lab.launch(model, strategy=st, data=data, steps=150, batch_size=32, loss=cuda_only_loss)
     run.wait()

@@ -67,7 +67,7 @@ def profile() -> dict:
     for name, bs in (("mlp", 64), ("transformer_lm", 16)):
         model = dl.zoo.get(name).cuda()
         data = dl.data.synthetic(name, n=4 * bs)
-        x, y = data.tensors[0][:bs].cuda(), data.tensors[1][:bs].cuda()
+        x, y = data.inputs[:bs].cuda(), data.targets[:bs].cuda()
         t0 = time.perf_counter()
         prof = dl.profile(model, sample_input=x, batch_size=bs)
         wall = time.perf_counter() - t0
