@@ -255,7 +255,7 @@ def _calibrate_cluster(lab: Lab, res: ResourceSpec, sizes: Any, cases: Sequence[
     profiles = []
     for i, (m, _, b, _) in enumerate(cases):
         bar.start(f"profiling {type(m).__name__} ({i + 1} of {len(cases)} reference models)")
-        profiles.append(dl.profile(m, batch_size=b))
+        profiles.append(dl.profile(_where_ranks_compute(m, res), batch_size=b))
         bar.done()
     # the reference models compute as measured beside the loop: what remains is the runtime's
     cm = measure_training_loop(lab, cm, res, cases, profiles, _reference_worlds(res), bar=bar)
@@ -372,3 +372,17 @@ def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
         model = dl.zoo.get(name, **opts)
         cases.append((model, dl.data.synthetic(model, n=16 * batch, seed=0), batch, builders))
     return cases
+
+
+def _where_ranks_compute(model: Any, res: Any) -> Any:
+    """``model`` itself, or a copy on this process's GPU when the Lab's ranks run on GPUs: the
+    compute fit relates each reference's local step to its profile, so both are taken on the
+    same kind of device (a GPU Lab's fit against CPU profiles would scale a user's GPU profile
+    by the ratio of the two devices)."""
+    import torch
+
+    if res.gpus and torch.cuda.is_available():
+        import copy
+
+        return copy.deepcopy(model).cuda()
+    return model

@@ -12,7 +12,7 @@ from distlab.costmodel.compute import compute_rows, model_key
 from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_features
 from distlab.errors import CalibrationError, LaunchError
 from distlab.launch.metrics import slowest_median
-from distlab.runtime.loopbench import LocalCase, LoopCase, loop_pass_rank
+from distlab.runtime.loopbench import LOCAL_MAX_STEPS, LocalCase, LoopCase, loop_pass_rank
 
 if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
@@ -116,6 +116,7 @@ def measure_models(
                     lab.timeout,
                     LOCAL_SECONDS,
                     MODEL_MAX_STEPS,
+                    res.gpus,
                     world=k,
                     on_tick=bar.ticks(len(cases)),
                 )
@@ -230,6 +231,9 @@ def measure_training_loop(
                     threads[k],
                     jobs,
                     lab.timeout,
+                    0.0,
+                    LOCAL_MAX_STEPS,
+                    res.gpus,
                     world=k,
                     on_tick=bar.ticks(len(models) + len(jobs)),
                 )

@@ -111,6 +111,7 @@ def loop_pass_rank(
     timeout: float,
     seconds: float = 0.0,
     max_steps: int = LOCAL_MAX_STEPS,
+    gpu: bool = False,
 ) -> tuple[list[list[float]], list[list[float]]]:
     """(worker) One pass at this world size: each ``LocalCase``'s own step with every rank busy,
     then the training loop on each ``LoopCase`` (``overhead_rank``).
@@ -125,6 +126,9 @@ def loop_pass_rank(
     ranks is; the local steps beside the loop, because calibration fits the loop's cost as its
     step less the local step of the same moment (evidence: docs/cost-model.md §History and
     evidence).
+
+    ``gpu``: the ranks are a GPU Lab's, and the local step runs on the GPU this worker sees, as
+    the run's would (``launch.train``); the loop cases carry their own strategy's devices.
 
     Returns (this rank's local-step seconds per ``local`` case, its seconds per step per case):
     every timed step, aligned by step across ranks, for the caller to pool over passes and take
@@ -160,6 +164,7 @@ def loop_pass_rank(
                         seconds,
                         max_steps,
                         case.loss,
+                        "cuda:0" if gpu and torch.cuda.is_available() else "cpu",
                     )
                 )
                 tick(f"local step of {type(case.model).__name__}")
@@ -178,6 +183,7 @@ def _time_local(
     seconds: float = 0.0,
     max_steps: int = LOCAL_MAX_STEPS,
     loss: Any = None,
+    device: str = "cpu",
 ) -> list[float]:
     """Wall-clock seconds of each local step, at least ``steps`` of them (more, up to
     ``seconds`` in all and ``max_steps`` steps, when steps are short). ``lockstep``: the group
@@ -187,7 +193,7 @@ def _time_local(
     from distlab.runtime.data import RankBatches
     from distlab.runtime.trainer import default_loss
 
-    step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), loss or default_loss)
+    step = _local_step(model, RankBatches(data, batch, rank, k, False, 0), loss or default_loss, device)
     for i in range(LOCAL_WARMUP):
         step(i * batch * k)
     vote = torch.zeros(1)
@@ -208,15 +214,16 @@ def _time_local(
     return times
 
 
-def _local_step(model: Any, batches: Any, loss_fn: Any) -> Any:
-    """One step of ``model`` at data position ``pos``: the training loop less synchronisation and
-    optimizer."""
-    from distlab.runtime.data import call_model
+def _local_step(model: Any, batches: Any, loss_fn: Any, device: str = "cpu") -> Any:
+    """One step of ``model`` at data position ``pos`` on ``device``: the training loop less
+    synchronisation and optimizer (reading the loss waits for a GPU's work)."""
+    from distlab.runtime.data import call_model, to_device
 
+    model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step(pos: int) -> None:
-        x, y = batches.get(pos)
+        x, y = (to_device(t, device) for t in batches.get(pos))
         for p in params:
             p.grad = None
         loss = loss_fn(call_model(model, x), y)
