@@ -40,7 +40,15 @@ def _train_digits(lab: dl.Lab) -> None:
     model = dl.data.digits_mlp()
     prof = dl.profile(model, sample_input=data.inputs[:32], batch_size=32)
     st = dl.strategy.build("AllReduce", prof, lab.resources, batch_size=32)
-    run = lab.launch(model, strategy=st, data=data, steps=150, batch_size=32, loss=cuda_only_loss)
+    run = lab.launch(
+        model,
+        strategy=st,
+        data=data,
+        steps=150,
+        batch_size=32,
+        loss=cuda_only_loss,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    )
     run.wait()
     assert run.status == "finished", run.error
     r0 = run.metrics[run.metrics["rank"] == 0].sort_values("step")
