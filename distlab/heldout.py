@@ -3,7 +3,11 @@
 They are **no longer held out**: calibration format 16 added its 34 MB reference MLP after
 their Gossip errors and the gain was reported on them, and formats 18-19's profile-path fix was
 diagnosed on all six (the GRU LM, GPT-2, BERT and the BatchNorm ResNet in benchmark runs, all six
-in an offline evaluation of the compute fit; docs/cost-model.md, Calibration formats). Their
+in an offline evaluation of the compute fit; docs/cost-model.md, Calibration formats). The
+LSTM tagger and the 1-D BatchNorm convnet came from ``distlab.holdout`` on 2026-11-26: on a
+GPU they exposed the measured step taken on a GPU Lab's CPU (``datasets/measurements/gpu``);
+their CPU figures of that day in ``prediction-paths-2026-11-26.json`` were measured while they
+were still held out. Their
 figures in the ``cost-model-accuracy`` and ``profile-accuracy`` benchmarks are figures on models
 distlab was tuned on. The held-out set is :mod:`distlab.holdout`, which
 nothing but the ``prediction-paths`` benchmark imports. The architectures come from
@@ -35,7 +39,16 @@ from torch.utils.data import TensorDataset
 
 from distlab.errors import DistlabError
 
-NAMES: tuple[str, ...] = ("gru_lm", "resnet_bn", "bert_cls", "gpt2_lm", "deepfm", "mlp")
+NAMES: tuple[str, ...] = (
+    "gru_lm",
+    "resnet_bn",
+    "bert_cls",
+    "gpt2_lm",
+    "deepfm",
+    "mlp",
+    "lstm_tagger",
+    "conv1d_bn",
+)
 
 #: attention kernel asked of transformers: torch's scaled_dot_product_attention, which works on
 #: CPU torch and whose FLOPs distlab's profiler counts (``"eager"`` works too, just slower).
@@ -139,6 +152,36 @@ class MLP(nn.Module):
 
 SEQ = 32
 VOCAB = 2048
+
+
+class LSTMTagger(nn.Module):
+    """Token ids -> per-token tags: ``nn.Embedding`` -> 2-layer bidirectional ``nn.LSTM`` -> ``nn.Linear``."""
+
+    def __init__(self, vocab: int = 1000, embed: int = 64, hidden: int = 128, tags: int = 17) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embed)
+        self.lstm = nn.LSTM(embed, hidden, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, tags)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out)
+
+
+class Conv1dBN(nn.Module):
+    """Frames -> classes: four ``Conv1d`` + ``BatchNorm1d`` + ReLU blocks (stride 2), global
+    average pooling, a linear classifier (a keyword-spotting network's shape)."""
+
+    def __init__(self, channels: int = 40, width: int = 96, classes: int = 12) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        for a, b in zip((channels, width, width, 2 * width), (width, width, 2 * width, 2 * width)):
+            blocks += [nn.Conv1d(a, b, 5, stride=2, padding=2), nn.BatchNorm1d(b), nn.ReLU()]
+        self.body = nn.Sequential(*blocks)
+        self.head = nn.Linear(2 * width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean(dim=2))
 
 
 def _tokens(
@@ -248,6 +291,23 @@ def _mlp(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Ten
     return MLP(**opts), x, y, f"torch {torch.__version__} MLP of nn.Linear+GELU+LayerNorm ({opts})"
 
 
+def _lstm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
+    x = torch.randint(0, 1000, (n, 24), generator=g)
+    y = x % 17  # learnable: the tag is a function of the token
+    return (
+        LSTMTagger(),
+        x,
+        y,
+        "torch nn.Embedding -> nn.LSTM(2 layers, bidirectional) -> nn.Linear, 24 tokens",
+    )
+
+
+def _conv(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
+    x = torch.randn(n, 40, 128, generator=g)
+    y = torch.randint(0, 12, (n,), generator=g)
+    return Conv1dBN(), x, y, "torch Conv1d + BatchNorm1d x4 over 40x128 frames"
+
+
 _BUILDERS: dict[str, Callable[[torch.Generator, int], tuple[nn.Module, torch.Tensor, torch.Tensor, str]]] = {
     "gru_lm": _gru_lm,
     "resnet_bn": _resnet_bn,
@@ -255,6 +315,8 @@ _BUILDERS: dict[str, Callable[[torch.Generator, int], tuple[nn.Module, torch.Ten
     "gpt2_lm": _gpt2_lm,
     "deepfm": _deepfm,
     "mlp": _mlp,
+    "lstm_tagger": _lstm,
+    "conv1d_bn": _conv,
 }
 
 

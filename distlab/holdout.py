@@ -4,14 +4,17 @@ No calibration stage, default, cost-model term or test was fitted, tuned or diag
 (``tests/test_holdout_guard.py`` fails if any module of distlab or any test but the one that
 checks their shapes imports this module; the ``prediction-paths`` benchmark is their one user).
 They are architectures the zoo and the reference models lack, in torch's own layers: a
-bidirectional LSTM tagger (recurrent), a patch-attention classifier (``nn.MultiheadAttention``
-over image patches, a class token), a 1-D convolutional network with BatchNorm over
-audio-like frames, and a DLRM-style mixture of embedding tables (``nn.EmbeddingBag``, bottom
-and top MLPs, pairwise dot interactions).
+patch-attention classifier (``nn.MultiheadAttention`` over image patches, a class token), a
+DLRM-style mixture of embedding tables (``nn.EmbeddingBag``, bottom and top MLPs, pairwise dot
+interactions), an MLP-Mixer (token- and channel-mixing MLPs over patches) and a MobileNet-style
+network of depthwise-separable convolutions with BatchNorm.
 
 A model that is ever used to diagnose or tune distlab leaves this set (to
 ``distlab.heldout``, whose models were: its docstring says how) and the benchmark's data card
-says so. Each :class:`HeldOut` has ``(input, target)`` pairs with int64 class targets, trained
+says so: the LSTM tagger and the 1-D BatchNorm convnet left it on 2026-11-26, after their run on
+a GPU exposed the measured step taken on a GPU Lab's CPU (``datasets/measurements/gpu``); the
+Mixer and the depthwise-separable network replaced them and have been scored on nothing yet.
+Each :class:`HeldOut` has ``(input, target)`` pairs with int64 class targets, trained
 with the default cross-entropy; models and data are deterministic in ``seed``.
 """
 
@@ -26,21 +29,7 @@ from torch.utils.data import TensorDataset
 from distlab.errors import DistlabError
 from distlab.heldout import HeldOut
 
-NAMES: tuple[str, ...] = ("lstm_tagger", "patch_attention", "conv1d_bn", "dlrm_mix")
-
-
-class LSTMTagger(nn.Module):
-    """Token ids -> per-token tags: ``nn.Embedding`` -> 2-layer bidirectional ``nn.LSTM`` -> ``nn.Linear``."""
-
-    def __init__(self, vocab: int = 1000, embed: int = 64, hidden: int = 128, tags: int = 17) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, embed)
-        self.lstm = nn.LSTM(embed, hidden, num_layers=2, batch_first=True, bidirectional=True)
-        self.head = nn.Linear(2 * hidden, tags)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embed(ids))
-        return self.head(out)
+NAMES: tuple[str, ...] = ("patch_attention", "dlrm_mix", "mixer", "sepconv")
 
 
 class PatchAttention(nn.Module):
@@ -69,20 +58,56 @@ class PatchAttention(nn.Module):
         return self.head(h[:, 0])
 
 
-class Conv1dBN(nn.Module):
-    """Frames -> classes: four ``Conv1d`` + ``BatchNorm1d`` + ReLU blocks (stride 2), global
-    average pooling, a linear classifier (a keyword-spotting network's shape)."""
+class Mixer(nn.Module):
+    """Images -> classes (MLP-Mixer, Tolstikhin et al. 2021): 4x4 patches projected, ``depth``
+    blocks of a token-mixing MLP (across the 64 patches) and a channel-mixing MLP, both pre-norm
+    and residual, mean over patches, a linear classifier."""
 
-    def __init__(self, channels: int = 40, width: int = 96, classes: int = 12) -> None:
+    def __init__(self, size: int = 32, patch: int = 4, dim: int = 128, depth: int = 4, classes: int = 10):
         super().__init__()
-        blocks: list[nn.Module] = []
-        for a, b in zip((channels, width, width, 2 * width), (width, width, 2 * width, 2 * width)):
-            blocks += [nn.Conv1d(a, b, 5, stride=2, padding=2), nn.BatchNorm1d(b), nn.ReLU()]
-        self.body = nn.Sequential(*blocks)
-        self.head = nn.Linear(2 * width, classes)
+        tokens = (size // patch) ** 2
+        self.proj = nn.Conv2d(3, dim, patch, stride=patch)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(2 * depth))
+        self.token_mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+            for _ in range(depth)
+        )
+        self.channel_mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)) for _ in range(depth)
+        )
+        self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x).mean(dim=2))
+        h = self.proj(x).flatten(2).transpose(1, 2)
+        for i, (tok, chan) in enumerate(zip(self.token_mlps, self.channel_mlps)):
+            h = h + tok(self.norms[2 * i](h).transpose(1, 2)).transpose(1, 2)
+            h = h + chan(self.norms[2 * i + 1](h))
+        return self.head(h.mean(dim=1))
+
+
+class SepConv(nn.Module):
+    """Images -> classes (MobileNet, Howard et al. 2017): a 3x3 stem, then depthwise 3x3
+    (``groups`` = channels) + pointwise 1x1 blocks, each with ``BatchNorm2d`` and ReLU6, global
+    average pooling, a linear classifier."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 128, 256), classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 3, 2, 1, bias=False), nn.BatchNorm2d(widths[0])]
+        layers.append(nn.ReLU6())
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            layers += [
+                nn.Conv2d(a, a, 3, 2 if i % 2 else 1, 1, groups=a, bias=False),
+                nn.BatchNorm2d(a),
+                nn.ReLU6(),
+                nn.Conv2d(a, b, 1, bias=False),
+                nn.BatchNorm2d(b),
+                nn.ReLU6(),
+            ]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(widths[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean(dim=(2, 3)))
 
 
 class DLRMMix(nn.Module):
@@ -115,17 +140,6 @@ class DLRMMix(nn.Module):
         return self.top(torch.cat([d, dots[:, i, j]], dim=1))
 
 
-def _lstm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
-    x = torch.randint(0, 1000, (n, 24), generator=g)
-    y = x % 17  # learnable: the tag is a function of the token
-    return (
-        LSTMTagger(),
-        x,
-        y,
-        "torch nn.Embedding -> nn.LSTM(2 layers, bidirectional) -> nn.Linear, 24 tokens",
-    )
-
-
 def _patch(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
     x = torch.randn(n, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (n,), generator=g)
@@ -137,12 +151,6 @@ def _patch(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.T
     )
 
 
-def _conv(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
-    x = torch.randn(n, 40, 128, generator=g)
-    y = torch.randint(0, 12, (n,), generator=g)
-    return Conv1dBN(), x, y, "torch Conv1d + BatchNorm1d x4 over 40x128 frames"
-
-
 def _dlrm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
     model = DLRMMix()
     ids = torch.randint(0, 4000, (n, len(model.rows) * model.bag), generator=g).float()
@@ -151,11 +159,23 @@ def _dlrm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Te
     return model, x, y, "DLRM: 8 nn.EmbeddingBag tables (20-4,000 rows, dim 32, bags of 3), dot interactions"
 
 
+def _mixer(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
+    x = torch.randn(n, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return Mixer(), x, y, "MLP-Mixer: 4x4 patches of 3x32x32, 4 blocks of token and channel MLPs, dim 128"
+
+
+def _sepconv(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
+    x = torch.randn(n, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return SepConv(), x, y, "MobileNet-style depthwise-separable convs + BatchNorm2d over 3x32x32"
+
+
 _BUILDERS: dict[str, Callable[[torch.Generator, int], tuple[nn.Module, torch.Tensor, torch.Tensor, str]]] = {
-    "lstm_tagger": _lstm,
     "patch_attention": _patch,
-    "conv1d_bn": _conv,
     "dlrm_mix": _dlrm,
+    "mixer": _mixer,
+    "sepconv": _sepconv,
 }
 
 

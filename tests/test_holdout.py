@@ -22,7 +22,7 @@ def test_each_model_builds_deterministically_and_trains_a_step(name):
 
 
 def test_an_unknown_model_or_bad_size_is_one_clear_error():
-    with pytest.raises(DistlabError, match="available: lstm_tagger"):
+    with pytest.raises(DistlabError, match="available: patch_attention"):
         holdout.build("resnet50")
     with pytest.raises(DistlabError, match="n must be an integer"):
-        holdout.build("conv1d_bn", n=0)
+        holdout.build("mixer", n=0)

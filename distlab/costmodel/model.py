@@ -132,7 +132,8 @@ class CostModel:
             return slowdown(n, cores, prm.contention, c.profile_threads, e, prm.oversubscription)
 
         if not hosts:
-            return (float(c.device_share),) * 2 if c.gpu else (1.0, 1.0)
+            share = float(c.device_share) if c.gpu else 1.0
+            return share, share
         n, cores = max(hosts, key=lambda h: (model(*h), h[0]))
         structural = model(n, cores)
         if c.model_key not in self.compute:

@@ -10,4 +10,4 @@ timeout "${PYTEST_S:-170}" python3 -m pytest -m gpu -p no:cacheprovider -q -rA \
   ${TESTS:-tests/runtime/test_runtime_cuda.py tests/runtime/test_runtime_nccl.py tests/launch/test_lab_gpu.py} \
   >"$OUT/pytest-gpu.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed" "$OUT/pytest-gpu.log" | tail -20
-timeout "${MEASURE_S:-280}" python3 datasets/measurements/gpu/measure_gpu.py "$OUT" "${SECTIONS:-env,profile,paths1,paths2,adaptive}" 2>&1 | grep -v "^\s*$" | tail -40
+timeout "${MEASURE_S:-280}" python3 datasets/measurements/gpu/measure_gpu.py "$OUT" "${SECTIONS:-env,profile,paths,adaptive}" 2>&1 | grep -v "^\s*$" | tail -40

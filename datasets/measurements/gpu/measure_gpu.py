@@ -7,8 +7,9 @@ each, so a run cut short keeps what it measured):
 - ``env``: torch, CUDA, NCCL and the device;
 - ``profile``: ``dl.profile`` of the zoo MLP and transformer on the GPU against a plain timed CUDA
   loop of the same step (forward, cross-entropy, backward; synchronised, median of 50);
-- ``paths1``/``paths2``: notebooks/bench/prediction-paths.ipynb at 1 and 2 ranks on the GPU
-  (``Lab(workers, gpus=True)``; two ranks share the one GPU over gloo), fresh calibration;
+- ``paths``: notebooks/bench/prediction-paths.ipynb on a two-worker GPU Lab (``Lab(2, gpus=True)``:
+  two ranks share the one GPU over gloo; its "1 process" rows are world 1: a Lab of one worker
+  cannot calibrate), fresh calibration;
 - ``adaptive``: notebooks/bench/adaptive-batch.ipynb, the digits task, one GPU.
 
 The device has no Jupyter kernel, so the notebooks run in this process: their code cells in
@@ -106,6 +107,7 @@ def paths(workers: int, out: Path) -> dict:
         dict(
             gpus=True,
             workers=workers,
+            model_set="diagnostic",  # held out when this ran (2026-11-26); diagnostic since
             models="lstm_tagger,conv1d_bn",
             builders="AllReduce,PS" if workers > 1 else "AllReduce",
             steps=40,
@@ -137,8 +139,7 @@ def main() -> None:
     sections = {
         "env": env,
         "profile": profile,
-        "paths1": lambda: paths(1, out),
-        "paths2": lambda: paths(2, out),
+        "paths": lambda: paths(2, out),
         "adaptive": lambda: adaptive(out),
     }
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(sections)
