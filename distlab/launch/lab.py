@@ -38,7 +38,8 @@ class Lab:
     ``dashboard=True``); ``Lab(address=...)`` / ``Lab(client=...)`` attach to a running scheduler
     (``security`` is passed through for TLS), waiting up to ``timeout`` seconds for ``workers``
     workers (at least one) to join it; ``Lab(gpus=True)`` starts dask-cuda's
-    ``LocalCUDACluster``. One run at a time: ranks use the default process group of their worker.
+    ``LocalCUDACluster`` (one worker per GPU), and ``Lab(n, gpus=True)`` with more workers than
+    GPUs lets them share the GPUs in turn (ranks on one device exchange over gloo). One run at a time: ranks use the default process group of their worker.
     """
 
     def __init__(
