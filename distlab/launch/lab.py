@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import LaunchError
 from distlab.launch import cluster as _cluster
 from distlab.launch import prepare, spmd
@@ -39,7 +40,8 @@ class Lab:
     (``security`` is passed through for TLS), waiting up to ``timeout`` seconds for ``workers``
     workers (at least one) to join it; ``Lab(gpus=True)`` starts dask-cuda's
     ``LocalCUDACluster`` (one worker per GPU), and ``Lab(n, gpus=True)`` with more workers than
-    GPUs lets them share the GPUs in turn (ranks on one device exchange over gloo). One run at a time: ranks use the default process group of their worker.
+    GPUs lets them share the GPUs in turn (ranks on one device exchange over gloo). One run at a
+    time: ranks use the default process group of their worker.
     """
 
     def __init__(
@@ -308,14 +310,20 @@ class Lab:
         block: bool = False,
         backend: str = "torch",
         trace: bool = False,
+        lr: float | None = None,
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen
         first).
 
         ``data``: a Dataset of ``(input, target)`` pairs, a DataLoader (its dataset), or an
         ``(inputs, targets)`` pair of tensors or arrays; None trains on synthetic data from the
-        model's ``input_spec`` (the Run card says so). ``loss``: a callable ``(output, target)``;
-        the default is cross-entropy for integer targets, mean-squared error for float ones.
+        model's ``input_spec`` (the Run card says so). ``loss``: a callable ``(output, target)``,
+        or for a Keras model a Keras loss (object, function or name, called as Keras calls it);
+        the default is a compiled Keras model's loss, else cross-entropy for integer targets,
+        mean-squared error for float ones. ``optimizer``: a factory ``params -> torch.optim.Optimizer``,
+        a name (``"adam"``, ``"sgd"``, ``"adamw"``, ``"rmsprop"``, ``"adagrad"``) or a Keras optimizer;
+        the default is a compiled Keras model's, else Adam at 1e-3; ``lr`` sets a named or Keras
+        optimizer's rate (distlab.conventions). The Run card names both and where they came from.
         The model is checked and profiled on a batch of ``data`` at the per-replica batch it trains at; a
         builder name is built for that batch. With
         a cost model (``lab.calibrate()``), the model's own step is measured on the workers first
@@ -334,6 +342,8 @@ class Lab:
 
         steps = _v.check_positive("steps", steps)
         batch_size = _v.check_positive("batch_size", batch_size, optional=True)
+        conv = resolve_conventions(model, loss, optimizer, backend, lr)
+        loss, optimizer = conv.loss, conv.optimizer
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
         if trace and backend == "tensorflow":
             raise LaunchError(
@@ -354,6 +364,7 @@ class Lab:
                 shuffle=shuffle,
                 seed=seed,
                 timeout=timeout,
+                optimizer_info=conv.optimizer_info,
             )
             return run.wait() if block else run
         if backend != "torch":
@@ -393,6 +404,7 @@ class Lab:
         )
 
         run = self._new_run(prep, job, workers, elastic)
+        run.optimizer_info = conv.optimizer_info
         self._runs.append(run)
         run._start()
         if block:

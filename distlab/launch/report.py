@@ -119,6 +119,7 @@ def run_card(run: Run) -> str:
         ("steps", f"{run.steps_done}/{run.steps}{restarts}"),
         ("data", run.data_info),
         ("loss", run.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
+        ("optimizer", run.optimizer_info),
         ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
         ("predicted", _prediction_text(run, pred) if pred == pred else _no_prediction(run)),
         ("trained model", f"{run.var_name}.model (rank 0's weights, on the CPU)" if done else ""),

@@ -77,6 +77,7 @@ class Run:
         self.backend = "tensorflow" if native is not None else "torch"
         self.data_info = data_info  # what it trains on, in one line (name, size, shapes)
         self.loss_info = loss_info  # what it minimises
+        self.optimizer_info = ""  # what steps it, and where that came from (distlab.conventions)
         self.var_name = "run"  # the notebook variable the card names (%distlab launch -o NAME)
         self.lab = lab
         self.strategy = strategy

@@ -75,16 +75,19 @@ def _check_plain_sgd(optimizer: Any) -> None:
     TensorFlow's ShardedVariables): refuse any other optimizer before the launch."""
     if optimizer is None:
         return
-    opt = optimizer()
-    if (
-        type(opt).__name__ != "SGD"
-        or float(getattr(opt, "momentum", 0.0) or 0.0) != 0.0
-        or getattr(opt, "nesterov", False)
-    ):
+    if hasattr(optimizer, "kind"):  # distlab.conventions.OptimizerSpec
+        s, name = optimizer.settings, optimizer.describe()
+        plain = optimizer.kind == "sgd" and not s["momentum"] and not s["nesterov"]
+    else:
+        opt = optimizer()
+        name = type(opt).__name__
+        plain = name == "SGD" and not float(getattr(opt, "momentum", 0.0) or 0.0)
+        plain = plain and not getattr(opt, "nesterov", False)
+    if not plain:
         raise LaunchError(
             "optimizer: natively, PartitionedPS trains its partitioned variables with plain SGD (Keras 3's "
-            f"optimizers cannot update TensorFlow's partitioned variables), got {type(opt).__name__}; pass "
-            "optimizer=lambda: keras.optimizers.SGD(learning_rate=...) or use backend='torch'"
+            f"optimizers cannot update TensorFlow's partitioned variables), got {name}; pass "
+            "optimizer=keras.optimizers.SGD(learning_rate=...) or 'sgd', or use backend='torch'"
         )
 
 
@@ -169,6 +172,7 @@ def launch_native(
     shuffle: bool,
     seed: int,
     timeout: float | None,
+    optimizer_info: str = "",
 ) -> Any:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
     torch launch, then one rank per worker through ``train_rank_tf``."""
@@ -192,6 +196,13 @@ def launch_native(
     if st.world > res.world:
         raise LaunchError(f"strategy: planned for {st.world} ranks but the Lab has {res.world} workers")
     check_native(model, st)
+    if getattr(optimizer, "source", "") == "default" and st.builder == "PartitionedPS":
+        from distlab.conventions import OptimizerSpec
+
+        optimizer = OptimizerSpec("sgd", source="default")
+        optimizer_info = (
+            f"{optimizer.describe()}: natively, PartitionedPS's partitioned variables take plain SGD"
+        )
     payload = native_payload(
         model,
         x,
@@ -220,10 +231,12 @@ def launch_native(
         replan=_no_replan,
         forecast=native_forecast(lab.cost_model, prof, res, st),
         data_info=describe(data) + " (as arrays, in each TensorFlow process)",
-        loss_info=getattr(loss, "name", None)
-        or (getattr(loss, "__name__", None) if loss else "Keras default"),
+        loss_info=getattr(loss, "__name__", None)
+        or getattr(loss, "name", None)
+        or ("Keras sparse categorical cross-entropy from logits (the default for integer targets)"),
         native=payload,
     )
+    run.optimizer_info = optimizer_info
     lab._runs.append(run)
     run._start()
     return run

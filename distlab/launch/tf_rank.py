@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -159,9 +160,8 @@ def train_rank_tf(
                 )
         code = proc.wait(timeout=timeout)
         if code != 0 or final is None:
-            tail = (job_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-8:]
             raise LaunchError(
-                f"rank {rank}: the TensorFlow process exited with code {code}: " + " | ".join(tail)[-1200:]
+                f"rank {rank}: the TensorFlow process exited with code {code}: {_cause(job_dir)}"
             )
         if records:
             records[-1]["checksum"] = final["checksum"]
@@ -257,12 +257,23 @@ def bench_rank_tf(
                 ) from None
         lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
-            tail = (job_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-8:]
             raise LaunchError(
-                f"rank {rank}: the TensorFlow process exited with code {proc.returncode}: "
-                + " | ".join(tail)[-1200:]
+                f"rank {rank}: the TensorFlow process exited with code {proc.returncode}: {_cause(job_dir)}"[
+                    -1200:
+                ]
             )
         return json.loads(lines[-1])
     finally:
         _kill(proc)
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _cause(job_dir: Path) -> str:
+    """The TensorFlow child's error in one line: the last line of its stderr that names an
+    exception (the traceback's end), else its last line; the whole log stays in ``job_dir``."""
+    lines = [
+        ln.strip() for ln in (job_dir / "stderr.log").read_text(errors="replace").splitlines() if ln.strip()
+    ]
+    named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b", ln)]
+    last = (named or lines or ["(no output)"])[-1]
+    return f"{last[:600]} (log: {job_dir / 'stderr.log'})"

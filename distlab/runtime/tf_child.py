@@ -57,8 +57,10 @@ def main(job_dir: str) -> int:
     n, b = len(x), int(job["batch"])
     with strategy.scope():
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
-        optimizer = job["optimizer"]() if job.get("optimizer") else keras.optimizers.SGD(learning_rate=0.01)
-    if job.get("loss") is not None:
+        optimizer = _optimizer(keras, job)
+    if hasattr(job.get("loss"), "keras"):  # a Keras loss (distlab.conventions.KerasLoss)
+        per_sample = job["loss"].keras(per_sample=True)
+    elif job.get("loss") is not None:
         per_sample = job["loss"]
     elif np.issubdtype(y.dtype, np.integer):
         per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -170,13 +172,15 @@ def serve_ps(job_dir: str) -> int:
     b = int(job["batch"])
     with strategy.scope():
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
-        optimizer = job["optimizer"]() if job.get("optimizer") else keras.optimizers.SGD(learning_rate=0.01)
+        optimizer = _optimizer(keras, job)
     placement = {
         v.path: [str(getattr(s, "device", "")) for s in getattr(v.value, "variables", [v.value])]
         for v in model.trainable_variables
     }  # each variable's shards, in order, and their device
     print(json.dumps({"placement": placement}), flush=True)
-    if job.get("loss") is not None:
+    if hasattr(job.get("loss"), "keras"):
+        loss_fn = job["loss"].keras(per_sample=False)
+    elif job.get("loss") is not None:
         loss_fn = job["loss"]
     elif np.issubdtype(y.dtype, np.integer):
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -366,6 +370,15 @@ def bench(job_dir: str) -> int:
         barrier()
     print(json.dumps(out), flush=True)
     return 0
+
+
+def _optimizer(keras: Any, job: dict[str, Any]) -> Any:
+    """The run's Keras optimizer: built from distlab's spec (a name, a Keras optimizer or the
+    default, distlab.conventions), from the user's zero-argument factory, or SGD at 0.01."""
+    opt = job.get("optimizer")
+    if hasattr(opt, "keras"):
+        return opt.keras()
+    return opt() if opt else keras.optimizers.SGD(learning_rate=0.01)
 
 
 if __name__ == "__main__":

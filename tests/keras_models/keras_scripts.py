@@ -518,3 +518,163 @@ def native_calibration_under_load() -> dict:
             h.kill()
             h.wait()
         lab.close()
+
+
+def keras_conventions_match() -> dict:
+    """(torch backend) distlab's KerasLoss against Keras's own losses on the same tensors, and a
+    Keras optimizer's three steps against its torch translation (distlab.conventions)."""
+    import keras
+    import numpy as np
+    import torch
+
+    from distlab.conventions import keras_loss, optimizer_spec
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((8, 5)).astype("float32")
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    y = rng.integers(0, 5, 8)
+    onehot = np.eye(5, dtype="float32")[y]
+    b = rng.integers(0, 2, (8, 1)).astype("float32")
+    reg, t = rng.standard_normal((8, 3)).astype("float32"), rng.standard_normal((8, 3)).astype("float32")
+    L = keras.losses
+    cases = {
+        "SCCE(from_logits)": (L.SparseCategoricalCrossentropy(from_logits=True), logits, y),
+        "SCCE()": (L.SparseCategoricalCrossentropy(), probs, y),
+        "SCCE(ignore_class=2)": (
+            L.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2),
+            logits,
+            y,
+        ),
+        "name": ("sparse_categorical_crossentropy", probs, y),
+        "function": (L.sparse_categorical_crossentropy, probs, y),
+        "CCE(label_smoothing)": (L.CategoricalCrossentropy(label_smoothing=0.1), probs, onehot),
+        "CCE(from_logits)": (L.CategoricalCrossentropy(from_logits=True), logits, onehot),
+        "BCE(from_logits)": (L.BinaryCrossentropy(from_logits=True), logits[:, :1], b),
+        "BCE(label_smoothing)": (
+            L.BinaryCrossentropy(label_smoothing=0.2),
+            1 / (1 + np.exp(-logits[:, :1])),
+            b,
+        ),
+        "mse": ("mse", reg, t),
+        "mae": ("mae", reg, t),
+        "Huber(delta)": (L.Huber(delta=0.5), reg, t),
+    }
+    losses = {}
+    for name, (loss, o, tt) in cases.items():
+        fn = L.get(loss) if isinstance(loss, str) else loss
+        ref = float(np.mean(keras.ops.convert_to_numpy(fn(tt, o))))
+        mine = float(keras_loss(loss)(torch.tensor(o), torch.tensor(tt)))
+        losses[name] = [ref, mine]
+    optimizers = {}
+    for opt in (
+        keras.optimizers.Adam(learning_rate=0.01),
+        keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True),
+        keras.optimizers.RMSprop(learning_rate=0.01),
+        keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1),
+        keras.optimizers.Adagrad(learning_rate=0.1),
+    ):
+        grads = [rng.standard_normal(4).astype("float32") for _ in range(3)]
+        v = keras.Variable(np.ones(4, "float32"))
+        p = torch.nn.Parameter(torch.ones(4))
+        torch_opt = optimizer_spec(opt)([p])
+        for g in grads:
+            opt.apply_gradients([(keras.ops.convert_to_tensor(g), v)])
+            p.grad = torch.tensor(g)
+            torch_opt.step()
+        optimizers[type(opt).__name__] = [keras.ops.convert_to_numpy(v).tolist(), p.detach().tolist()]
+    return {"losses": losses, "optimizers": optimizers}
+
+
+def _ids_model(softmax: bool):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.backend.clear_session()
+    return keras.Sequential(
+        [
+            keras.Input((6,), dtype="int32"),
+            keras.layers.Embedding(500, 8),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(4, activation="softmax" if softmax else None),
+        ]
+    )
+
+
+def _digits_classifier():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.backend.clear_session()
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def keras_user_flow(steps: int = 200) -> dict:
+    """What a Keras user does, on this process's Keras backend (torch: distlab's torch route;
+    tensorflow: the native route): the ids model trained with a Keras loss name (softmax output) and
+    a loss object (logits), no optimizer; then a compiled softmax classifier launched with no loss
+    or optimizer against ``model.fit`` over the same samples, scored on held-out digits."""
+    import keras
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    import distlab as dl
+
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 500, (2048, 6)).astype("int32")
+    label = (ids[:, 0] % 4).astype("int64")
+    x, yd = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    perm = rng.permutation(len(x))
+    train, test = perm[:1400], perm[1400:]
+    out: dict = {"backend": backend}
+    with dl.Lab(workers=2) as lab:
+        for name, softmax, loss in (
+            ("name", True, "sparse_categorical_crossentropy"),
+            ("object", False, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+        ):
+            run = lab.launch(
+                _ids_model(softmax),
+                steps=steps,
+                data=(ids, label),
+                loss=loss,
+                optimizer="adam",
+                lr=0.01,
+                batch_size=16,
+                backend=backend,
+                block=True,
+            )
+            out[name] = {
+                "status": run.status,
+                "losses": list(run.losses()),
+                "loss_info": run.loss_info,
+                "optimizer_info": run.optimizer_info,
+            }
+        model = _digits_classifier()
+        run = lab.launch(
+            model, steps=steps, data=(x[train], yd[train]), batch_size=16, backend=backend, block=True
+        )
+        trained = run.model
+        acc = float(np.mean(np.argmax(trained.predict(x[test], verbose=0), 1) == yd[test]))
+        out["compiled"] = {
+            "status": run.status,
+            "accuracy": acc,
+            "loss_info": run.loss_info,
+            "optimizer_info": run.optimizer_info,
+            "error": str(run.error or ""),
+        }
+    ref = _digits_classifier()
+    epochs = -(-steps * 32 // len(train))
+    ref.fit(x[train], yd[train], batch_size=32, epochs=epochs, verbose=0, shuffle=True)
+    out["fit_accuracy"] = float(np.mean(np.argmax(ref.predict(x[test], verbose=0), 1) == yd[test]))
+    out["fit_steps"] = epochs * -(-len(train) // 32)
+    return out

@@ -1,0 +1,326 @@
+"""The user's library's conventions for what a run minimises and how it steps.
+
+A Keras user passes Keras losses (an object, a function or a name such as
+``"sparse_categorical_crossentropy"``), Keras optimizers (an object or a name such as ``"adam"``)
+and expects ``model.compile(optimizer=..., loss=...)`` to count; a torch user passes a callable
+``(output, target)`` and an optimizer factory ``params -> torch.optim.Optimizer``. :func:`resolve`
+turns either into what a route runs, before any worker starts:
+
+- ``KerasLoss``: a Keras loss with Keras's semantics (called as ``loss(y_true, y_pred)``,
+  ``from_logits``, probabilities normalised and clipped as Keras does, ``label_smoothing``,
+  ``delta``), computed in torch on the torch route (so it runs whatever Keras backend the
+  notebook imported) and rebuilt as the Keras loss itself in the TensorFlow child
+  (:meth:`KerasLoss.keras`). Per-sample losses are averaged over every sample of the global batch.
+- ``OptimizerSpec``: an optimizer by kind and Keras-style options; a torch optimizer with the same
+  hyperparameters on the torch route (:meth:`OptimizerSpec.__call__`), the Keras optimizer
+  natively (:meth:`OptimizerSpec.keras`).
+
+The default optimizer is Adam at 1e-3 (Keras's own default; :data:`DEFAULT_OPTIMIZER`). Bad input
+(an unknown loss or optimizer name, a Keras loss for a torch model, a torch loss for a native
+TensorFlow run, a Keras option the torch route cannot honour) is one ``LaunchError`` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from distlab.errors import LaunchError
+
+EPSILON = 1e-7  # keras.config.epsilon(): probabilities are clipped to [EPSILON, 1 - EPSILON]
+
+# canonical Keras loss name -> (Keras class, options it takes)
+KERAS_LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sparse_categorical_crossentropy": ("SparseCategoricalCrossentropy", ("from_logits", "ignore_class")),
+    "categorical_crossentropy": ("CategoricalCrossentropy", ("from_logits", "label_smoothing")),
+    "binary_crossentropy": ("BinaryCrossentropy", ("from_logits", "label_smoothing")),
+    "mean_squared_error": ("MeanSquaredError", ()),
+    "mean_absolute_error": ("MeanAbsoluteError", ()),
+    "huber": ("Huber", ("delta",)),
+}
+_ALIASES = {"mse": "mean_squared_error", "mae": "mean_absolute_error", "huber_loss": "huber"}
+_ALIASES.update({cls.lower(): name for name, (cls, _) in KERAS_LOSSES.items()})
+
+# optimizer kind -> (Keras class, Keras defaults the torch route carries over)
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "adam": (
+        "Adam",
+        {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False},
+    ),
+    "adamw": (
+        "AdamW",
+        {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004},
+    ),
+    "sgd": ("SGD", {"learning_rate": 0.01, "momentum": 0.0, "nesterov": False}),
+    "rmsprop": (
+        "RMSprop",
+        {"learning_rate": 1e-3, "rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False},
+    ),
+    "adagrad": ("Adagrad", {"learning_rate": 1e-3, "initial_accumulator_value": 0.1, "epsilon": 1e-7}),
+}
+# Keras optimizer options that change the update and that the torch route does not carry
+_UNCARRIED = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps")
+
+
+def _is_keras(obj: Any) -> bool:
+    return any(c.__module__.split(".")[0] in ("keras", "tf_keras") for c in type(obj).__mro__) or (
+        callable(obj) and str(getattr(obj, "__module__", "")).split(".")[0] in ("keras", "tf_keras")
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasLoss:
+    """A Keras loss by canonical ``name`` and ``options``; ``loss(output, target)`` on torch tensors."""
+
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+    source: str = "argument"  # "argument" or "compile"
+
+    @property
+    def __name__(self) -> str:  # noqa: PLW3201 - the run card names a loss by its __name__
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options)
+        return f"keras {self.name}({opts})" + (" from model.compile" if self.source == "compile" else "")
+
+    def __call__(self, output: Any, target: Any) -> Any:
+        import torch.nn.functional as F  # noqa: N812
+
+        o = dict(self.options)
+        logits = bool(o.get("from_logits", False))
+        if self.name == "sparse_categorical_crossentropy":
+            y = target.reshape(output.shape[:-1]).long()
+            flat, y = output.reshape(-1, output.shape[-1]), y.reshape(-1)
+            keep = y != o["ignore_class"] if o.get("ignore_class") is not None else None
+            if keep is not None:
+                flat, y = flat[keep], y[keep]
+            logp = F.log_softmax(flat, -1) if logits else _log_probs(flat)
+            return F.nll_loss(logp, y)
+        if self.name == "categorical_crossentropy":
+            y = _smooth(target.to(output.dtype), o.get("label_smoothing", 0.0), output.shape[-1])
+            logp = F.log_softmax(output, -1) if logits else _log_probs(output)
+            return -(y * logp).sum(-1).mean()
+        y = target.to(output.dtype).reshape(output.shape) if target.numel() == output.numel() else target
+        if self.name == "binary_crossentropy":
+            y = _smooth(y, o.get("label_smoothing", 0.0), 2)
+            if logits:
+                return F.binary_cross_entropy_with_logits(output, y)
+            p = output.clamp(EPSILON, 1 - EPSILON)
+            return -(y * p.log() + (1 - y) * (1 - p).log()).mean()
+        if self.name == "mean_squared_error":
+            return F.mse_loss(output, y)
+        if self.name == "mean_absolute_error":
+            return F.l1_loss(output, y)
+        return F.huber_loss(output, y, delta=float(o.get("delta", 1.0)))
+
+    def keras(self, per_sample: bool = True) -> Any:
+        """The Keras loss itself (the native route's): per sample (``reduction=None``), or averaged
+        over the batch as Keras averages by default."""
+        import keras
+
+        cls, _ = KERAS_LOSSES[self.name]
+        reduction = {"reduction": None} if per_sample else {}
+        return getattr(keras.losses, cls)(**dict(self.options), **reduction)
+
+
+def _log_probs(p: Any) -> Any:
+    """log of probabilities as Keras takes them: normalised to sum 1, clipped to [eps, 1 - eps]."""
+    return (p / p.sum(-1, keepdim=True)).clamp(EPSILON, 1 - EPSILON).log()
+
+
+def _smooth(y: Any, amount: float, classes: int) -> Any:
+    return y * (1 - amount) + amount / classes if amount else y
+
+
+def keras_loss(loss: Any, source: str = "argument") -> KerasLoss | None:
+    """``loss`` as a :class:`KerasLoss` when it is a Keras loss name, object or function; None for
+    anything else (a torch callable). An unknown name, or a Keras loss distlab cannot carry, is
+    one ``LaunchError``."""
+    if isinstance(loss, KerasLoss):
+        return loss
+    if isinstance(loss, str):
+        name, options = _ALIASES.get(loss.lower(), loss.lower()), {}
+    elif _is_keras(loss):
+        raw = getattr(loss, "__name__", None) if not hasattr(loss, "get_config") else type(loss).__name__
+        name = _ALIASES.get(str(raw).lower(), str(raw).lower())
+        # Keras keeps some options only in the wrapped function's kwargs (Huber's delta)
+        options = {
+            **getattr(loss, "_fn_kwargs", {}),
+            **(loss.get_config() if hasattr(loss, "get_config") else {}),
+        }
+    else:
+        return None
+    if name not in KERAS_LOSSES:
+        known = ", ".join(sorted({*KERAS_LOSSES, *_ALIASES} - {c.lower() for c, _ in KERAS_LOSSES.values()}))
+        raise LaunchError(
+            f"loss: {loss!r} is not a Keras loss distlab carries; use one of: {known}, or pass a callable "
+            "(output, target) -> loss"
+        )
+    taken = KERAS_LOSSES[name][1]
+    kept = tuple((k, options[k]) for k in taken if k in options and options[k] not in (None, False, 0, 0.0))
+    if name == "huber" and "delta" in options:
+        kept = (("delta", float(options["delta"])),)
+    return KerasLoss(name, kept, source)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer by ``kind`` and Keras-style ``options``; ``spec(params)`` is the torch one."""
+
+    kind: str
+    options: tuple[tuple[str, Any], ...] = ()
+    source: str = "argument"  # "argument", "compile" or "default"
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**OPTIMIZERS[self.kind][1], **dict(self.options)}
+
+    def describe(self) -> str:
+        s = self.settings
+        defaults = OPTIMIZERS[self.kind][1]
+        changed = {k: v for k, v in self.options if k != "learning_rate" and defaults.get(k) != v}
+        extra = "".join(f", {k}={v!r}" for k, v in changed.items())
+        where = {"compile": " from model.compile", "default": " (distlab's default)"}.get(self.source, "")
+        return f"{OPTIMIZERS[self.kind][0]}(learning_rate={s['learning_rate']:g}{extra}){where}"
+
+    def __call__(self, params: Any) -> Any:
+        import torch
+
+        s = self.settings
+        lr = float(s["learning_rate"])
+        if self.kind in ("adam", "adamw"):
+            kw = {"lr": lr, "betas": (s["beta_1"], s["beta_2"]), "eps": s["epsilon"]}
+            if self.kind == "adamw" or s.get("weight_decay"):
+                return torch.optim.AdamW(params, weight_decay=float(s.get("weight_decay") or 0.0), **kw)
+            return torch.optim.Adam(params, amsgrad=bool(s.get("amsgrad")), **kw)
+        if self.kind == "sgd":
+            return torch.optim.SGD(params, lr=lr, momentum=s["momentum"], nesterov=bool(s["nesterov"]))
+        if self.kind == "rmsprop":
+            return torch.optim.RMSprop(
+                params,
+                lr=lr,
+                alpha=s["rho"],
+                eps=s["epsilon"],
+                momentum=s["momentum"],
+                centered=s["centered"],
+            )
+        return torch.optim.Adagrad(
+            params, lr=lr, initial_accumulator_value=s["initial_accumulator_value"], eps=s["epsilon"]
+        )
+
+    def keras(self) -> Any:
+        """The Keras optimizer (the native route's), built where it runs."""
+        import keras
+
+        return getattr(keras.optimizers, OPTIMIZERS[self.kind][0])(**self.settings)
+
+
+DEFAULT_OPTIMIZER = OptimizerSpec("adam", source="default")
+
+
+def optimizer_spec(optimizer: Any, source: str = "argument", lr: float | None = None) -> OptimizerSpec | None:
+    """``optimizer`` as an :class:`OptimizerSpec` when it is a name or a Keras optimizer (``lr``
+    overrides its rate); None for a factory (a torch one, or a zero-argument Keras one natively)."""
+    if isinstance(optimizer, OptimizerSpec):
+        spec = optimizer
+    elif isinstance(optimizer, str):
+        kind = optimizer.lower()
+        if kind not in OPTIMIZERS:
+            raise LaunchError(
+                f"optimizer: {optimizer!r} is not an optimizer name; use one of: {', '.join(OPTIMIZERS)}, "
+                "a Keras optimizer, or a factory params -> torch.optim.Optimizer"
+            )
+        spec = OptimizerSpec(kind, source=source)
+    elif _is_keras(optimizer) and hasattr(optimizer, "get_config"):
+        spec = _from_keras(optimizer, source)
+    else:
+        return None
+    if lr is not None:
+        spec = dataclasses.replace(
+            spec,
+            options=(*[o for o in spec.options if o[0] != "learning_rate"], ("learning_rate", float(lr))),
+        )
+    return spec
+
+
+def _from_keras(opt: Any, source: str) -> OptimizerSpec:
+    kind = type(opt).__name__.lower()
+    if kind not in OPTIMIZERS:
+        raise LaunchError(
+            f"optimizer: Keras {type(opt).__name__} is not one distlab carries ({', '.join(OPTIMIZERS)}); "
+            "pass one of those, or a factory params -> torch.optim.Optimizer"
+        )
+    cfg = opt.get_config()
+    for key in _UNCARRIED:
+        if cfg.get(key) not in (None, False, 1):
+            raise LaunchError(
+                f"optimizer: {type(opt).__name__}({key}={cfg[key]!r}) is not carried to distlab's runs; "
+                f"drop {key} or pass a torch factory that does the same"
+            )
+    lr = cfg.get("learning_rate")
+    if not isinstance(lr, (int, float)):
+        raise LaunchError(
+            f"optimizer: {type(opt).__name__} has a learning-rate schedule ({type(lr).__name__}); distlab "
+            "carries a constant rate: pass learning_rate=<float>, or a torch factory with a scheduler"
+        )
+    taken = OPTIMIZERS[kind][1]
+    return OptimizerSpec(kind, tuple((k, cfg[k]) for k in taken if k in cfg), source)
+
+
+@dataclasses.dataclass(frozen=True)
+class Conventions:
+    """What a launch runs: ``loss`` (a callable, a :class:`KerasLoss`, or None for the default),
+    ``optimizer`` (an :class:`OptimizerSpec` or the user's factory) and the card's words for it."""
+
+    loss: Any
+    optimizer: Any
+    optimizer_info: str
+
+
+def resolve(
+    model: Any, loss: Any, optimizer: Any, backend: str = "torch", lr: float | None = None
+) -> Conventions:
+    """The loss and optimizer a launch of ``model`` runs: the arguments, else ``model.compile``'s
+    (a Keras model), else the defaults (the loss for the targets; Adam at 1e-3). ``lr`` overrides
+    the rate of a named, Keras or default optimizer."""
+    from distlab.keras_model import KerasModule, is_keras_model
+
+    keras_model = is_keras_model(model) or isinstance(model, KerasModule)
+    inner = getattr(model, "keras_model", model)
+    lsource = osource = "argument"
+    if loss is None and keras_model and getattr(inner, "loss", None) is not None:
+        loss, lsource = inner.loss, "compile"
+    if optimizer is None and keras_model and getattr(inner, "optimizer", None) is not None:
+        optimizer, osource = inner.optimizer, "compile"
+    kl = keras_loss(loss, lsource)
+    if kl is not None and not keras_model:
+        raise LaunchError(
+            f"loss: a Keras loss ({kl.name}) for a torch model {type(model).__name__}; pass a torch callable "
+            "(output, target) such as torch.nn.CrossEntropyLoss(), or leave loss=None for the default"
+        )
+    if backend == "tensorflow" and loss is not None and kl is None and _is_torch(loss):
+        raise LaunchError(
+            f"loss: a torch loss ({getattr(loss, '__name__', type(loss).__name__)}) for a native TensorFlow "
+            "run; pass a Keras loss (an object or a name such as 'sparse_categorical_crossentropy')"
+        )
+    spec = DEFAULT_OPTIMIZER if optimizer is None else optimizer_spec(optimizer, osource)
+    if spec is None:  # the user's factory
+        if lr is not None:
+            raise LaunchError(
+                "lr: sets the rate of a named or Keras optimizer; set it in your factory instead"
+            )
+        if backend == "tensorflow" and isinstance(optimizer, type) and _is_torch(optimizer):
+            raise LaunchError(
+                f"optimizer: torch's {optimizer.__name__} for a native TensorFlow run; pass a Keras "
+                "optimizer or a name ('adam', 'sgd')"
+            )
+        name = getattr(optimizer, "__name__", type(optimizer).__name__)
+        return Conventions(kl or loss, optimizer, f"{name} (your factory)")
+    if lr is not None:
+        spec = optimizer_spec(spec, spec.source, lr)
+    assert spec is not None
+    return Conventions(kl or loss, spec, spec.describe())
+
+
+def _is_torch(obj: Any) -> bool:
+    mods = [c.__module__ for c in (obj.__mro__ if isinstance(obj, type) else type(obj).__mro__)]
+    own = str(getattr(obj, "__module__", ""))
+    return any(m.split(".")[0] == "torch" for m in mods) or own.split(".")[0] == "torch"

@@ -1,0 +1,41 @@
+"""Keras users' conventions on both routes (distlab.conventions): Keras losses called as Keras
+calls them, Keras optimizers and names carried to torch with their hyperparameters, and
+``model.compile``'s loss and optimizer used when the launch gives none."""
+
+from __future__ import annotations
+
+import pytest
+from keras_scripts import run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(200)
+def test_keras_losses_and_optimizers_compute_as_keras_does():
+    out = run("torch", "keras_conventions_match", timeout=180)
+    for name, (keras_value, ours) in out["losses"].items():
+        assert ours == pytest.approx(keras_value, rel=1e-5), name
+    for name, (keras_weights, torch_weights) in out["optimizers"].items():
+        assert torch_weights == pytest.approx(keras_weights, rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.timeout(400)
+def test_a_keras_user_trains_with_keras_losses_and_compile_on_either_route(backend):
+    """torch: distlab's runtime (the notebook's Keras on torch); tensorflow: the native route."""
+    out = run(backend, "keras_user_flow", 200, timeout=380)
+    assert out["backend"] == backend
+    for way, info in (
+        ("name", "keras sparse_categorical_crossentropy()"),
+        ("object", "keras sparse_categorical_crossentropy(from_logits=True)"),
+    ):
+        first, last = out[way]["losses"]
+        assert out[way]["status"] == "finished" and first == pytest.approx(1.386, abs=0.05), out[way]
+        assert last < 1.0, out[way]  # the label is a function of the first id: learnable
+        assert out[way]["loss_info"] == info and out[way]["optimizer_info"] == "Adam(learning_rate=0.01)"
+    compiled = out["compiled"]
+    assert compiled["status"] == "finished", compiled["error"]
+    assert compiled["loss_info"] == "keras sparse_categorical_crossentropy() from model.compile"
+    assert compiled["optimizer_info"] == "Adam(learning_rate=0.001) from model.compile"
+    # a softmax classifier compiled with Keras's loss name, as accurate as Keras's own fit
+    assert compiled["accuracy"] >= out["fit_accuracy"] - 0.03, (compiled, out["fit_accuracy"])

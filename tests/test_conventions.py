@@ -1,0 +1,84 @@
+"""distlab.conventions without Keras: names resolve to torch optimizers with Keras's defaults,
+Keras loss names compute Keras's formulas, and each bad input is one line naming it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from distlab.conventions import DEFAULT_OPTIMIZER, KerasLoss, keras_loss, optimizer_spec, resolve
+from distlab.errors import LaunchError
+
+
+def _params():
+    return [torch.nn.Parameter(torch.ones(3))]
+
+
+def test_names_build_torch_optimizers_with_keras_defaults_and_lr_overrides():
+    adam = optimizer_spec("Adam")(_params())
+    assert isinstance(adam, torch.optim.Adam)
+    assert adam.defaults["lr"] == 1e-3 and adam.defaults["eps"] == 1e-7
+    sgd = optimizer_spec("sgd", lr=0.5)(_params())
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["lr"] == 0.5
+    assert optimizer_spec("sgd", lr=0.5).describe() == "SGD(learning_rate=0.5)"
+    assert DEFAULT_OPTIMIZER.describe() == "Adam(learning_rate=0.001) (distlab's default)"
+    assert optimizer_spec(lambda ps: torch.optim.SGD(ps, lr=1.0)) is None  # a factory stays the user's
+
+
+def test_the_default_optimizer_is_adam_and_a_factory_is_kept():
+    model = torch.nn.Linear(2, 2)
+    c = resolve(model, None, None)
+    assert c.optimizer is DEFAULT_OPTIMIZER and c.loss is None
+    factory = lambda ps: torch.optim.SGD(ps, lr=1.0)  # noqa: E731
+    c = resolve(model, None, factory)
+    assert c.optimizer is factory and c.optimizer_info == "<lambda> (your factory)"
+    assert resolve(model, None, "sgd", lr=0.2).optimizer_info == "SGD(learning_rate=0.2)"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: optimizer_spec("adamx"), r"optimizer: 'adamx' is not an optimizer name; use one of: adam"),
+        (lambda: keras_loss("cross_entropy"), r"loss: 'cross_entropy' is not a Keras loss distlab carries"),
+        (
+            lambda: resolve(torch.nn.Linear(2, 2), "sparse_categorical_crossentropy", None),
+            r"loss: a Keras loss \(sparse_categorical_crossentropy\) for a torch model Linear",
+        ),
+        (
+            lambda: resolve(torch.nn.Linear(2, 2), torch.nn.CrossEntropyLoss(), None, backend="tensorflow"),
+            r"loss: a torch loss \(CrossEntropyLoss\) for a native TensorFlow run",
+        ),
+        (
+            lambda: resolve(torch.nn.Linear(2, 2), None, lambda ps: None, lr=0.1),
+            r"lr: sets the rate of a named or Keras optimizer",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_naming_it(call, message):
+    with pytest.raises(LaunchError, match=message):
+        call()
+
+
+def test_keras_loss_names_compute_keras_formulas():
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(6, 4, generator=g), torch.randint(0, 4, (6,), generator=g)
+    probs = logits.softmax(-1)
+    sce = keras_loss("sparse_categorical_crossentropy")
+    assert sce == KerasLoss("sparse_categorical_crossentropy")
+    # probabilities (Keras's default, from_logits=False): the same cross-entropy as from the logits
+    assert sce(probs, y).item() == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
+    assert keras_loss("SparseCategoricalCrossentropy")(probs, y[:, None]).item() == pytest.approx(
+        F.cross_entropy(logits, y).item(), rel=1e-5
+    )  # targets of shape (n, 1), as Keras takes them
+    onehot = F.one_hot(y, 4).float()
+    assert keras_loss("categorical_crossentropy")(probs, onehot).item() == pytest.approx(
+        F.cross_entropy(logits, y).item(), rel=1e-5
+    )
+    out, t = torch.randn(6, 1, generator=g), torch.randn(6, generator=g)
+    assert keras_loss("mse")(out, t).item() == pytest.approx(F.mse_loss(out[:, 0], t).item(), rel=1e-6)
+    assert keras_loss("mae")(out, t).item() == pytest.approx(F.l1_loss(out[:, 0], t).item(), rel=1e-6)
+    b = torch.randint(0, 2, (6, 1), generator=g).float()
+    assert keras_loss("binary_crossentropy")(out.sigmoid(), b).item() == pytest.approx(
+        F.binary_cross_entropy_with_logits(out, b).item(), rel=1e-4
+    )
