@@ -130,6 +130,11 @@ def _smooth(y: Any, amount: float, classes: int) -> Any:
     return y * (1 - amount) + amount / classes if amount else y
 
 
+def is_keras_loss_name(name: str) -> bool:
+    """``name`` names a Keras loss distlab carries (``"mse"``, ``"SparseCategoricalCrossentropy"``)."""
+    return _ALIASES.get(name.lower(), name.lower()) in KERAS_LOSSES
+
+
 def keras_loss(loss: Any, source: str = "argument") -> KerasLoss | None:
     """``loss`` as a :class:`KerasLoss` when it is a Keras loss name, object or function; None for
     anything else (a torch callable). An unknown name, or a Keras loss distlab cannot carry, is

@@ -22,11 +22,12 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
+from distlab.conventions import is_keras_loss_name
 from distlab.errors import DistlabError, did_you_mean, match_name
 from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
 
 WIDTH = 88  # %distlab help fits this many columns
-MODEL_OPTIONS = "[--data VAR] [--sample-input VAR] [--loss VAR] [--batch-size N]"
+MODEL_OPTIONS = "[--data VAR] [--sample-input VAR] [--loss VAR|NAME] [--batch-size N]"
 # notebook names that are IPython's, not the user's: never suggested
 _IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 
@@ -161,7 +162,9 @@ class DistlabMagics(Magics):
             given["sample_var"], given["sample_input"] = self._lookup(
                 a.sample_input, "sample batch", "--sample-input"
             )
-        if a.loss is not None:
+        if a.loss is not None and a.loss not in self.shell.user_ns and is_keras_loss_name(a.loss):
+            given["loss_var"], given["loss"] = a.loss, a.loss  # a Keras loss name, for a Keras model
+        elif a.loss is not None:
             given["loss_var"], given["loss"] = self._lookup(a.loss, "loss", "--loss")
             if not callable(given["loss"]):
                 raise UsageError(
@@ -171,6 +174,22 @@ class DistlabMagics(Magics):
                 )
         self.session.remember(var, **given)
         return var, model
+
+    def _optimizer(self, a: argparse.Namespace) -> Any:
+        """--optimizer: a notebook variable, else a name (checked here, before any cluster starts)."""
+        if a.lr is not None and not a.lr > 0:
+            raise UsageError(f"--lr {a.lr:g}: a learning rate must be > 0")
+        if a.optimizer is None or a.optimizer in self.shell.user_ns:
+            return self.shell.user_ns[a.optimizer] if a.optimizer else None
+        from distlab.conventions import OPTIMIZERS
+
+        name = match_name(a.optimizer, list(OPTIMIZERS))
+        if name is None:
+            raise UsageError(
+                f"--optimizer {a.optimizer!r}: no optimizer or notebook variable of that name"
+                f"{did_you_mean(a.optimizer, list(OPTIMIZERS))} (names: {', '.join(OPTIMIZERS)})"
+            )
+        return name
 
     def _store(self, name: str | None, value: Any) -> None:
         if name:
@@ -318,16 +337,23 @@ class DistlabMagics(Magics):
         data from its input_spec); the run goes in a variable (-o NAME, default run).
 
         %distlab launch VAR --strategy NAME|FILE|VAR [--steps N] [--adaptive] [model options]
-            [--noblock] [-o NAME]
+            [--optimizer NAME|VAR] [--lr X] [--backend torch|tensorflow] [--noblock] [-o NAME]
 
         --adaptive: an adaptive batch (AdaptDL): the noise scale measured live, the batch
         re-chosen for goodput at epoch boundaries, AdaScale learning-rate scaling.
+        --optimizer: adam (the default, at 1e-3; a compiled Keras model's own when it has one),
+        sgd, adamw, rmsprop, adagrad, or a notebook variable (a Keras optimizer, or a factory
+        params -> torch.optim.Optimizer); --lr sets a named one's rate. --backend tensorflow
+        trains a Keras model in TensorFlow's own runtime.
         """
         p = _parser("launch")
         p.add_argument("var")
         p.add_argument("--strategy", "-s", required=True)
         p.add_argument("--steps", type=int, default=100)
         p.add_argument("--adaptive", action="store_true")
+        p.add_argument("--optimizer", default=None)
+        p.add_argument("--lr", type=float, default=None)
+        p.add_argument("--backend", choices=("torch", "tensorflow"), default="torch")
         _model_options(p)
         p.add_argument("--noblock", action="store_true")
         p.add_argument("-o", "--output", default="run")
@@ -355,9 +381,12 @@ class DistlabMagics(Magics):
                 f"no --data for {var}: it trains on synthetic data from its input_spec "
                 f"(%distlab launch {var} --data DS ... trains on yours)"
             )
+        optimizer = self._optimizer(a)
         if a.adaptive:
             strategy = self.session.adaptive(var, model, strategy)
-        run = self.session.launch(var, model, strategy, steps=a.steps)
+        run = self.session.launch(
+            var, model, strategy, steps=a.steps, optimizer=optimizer, lr=a.lr, backend=a.backend
+        )
         run.var_name = a.output
         self._store(a.output, run)
         print(
@@ -437,8 +466,10 @@ _MODEL_HELP = "\n".join(
     textwrap.wrap(
         "model options, remembered per model VAR by the later magics: --data VAR (a Dataset, a "
         "DataLoader, or an (inputs, targets) pair of tensors or arrays), --sample-input VAR (a batch "
-        "the model accepts), --loss VAR (a function (output, target); default cross-entropy for "
-        f"integer targets, mean-squared error for float ones), --batch-size N (per replica, default "
+        "the model accepts), --loss VAR|NAME (a function (output, target), or a Keras loss name such as "
+        "sparse_categorical_crossentropy for a Keras model; default: a compiled Keras model's loss, "
+        "else cross-entropy for integer targets, mean-squared error for float ones), --batch-size N "
+        f"(per replica, default "
         f"{DEFAULT_BATCH}).",
         WIDTH,
     )

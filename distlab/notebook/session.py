@@ -238,7 +238,16 @@ class NotebookSession:
             "AdaptiveBatch", self.profile(var, model), self.resources(), base=base, **options
         )
 
-    def launch(self, var: str, model: Any, strategy: Any, steps: int) -> Any:
+    def launch(
+        self,
+        var: str,
+        model: Any,
+        strategy: Any,
+        steps: int,
+        optimizer: Any = None,
+        lr: float | None = None,
+        backend: str = "torch",
+    ) -> Any:
         inp = self.inputs_of(var)
         lab = self.lab()
         if lab.cost_model is None:  # predicted as simulate ranks it: the default model, the step measured
@@ -246,7 +255,15 @@ class NotebookSession:
 
             lab.cost_model = CostModel.default()
         run = lab.launch(
-            model, strategy=strategy, steps=steps, data=inp.data, loss=inp.loss, batch_size=inp.batch_size
+            model,
+            strategy=strategy,
+            steps=steps,
+            data=inp.data,
+            loss=inp.loss,
+            batch_size=inp.batch_size,
+            optimizer=optimizer,
+            lr=lr,
+            backend=backend,
         )
         self.runs.append(run)
         return run

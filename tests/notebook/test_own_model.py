@@ -92,13 +92,14 @@ def test_a_batchnorm_cnn_on_digits_trains_through_the_magics_and_comes_back(sess
     out, err = magic(sh, "profile cnn --data train --batch-size 32", capsys)
     assert err == "" and "DigitsCNN" in out
     # the data is remembered: launch needs no --data again
-    out, err = magic(sh, "launch cnn --strategy allreduce --steps 500 -o cnn_run", capsys)
+    out, err = magic(sh, "launch cnn --strategy allreduce --steps 200 -o cnn_run", capsys)
     assert err == "", err
     assert "is in `cnn_run`" in out and "synthetic" not in out
     run = sh.user_ns["cnn_run"]
     assert run.status == "finished" and run.strategy.builder == "AllReduce"  # 'allreduce' matched
     card = run._repr_html_()
     assert "1,400 samples" in card and "cross-entropy" in card and "first step" in card
+    assert "Adam(learning_rate=0.001) (distlab&#x27;s default)" in card  # the optimizer that ran
     assert "cnn_run.model" in card
     # predicted with the model's step measured on the workers, the collectives not calibrated: said
     assert "samples/s (before the run, from the measured step, typically within" in card
@@ -107,16 +108,17 @@ def test_a_batchnorm_cnn_on_digits_trains_through_the_magics_and_comes_back(sess
     first, last = run.losses()
     assert last < first
     acc = _accuracy(run.model, sh.user_ns["test_images"], sh.user_ns["test_y"])
-    print(f"digits accuracy through the magics (BatchNorm CNN, 500 steps): {acc:.3f}")
-    assert acc > 0.5  # chance is 0.1 (SGD at lr 0.01, the default optimizer, for 500 steps)
+    print(f"digits accuracy through the magics (BatchNorm CNN, 200 steps): {acc:.3f}")
+    assert acc >= 0.9  # the defaults (Adam at 1e-3) train a newcomer's model in a few hundred steps
 
 
 def test_a_tabular_model_trains_on_an_x_y_pair_of_arrays(session_shell, capsys):
     sh, _ = session_shell
-    out, err = magic(sh, "launch tab --strategy PS --data pair --steps 500", capsys)
+    out, err = magic(sh, "launch tab --strategy PS --data pair --steps 500 --optimizer SGD --lr 0.1", capsys)
     assert err == "", err
     run = sh.user_ns["run"]  # the default -o
     assert "(ndarray inputs, targets): 1,400 samples, input [64] float32" in run._repr_html_()
+    assert "SGD(learning_rate=0.1)" in run._repr_html_()
     acc = _accuracy(run.model, sh.user_ns["test_x"], sh.user_ns["test_y"])
     assert acc > 0.5
 
@@ -124,7 +126,10 @@ def test_a_tabular_model_trains_on_an_x_y_pair_of_arrays(session_shell, capsys):
 def test_launch_adaptive_trains_with_an_adaptive_batch_over_the_named_builder(session_shell, capsys):
     sh, _ = session_shell
     out, err = magic(
-        sh, "launch tab --strategy PS --data pair --batch-size 8 --steps 400 --adaptive -o ad", capsys
+        # SGD: with Adam (the default) the noise scale leaves out variables on parameter servers
+        sh,
+        "launch tab --strategy PS --data pair --batch-size 8 --steps 400 --adaptive --optimizer sgd -o ad",
+        capsys,
     )
     assert err == "", err
     run = sh.user_ns["ad"]
@@ -162,6 +167,11 @@ def test_mistakes_lose_nothing(session_shell, capsys):
     assert magics.session.current_lab is lab and not lab.closed  # the working cluster is untouched
     out, err = magic(sh, "launch tab --strategy Paralax", capsys)
     assert "did you mean 'Parallax'?" in err
+    out, err = magic(sh, "launch tab --strategy PS --optimizer adm", capsys)
+    assert "--optimizer 'adm': no optimizer or notebook variable" in err and "did you mean 'adam'" in err
+    out, err = magic(sh, "launch tab --strategy PS --loss sparse_categorical_crossentropy", capsys)
+    assert "loss: a Keras loss (sparse_categorical_crossentropy) for a torch model Sequential" in err
+    assert len(magics.session.runs) == runs_before  # refused before anything ran
     out, err = magic(sh, "cluster stop", capsys)
     assert "kept" in out
     assert lab.closed
