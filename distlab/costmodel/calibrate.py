@@ -122,11 +122,14 @@ def fit_microbenchmarks(
     compute = [r for r in rs if r.collective == "compute"]
     kappa, eff = fit_contention(compute), fit_thread_efficiency(compute)
     opt, copy = _per_byte(rs, "optimizer"), _per_byte(rs, "copy")
+    sgd = float(np.median(opt)) if opt else base.optimizer_per_byte
+    work = {f"{k}_work": _per_byte(rs, f"optimizer:{k}") for k in ("momentum", "adam")}  # per SGD's byte
     params = base.with_(
         alpha_beta=ab,
         contention=base.contention if kappa is None else kappa,
         thread_efficiency=base.thread_efficiency if eff is None else eff,
-        optimizer_per_byte=float(np.median(opt)) if opt else base.optimizer_per_byte,
+        optimizer_per_byte=sgd,
+        **{k: float(np.median(w)) / sgd for k, w in work.items() if w},
         copy_per_byte=float(np.median(copy)) if copy else base.copy_per_byte,
     )
     info: dict[str, Any] = {"worlds": sorted({int(r.world) for r in rs}), "fit_error": errors}

@@ -112,6 +112,9 @@ class Env:
     # the optimizer's slowdown when the model's own is measured (None: ``slowdown`` serves both)
     optimizer_slowdown: np.ndarray | None = None
     params: CostParams = field(default_factory=CostParams)  # optimizer, overhead and scale figures
+    optimizer_work: float = (
+        1.0  # the run's optimizer per byte relative to plain SGD (CostParams.optimizer_work)
+    )
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
@@ -172,7 +175,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     )
 
     opt_slow = slow if env.optimizer_slowdown is None else np.asarray(env.optimizer_slowdown, dtype=float)
-    optimizer = col(b.opt_bytes) * prm.optimizer_per_byte * opt_slow
+    optimizer = col(b.opt_bytes) * prm.optimizer_per_byte * env.optimizer_work * opt_slow
 
     # after the step: servers broadcast new values; the busiest server or busiest receiver bounds
     ba, bb = factors("broadcast", p)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -184,13 +185,17 @@ class CostModel:
 
     # -- predictions -------------------------------------------------------------------
     def evaluate_many(
-        self, profile: ModelProfile, resources: ResourceSpec | None, strategies: Sequence[Strategy]
+        self,
+        profile: ModelProfile,
+        resources: ResourceSpec | None,
+        strategies: Sequence[Strategy],
+        optimizer: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Raw simulator output for many strategies: arrays of shape (S,) per quantity."""
-        return self._evaluate([self.compile(profile, s) for s in strategies], resources)
+        return self._evaluate([self.compile(profile, s) for s in strategies], resources, optimizer)
 
     def _evaluate(
-        self, items: Sequence[CompiledStrategy], resources: ResourceSpec | None
+        self, items: Sequence[CompiledStrategy], resources: ResourceSpec | None, optimizer: str | None = None
     ) -> dict[str, np.ndarray]:
         key = tuple(map(id, items))  # the batch holds the items, so their ids stay theirs
         batch = self._batches.get(key)
@@ -214,6 +219,9 @@ class CostModel:
             env = self._env(batch, resources)
             ref = weakref.ref(resources) if resources is not None else None
             batch.env_cache = {id(resources): (sig, ref, env)}
+        work = self.params.optimizer_work(optimizer)
+        if work != env.optimizer_work:
+            env = replace(env, optimizer_work=work)
         out = {k: v[:, 0] for k, v in evaluate(batch, env).items()}
         if self.refits:
             fixes = [self.refits.get(c.model_key) for c in items]
@@ -232,11 +240,13 @@ class CostModel:
         strategy: Strategy,
         noise_scale: float | None = None,
         base_batch: int | None = None,
+        optimizer: str | None = None,
     ) -> Prediction:
         """Predicted step of one strategy; with ``noise_scale`` also goodput (Pollux statistical
-        efficiency)."""
+        efficiency). ``optimizer``: the run's (a name or ``"sgd"``/``"momentum"``/``"adam"``;
+        ``distlab.conventions.optimizer_kind`` maps a factory); None is the launch default, Adam."""
         c = self.compile(profile, strategy)
-        out = self._evaluate([c], resources)
+        out = self._evaluate([c], resources, optimizer)
         gb = c.per_replica * c.accum * c.world
         eff = good = None
         if noise_scale is not None:
@@ -304,6 +314,7 @@ class CostModel:
         candidates: Sequence[Strategy],
         noise_scale: float | None = None,
         base_batch: int | None = None,
+        optimizer: str | None = None,
     ):  # -> pandas.DataFrame
         """Every candidate's prediction, best first (by goodput when a noise scale is given, else throughput).
 
@@ -317,7 +328,7 @@ class CostModel:
         cands = list(candidates)
         items = [self.compile(profile, s) for s in cands]
         if items:
-            out = self._evaluate(items, resources)
+            out = self._evaluate(items, resources, optimizer)
         else:
             out = {
                 k: np.zeros(0) for k in ("throughput", "step_time", "compute", "comm", "optimizer", "world")
@@ -355,11 +366,12 @@ class CostModel:
         strategies: Sequence[Strategy],
         worlds: Sequence[int],
         bandwidths: Sequence[float | None] = (None,),
+        optimizer: str | None = None,
     ):  # -> pandas.DataFrame
         """What-if: each strategy at each world size and bottleneck bandwidth; see ``whatif.sweep_frame``."""
         from distlab.costmodel.whatif import sweep_frame
 
-        df = sweep_frame(self, profile, resources, strategies, worlds, bandwidths)
+        df = sweep_frame(self, profile, resources, strategies, worlds, bandwidths, optimizer)
         fix = self.refits.get(model_key(profile)) if self.refits else None
         if fix is None or not len(df):
             return df

@@ -14,6 +14,29 @@ from distlab.resources import ResourceSpec
 from distlab.strategy.execution import BUCKET_BYTES
 
 PARAMS_VERSION = 1
+# optimizer names -> what their update costs like (the state tensors it keeps); None: the launch's
+# default optimizer (Adam at 1e-3, distlab.conventions)
+OPTIMIZER_KINDS = {
+    None: "adam",
+    "sgd": "sgd",
+    "momentum": "momentum",
+    "rmsprop": "momentum",
+    "adagrad": "momentum",
+    "adam": "adam",
+    "adamw": "adam",
+}
+
+
+def optimizer_kind(optimizer: str | None) -> str:
+    """``"sgd"``, ``"momentum"`` or ``"adam"`` for a kind or an optimizer name (one error otherwise)."""
+    key = optimizer.lower() if isinstance(optimizer, str) else optimizer
+    if key not in OPTIMIZER_KINDS:
+        raise CalibrationError(
+            f"optimizer: {optimizer!r} is not one the cost model prices; use one of "
+            f"{', '.join(k for k in OPTIMIZER_KINDS if k)} (distlab.conventions.optimizer_kind maps "
+            "a factory)"
+        )
+    return OPTIMIZER_KINDS[key]
 
 
 @dataclass(frozen=True)
@@ -32,7 +55,12 @@ class CostParams:
     thread_efficiency: float = 0.8
     """How compute scales with the threads a rank gets (contention.py)."""
     optimizer_per_byte: float = 3e-10
-    """Seconds per parameter byte of one optimizer update, the bytes out of cache as in a step."""
+    """Seconds per parameter byte of one plain-SGD update, the bytes out of cache as in a step."""
+    momentum_work: float = 2.0
+    """An update with one state tensor (SGD with momentum, RMSprop, Adagrad) per byte, relative to
+    plain SGD (calibration times it; 2: the textbook passes over memory)."""
+    adam_work: float = 4.0
+    """An Adam-family update (two state tensors) per byte, relative to plain SGD."""
     copy_per_byte: float = 1.5e-10
     """Seconds per byte of the runtime's copies: gradients flattened into one all-reduce message,
     the PS path's divided gradients and shard write-backs, gossip's passes over its bytes (those,
@@ -124,6 +152,13 @@ class CostParams:
             lat, bw = DEFAULT_INTRA if link == "intra" else DEFAULT_INTER
             return lat, 1.0 / bw
         return float(lk.latency), 1.0 / float(lk.bandwidth)
+
+    def optimizer_work(self, optimizer: str | None) -> float:
+        """How much more an update of ``optimizer`` costs per byte than plain SGD's: a kind
+        (``"sgd"``, ``"momentum"``, ``"adam"``) or an optimizer name; None is the launch default,
+        Adam (``distlab.conventions``)."""
+        kind = optimizer_kind(optimizer)
+        return {"sgd": 1.0, "momentum": self.momentum_work, "adam": self.adam_work}[kind]
 
     def with_(self, **changes: Any) -> CostParams:
         return replace(self, **changes)

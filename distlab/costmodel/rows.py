@@ -62,7 +62,8 @@ class CollectiveRow(_Row):
     SOURCE: ClassVar[str] = "microbench_rank()"
 
     collective: str
-    """allreduce, reduce, broadcast, allgather, sendrecv; or compute, optimizer, copy."""
+    """allreduce, reduce, broadcast, allgather, sendrecv; or compute, optimizer (plain SGD),
+    optimizer:momentum, optimizer:adam, copy."""
     world: int
     """Ranks taking part."""
     nbytes: int = 0
@@ -185,7 +186,9 @@ def overhead_features(
     ab = cm.params.alpha_beta
     latency_only = cm.with_params(cm.params.with_(alpha_beta={k: (a, 0.0) for k, (a, _) in ab.items()}))
     c = cm.compile(profile, strategy)
-    pred, lat = cm.predict(profile, resources, strategy), latency_only.predict(profile, resources, strategy)
+    # the reference runs step with the runtime's own default optimizer, plain SGD
+    pred = cm.predict(profile, resources, strategy, optimizer="sgd")
+    lat = latency_only.predict(profile, resources, strategy, optimizer="sgd")
     return {
         "world": resources.world,
         "builder": strategy.builder,

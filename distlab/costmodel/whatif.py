@@ -28,9 +28,10 @@ def sweep_frame(
     strategies: Sequence[Strategy],
     worlds: Sequence[int],
     bandwidths: Sequence[float | None] = (None,),
+    optimizer: str | None = None,
 ) -> Any:  # pandas.DataFrame
     """One row per (strategy, world, bandwidth): strategy, index, world, bandwidth, throughput, step_time,
-    parts.
+    parts. ``optimizer`` as ``CostModel.predict`` prices it (None: the launch default, Adam).
 
     Each strategy keeps its plan (buckets, server loads, gossip topology) and is re-costed on
     ``world`` ranks. Hosts keep the ranks per host of ``resources``, so a world that needs more
@@ -81,6 +82,7 @@ def sweep_frame(
         sliced=sliced,
         optimizer_slowdown=opt_slow,
         params=cm.params,
+        optimizer_work=cm.params.optimizer_work(optimizer),
     )
     out = evaluate(batch, env)
     return pd.DataFrame(

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 
 def adaptive_extra(
-    cm: CostModel, profile: ModelProfile, resources: ResourceSpec, st: Strategy, batch: int
+    cm: CostModel,
+    profile: ModelProfile,
+    resources: ResourceSpec,
+    st: Strategy,
+    batch: int,
+    optimizer: str | None = None,
 ) -> dict[str, Any]:
     """``RankJob.extra`` entries of a launch of ``st``: for an AdaptiveBatch strategy, the base
     batch and the cost model's predicted seconds per step of every configuration its bounds
@@ -27,7 +32,7 @@ def adaptive_extra(
     bounds.check(st.world)
     configs = bounds.configurations(st.world)
     plans = [dataclasses.replace(st, batch=BatchConfig(b, k, st.batch.lr_scaling)) for b, k in configs]
-    seconds = cm.evaluate_many(profile, resources, plans)["step_time"]
+    seconds = cm.evaluate_many(profile, resources, plans, optimizer)["step_time"]
     table = [[b, k, float(s)] for (b, k), s in zip(configs, seconds, strict=True)]
     return {"adaptive": {"table": table}, "base_batch": int(batch)}
 

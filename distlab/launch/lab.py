@@ -15,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from distlab.conventions import optimizer_kind
 from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import LaunchError
 from distlab.launch import cluster as _cluster
 from distlab.launch import prepare, spmd
 from distlab.launch import validate as _v
+from distlab.launch.forecast import forecast_run, refit_after_run
 from distlab.launch.prepare import Prepared, ProfileCache, prepare_launch
 from distlab.launch.replan import replan as _replan
 from distlab.launch.report import runs_frame
@@ -28,7 +30,6 @@ from distlab.resources import ResourceSpec
 from distlab.strategy.execution import rank_threads
 
 # runs this many in a row all measured more than this factor off their predictions: say so
-DRIFT_RUNS, DRIFT_RATIO = 2, 1.3
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
 
 
@@ -400,7 +401,11 @@ class Lab:
             timeout=float(timeout or self.timeout),
             run_id=run_id,
             # torch's DDP reducer where it applies (strategy/execution.py; the cost model prices it)
-            extra={"ddp": True, "trace": bool(trace), **self._adaptive_extra(profile(b), res, st, b)},
+            extra={
+                "ddp": True,
+                "trace": bool(trace),
+                **self._adaptive_extra(profile(b), res, st, b, optimizer_kind(optimizer)),
+            },
         )
 
         run = self._new_run(prep, job, workers, elastic)
@@ -423,7 +428,11 @@ class Lab:
         def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
             sub = _cluster.sub_resources(self.resources, survivors)
             new = _replan(st, model, sub, profile)
-            extra = self._adaptive_extra(profile(b), sub, new, b) if job.extra.get("adaptive") else {}
+            extra = (
+                self._adaptive_extra(profile(b), sub, new, b, optimizer_kind(job.optimizer))
+                if job.extra.get("adaptive")
+                else {}
+            )
             return new, self._threads(self.resources, survivors), extra
 
         return Run(
@@ -436,65 +445,32 @@ class Lab:
             self._threads(res, workers),
             elastic=elastic,
             replan=replan,
-            forecast=self._forecast(profile(b), res, st),
+            forecast=self._forecast(profile(b), res, st, optimizer_kind(job.optimizer)),
             data_info=prep.data_info,
             loss_info=prep.loss_info,
         )
 
-    def _adaptive_extra(self, profile: Any, res: ResourceSpec, st: Any, batch: int) -> dict[str, Any]:
+    def _adaptive_extra(
+        self, profile: Any, res: ResourceSpec, st: Any, batch: int, optimizer: str | None = None
+    ) -> dict[str, Any]:
         """An AdaptiveBatch launch: the controller's table, predicted by ``lab.cost_model`` (the
         default model, refitted by the run's own step times, before a calibration)."""
         from distlab.costmodel import CostModel
         from distlab.launch.adaptive import adaptive_extra
 
         sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
-        return adaptive_extra(self.cost_model or CostModel.default(), profile, sub, st, batch)
+        return adaptive_extra(self.cost_model or CostModel.default(), profile, sub, st, batch, optimizer)
 
-    def _forecast(self, profile: Any, res: ResourceSpec, st: Any) -> Forecast | None:
-        if self.cost_model is None:
-            return None
-        from distlab.costmodel.compute import model_key
-
-        try:
-            sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
-            return Forecast(
-                self.cost_model.predict(profile, sub, st),
-                self.cost_model.without_refit().predict(profile, sub, st),
-                profile,
-                sub,
-                model_key(profile),
-            )
-        except Exception:  # noqa: BLE001 - a prediction is a bonus column, never a reason not to run
-            return None
+    def _forecast(
+        self, profile: Any, res: ResourceSpec, st: Any, optimizer: str | None = None
+    ) -> Forecast | None:
+        return forecast_run(self.cost_model, profile, res, st, optimizer)
 
     def _after_run(self, run: Run) -> None:
-        """(driver thread) Refit the cost model on every run so far (Pollux refits online), predict
-        each run again with it, and note when the latest runs all landed far from their predictions."""
-        if self.cost_model is None or run.forecast is None:
-            return
-        runs = self.runs
-        self.cost_model = self.cost_model.refit(
-            runs[runs["backend"] == "torch"]
-        )  # it models distlab's runtime
-        for r in self._runs:
-            if r.forecast is not None and r.backend == "torch":
-                f = r.forecast
-                r.refitted_throughput = float(
-                    self.cost_model.predict(f.profile, f.resources, r.strategy).throughput
-                )
-        done = [r for r in self._runs if r.status == "finished" and r.forecast is not None][-DRIFT_RUNS:]
-        ratios = [r.throughput / r.predicted_throughput for r in done]
-        if (
-            len(ratios) == DRIFT_RUNS
-            and all(x == x for x in ratios)
-            and (min(ratios) > DRIFT_RATIO or max(ratios) < 1 / DRIFT_RATIO)
-        ):
-            self._note = (
-                f"lab: the last {DRIFT_RUNS} runs measured {min(ratios):.2f}-{max(ratios):.2f}x their "
-                "predicted throughput; lab.cost_model was refitted to every run so far (lab.runs shows both "
-                "predictions); if other programs were busy when it was calibrated, run "
-                "lab.calibrate(cache=False) on a quiet machine"
-            )
+        """(driver thread) Refit the cost model on every run so far (launch/forecast.py)."""
+        if self.cost_model is not None and run.forecast is not None:
+            self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs)
+            self._note = note or self._note
 
     def _take_note(self) -> str | None:
         note, self._note = self._note, None

@@ -45,6 +45,7 @@ class Forecast:
     profile: Any
     resources: Any
     model_key: str
+    optimizer: str | None = None  # what the run's optimizer costs like ("sgd", "momentum", "adam")
 
 
 class Run:

@@ -176,7 +176,6 @@ def launch_native(
 ) -> Any:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
     torch launch, then one rank per worker through ``train_rank_tf``."""
-
     from distlab.data import describe
     from distlab.launch import validate as _v
     from distlab.launch.prepare import DEFAULT_BATCH

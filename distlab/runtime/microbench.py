@@ -28,6 +28,8 @@ DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
 # start-up, so the fit's bytes term is the link's rate (small ones measured the burst)
 LINK_SIZES = (1 << 20, 4 << 20, 16 << 20)
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
+# optimizers timed beside plain SGD (their cost per byte relative to it: CostParams.optimizer_work)
+OPTIMIZER_KINDS = ("momentum", "adam")
 GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
 OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
 COPY_NUMEL, COPY_PARTS = 1 << 19, 4  # 2 MiB gathered from 4 tensors: a bucket's flatten (torch.cat)
@@ -42,12 +44,17 @@ def _gemm(a: torch.Tensor, b: torch.Tensor) -> None:
         torch.mm(a, b)
 
 
-def _optimizer_step() -> Any:
-    """One step of the runtime's default optimizer (plain SGD) over ``OPT_NUMEL`` parameters."""
+def _optimizer_step(kind: str = "sgd") -> Any:
+    """One step over ``OPT_NUMEL`` parameters of the runtime's default optimizer (plain SGD), or of
+    SGD with momentum (``"momentum"``: one state tensor) or Adam (``"adam"``: two)."""
     from distlab.runtime.trainer import default_optimizer
 
     p = torch.nn.Parameter(torch.zeros(OPT_NUMEL))
     p.grad = torch.ones(OPT_NUMEL)
+    if kind == "momentum":
+        return torch.optim.SGD([p], lr=0.01, momentum=0.9).step
+    if kind == "adam":
+        return torch.optim.Adam([p], lr=1e-3).step
     return default_optimizer([p]).step
 
 
@@ -196,6 +203,7 @@ def _compute_rows(
     b = torch.randn(GEMM_N, GEMM_N, generator=g)
     evict = torch.ones(EVICT_NUMEL)
     step, copy = _optimizer_step(), _copy_step()
+    kinds = {k: _optimizer_step(k) for k in OPTIMIZER_KINDS}
 
     def cold() -> None:  # the optimizer's and the copy's bytes out of cache, as in a training step
         evict.sum()
@@ -203,18 +211,23 @@ def _compute_rows(
     _gemm(a, b)  # warm-up
     step()
     copy()
+    for fn in kinds.values():
+        fn()  # creates the state tensors
     alone = opt_alone = copy_alone = 0.0
+    kind_alone = dict.fromkeys(kinds, 0.0)
     for turn in range(world):
         dist.barrier(group=group)
         if turn == local:
             alone = statistics.median(_time_alone(lambda: _gemm(a, b), repeats))
             opt_alone, copy_alone = (statistics.median(_time_alone(fn, repeats, cold)) for fn in (step, copy))
+            for k, fn in kinds.items():
+                kind_alone[k] = statistics.median(_time_alone(fn, repeats, cold))
         dist.barrier(group=group)
     busy = statistics.median(_time_reps(lambda: _gemm(a, b), repeats, group, warmup=0))
     opt = statistics.median(_time_reps(step, repeats, group, before=cold))
-    t = torch.tensor([alone, busy, opt, opt_alone, copy_alone], dtype=torch.float64)
+    t = torch.tensor([alone, busy, opt, opt_alone, copy_alone, *kind_alone.values()], dtype=torch.float64)
     dist.all_reduce(t, group=group)  # mean over ranks
-    alone, busy, opt, opt_alone, copy_alone = (t / world).tolist()
+    alone, busy, opt, opt_alone, copy_alone, *per_kind = (t / world).tolist()
     me = hosts[local]
     flops = 2.0 * GEMM_N**3 * GEMM_ITERS
     return [
@@ -232,6 +245,10 @@ def _compute_rows(
         },
         {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt, "alone": opt_alone},
         {**base, "collective": "copy", "nbytes": COPY_NUMEL * 4, "seconds": copy_alone, "alone": copy_alone},
+        *(
+            {**base, "collective": f"optimizer:{k}", "nbytes": OPT_NUMEL * 4, "seconds": s, "alone": s}
+            for k, s in zip(kinds, per_kind)
+        ),
     ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from distlab.costmodel.collectives import collective_time
 from distlab.costmodel.compile import compile_strategy
+from distlab.errors import DistlabError
 from distlab.strategy.types import BatchConfig, GossipConfig, Partition, Strategy, Sync, VariablePlan
 
 from .toys import ALPHA, BETA, allreduce, exact_model, plan, toy_profile, toy_resources
@@ -147,6 +148,27 @@ def test_optimizer_time_counts_only_a_servers_share():
     )
     assert ar == pytest.approx(16000 * 1e-9)
     assert ps.breakdown["optimizer"] == pytest.approx(8000 * 1e-9)
+
+
+def test_the_optimizer_that_runs_is_priced_by_its_work_per_byte():
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    res = toy_resources(2)
+    cm = exact_model(optimizer_per_byte=1e-9, adam_work=3.5, momentum_work=1.8)
+    st = plan(prof, allreduce(0, 0, 0), res)
+    sgd = cm.predict(prof, res, st, optimizer="sgd")
+    assert sgd.breakdown["optimizer"] == pytest.approx(16000 * 1e-9)
+    assert cm.predict(prof, res, st, optimizer="rmsprop").breakdown["optimizer"] == pytest.approx(
+        1.8 * 16000e-9
+    )
+    adam = cm.predict(prof, res, st, optimizer="adamw")
+    assert adam.breakdown["optimizer"] == pytest.approx(3.5 * 16000e-9)
+    assert adam.step_time == pytest.approx(sgd.step_time + 2.5 * 16000e-9)
+    # no optimizer named: the launch's default, Adam
+    assert cm.predict(prof, res, st).step_time == adam.step_time
+    table = cm.rank(prof, res, [st], optimizer="sgd")
+    assert table["optimizer"].iloc[0] == pytest.approx(16000 * 1e-9)
+    with pytest.raises(DistlabError, match="optimizer: 'lamb' is not one the cost model prices"):
+        cm.predict(prof, res, st, optimizer="lamb")
 
 
 def test_sparse_allgather_grows_linearly_with_touched_rows_and_world():

@@ -53,6 +53,8 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
         "sendrecv",
         "compute",
         "optimizer",
+        "optimizer:momentum",
+        "optimizer:adam",
         "copy",
     }
     ar = sorted((r["nbytes"], r["seconds"]) for r in rows if r["collective"] == "allreduce")
@@ -67,10 +69,19 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     assert opt["nbytes"] == 8 << 20 and opt["alone"] > 0 and opt["seconds"] > 0
     copy = next(r for r in rows if r["collective"] == "copy" and r["world"] == 2)
     assert copy["nbytes"] == 2 << 20 and copy["alone"] > 0
+    # Adam's two state tensors cost more per byte than plain SGD (what CostParams.adam_work holds)
+    adam = next(r for r in rows if r["collective"] == "optimizer:adam" and r["world"] == 2)
+    assert adam["nbytes"] == opt["nbytes"] and adam["alone"] > opt["alone"]
 
     # rank 0 also measured a one-rank sub-group: no collectives, compute alone
     solo = [r for r in rows if r["world"] == 1]
-    assert {r["collective"] for r in solo} == {"compute", "optimizer", "copy"}
+    assert {r["collective"] for r in solo} == {
+        "compute",
+        "optimizer",
+        "optimizer:momentum",
+        "optimizer:adam",
+        "copy",
+    }
     assert next(r for r in solo if r["collective"] == "compute")["ranks_on_host"] == 1
 
     # the cost model's CollectiveRow documents every key the runtime writes

@@ -54,7 +54,7 @@ def allreduce(prof, world, batch):
 def run_row(cm, prof, world, batch, compute_factor=1.5, comm_factor=1.0):
     """A finished run of ``prof`` under AllReduce that measured ``compute_factor`` x the predicted compute."""
     res, st = allreduce(prof, world, batch)
-    b = cm.predict(prof, res, st).breakdown
+    b = cm.predict(prof, res, st, optimizer="sgd").breakdown
     return {
         "model_key": model_key(prof),
         "world": world,
@@ -78,10 +78,10 @@ def test_refit_moves_the_model_toward_its_runs_and_leaves_other_models_alone():
     for w, b in ((2, 8), (3, 32)):  # the configurations that ran: within a few % of what they measured
         res, st = allreduce(prof, w, b)
         measured = run_row(cm, prof, w, b)["measured_step"]
-        assert new.predict(prof, res, st).step_time == pytest.approx(measured, rel=0.03)
+        assert new.predict(prof, res, st, optimizer="sgd").step_time == pytest.approx(measured, rel=0.03)
     # another world and batch of the same model: moved the same way (slower), most of the way
     res, st = allreduce(prof, 4, 16)
-    before, after = cm.predict(prof, res, st), new.predict(prof, res, st)
+    before, after = cm.predict(prof, res, st, optimizer="sgd"), new.predict(prof, res, st, optimizer="sgd")
     measured = run_row(cm, prof, 4, 16)["measured_step"]
     assert before.step_time < after.step_time and abs(after.step_time / measured - 1) < 0.05
     assert after.throughput == pytest.approx(before.throughput * before.step_time / after.step_time)
@@ -90,11 +90,11 @@ def test_refit_moves_the_model_toward_its_runs_and_leaves_other_models_alone():
         after.detail[k] for k in ("backward", "sparse", "broadcast", "gossip", "calls")
     ) == pytest.approx(after.breakdown["comm"])
     # every path a prediction takes: rank, evaluate_many, the what-if sweep
-    row = new.rank(prof, res, [st]).iloc[0]
+    row = new.rank(prof, res, [st], optimizer="sgd").iloc[0]
     assert row["step_time"] == after.step_time and row["compute"] == after.breakdown["compute"]
-    assert new.evaluate_many(prof, res, [st])["step_time"][0] == after.step_time
-    swept = new.sweep(prof, res, [st], worlds=[2, 4])
-    base = cm.sweep(prof, res, [st], worlds=[2, 4])
+    assert new.evaluate_many(prof, res, [st], "sgd")["step_time"][0] == after.step_time
+    swept = new.sweep(prof, res, [st], worlds=[2, 4], optimizer="sgd")
+    base = cm.sweep(prof, res, [st], worlds=[2, 4], optimizer="sgd")
     assert np.allclose(swept["compute"], base["compute"] * fix.compute)
     assert np.allclose(swept["step_time"], swept[["compute", "comm", "optimizer"]].sum(axis=1))
     # a model without runs: bit for bit as before, whether alone or ranked beside a corrected one

@@ -33,7 +33,8 @@ def toy_resources(world: int, hosts: int = 1, cores: int | None = None) -> Resou
 
 def exact_model(alpha: float = ALPHA, beta: float = BETA, **kw) -> CostModel:
     """Every collective on every link costs (alpha, beta); no contention, optimizer, bucket copies or DDP
-    bucketing unless asked."""
+    bucketing unless asked; every optimizer kind costs ``optimizer_per_byte`` (``adam_work`` and
+    ``momentum_work`` 1 unless asked)."""
     ab = {f"{c}/{lk}": (alpha, beta) for c in COLLECTIVES for lk in LINK_CLASSES}
     return CostModel(
         CostParams(
@@ -42,6 +43,8 @@ def exact_model(alpha: float = ALPHA, beta: float = BETA, **kw) -> CostModel:
             optimizer_per_byte=kw.pop("optimizer_per_byte", 0.0),
             copy_per_byte=kw.pop("copy_per_byte", 0.0),
             ddp=kw.pop("ddp", False),
+            adam_work=kw.pop("adam_work", 1.0),
+            momentum_work=kw.pop("momentum_work", 1.0),
             **kw,
         )
     )

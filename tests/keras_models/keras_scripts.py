@@ -70,9 +70,12 @@ def profile_facts() -> dict:
     }
 
 
-def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_replica: int = 8) -> dict:
-    """A Keras MLP trained by the Lab on 2 ranks (torch backend) and by one process on the global
-    batch: their final weights, and what the run reports."""
+def torch_route_equivalence(
+    builder: str = "AllReduce", steps: int = 4, per_replica: int = 8, backend: str = "torch"
+) -> dict:
+    """A Keras MLP trained by the Lab on 2 ranks (``backend``: distlab's torch runtime, or
+    TensorFlow's own natively) and by one process (torch) on the global batch: their final
+    weights, and what the run reports. SGD at 0.1 on both."""
     import numpy as np
     import torch
 
@@ -94,9 +97,11 @@ def torch_route_equivalence(builder: str = "AllReduce", steps: int = 4, per_repl
             strategy=builder,
             steps=steps,
             data=(x, y),
-            optimizer=sgd,
+            optimizer=sgd if backend == "torch" else "sgd",
+            lr=None if backend == "torch" else 0.1,
             batch_size=per_replica,
             shuffle=False,
+            backend=backend,
         )
         run.wait(timeout=180)
         trained = run.model
@@ -275,9 +280,10 @@ def _no_children_within(run_id: str, seconds: float) -> bool:
     return False
 
 
-def native_faults(kind: str) -> dict:
-    """A native run on 2 workers whose rank 1 process is killed after its first steps ("exit"),
-    or stopped before its first step so that it never starts ("never"): how the run ends."""
+def native_faults(kind: str, builder: str = "AllReduce") -> dict:
+    """A native run (``builder``) on 2 workers whose rank 1 process is killed after its first
+    steps ("exit"), or stopped before its first step so that it never starts ("never"): how the
+    run ends."""
     import signal
     import time
 
@@ -292,7 +298,7 @@ def native_faults(kind: str) -> dict:
     try:
         run = lab.launch(
             mlp(),
-            strategy="AllReduce",
+            strategy=builder,
             steps=100000,
             data=(x, y),
             batch_size=8,

@@ -151,8 +151,12 @@ def test_the_list_and_status_read_as_integers_per_second_and_milliseconds(picker
 
 
 def test_the_note_says_when_one_process_is_predicted_fastest():
+    from distlab.resources import Link
+
     big = dl.ModelProfile.from_variables([("w", (4096, 4096))], time_per_sample=1e-6)
-    picker = StrategyPicker(big, dl.ResourceSpec.local(workers=2))
+    res = dl.ResourceSpec.local(workers=2)
+    slow = res.with_links(**{c: Link(1e-3, 1e8) for c in res.links})  # 64 MB at 100 MB/s: 0.64 s a step
+    picker = StrategyPicker(big, slow)
     assert "one process is predicted fastest" in picker.note.value
     assert picker.table.options[0][0].strip().endswith(SINGLE_PROCESS)
 
