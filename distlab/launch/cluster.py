@@ -67,21 +67,28 @@ def start_local_cluster(
             return _start_cuda_cluster(workers, threads_per_worker, dashboard_address, security, config)
         from distributed import LocalCluster
 
-        kwargs: dict[str, Any] = {"config": config}
-        if dashboard_address is None:
-            # the scheduler always serves HTTP (health, metrics): keep it off the fixed port 8787
-            kwargs["scheduler_kwargs"] = {"dashboard_address": "127.0.0.1:0"}
-        if security is not None:
-            kwargs["security"] = security
-        return LocalCluster(
-            n_workers=n,
-            threads_per_worker=threads_per_worker or 1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=dashboard_address,
-            silence_logs=50,
-            **kwargs,
-        )
+        return LocalCluster(**_local_kwargs(n, threads_per_worker, dashboard_address, security, config))
+
+
+def _local_kwargs(
+    n: int, threads_per_worker: int | None, dashboard_address: Any, security: Any, config: dict
+) -> dict[str, Any]:
+    """A LocalCluster's arguments: ``n`` worker processes on loopback, each nanny with ``config``."""
+    kwargs: dict[str, Any] = {
+        "n_workers": n,
+        "threads_per_worker": threads_per_worker or 1,
+        "processes": True,
+        "host": "127.0.0.1",
+        "dashboard_address": dashboard_address,
+        "silence_logs": 50,
+        "config": config,
+    }
+    if dashboard_address is None:
+        # the scheduler always serves HTTP (health, metrics): keep it off the fixed port 8787
+        kwargs["scheduler_kwargs"] = {"dashboard_address": "127.0.0.1:0"}
+    if security is not None:
+        kwargs["security"] = security
+    return kwargs
 
 
 def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
@@ -142,17 +149,9 @@ def _start_cuda_cluster(
             "Lab(gpus=True): torch sees no CUDA device on this machine; use Lab() for CPU workers"
         )
     if workers and workers > torch.cuda.device_count():
+        devices = [str(i) for i in range(torch.cuda.device_count())]
         return SharedGPUCluster(
-            [str(i) for i in range(torch.cuda.device_count())],
-            n_workers=workers,
-            threads_per_worker=threads_per_worker or 1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=dashboard_address,
-            silence_logs=50,
-            config=config,
-            **({"security": security} if security is not None else {}),
-            **({} if dashboard_address else {"scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}),
+            devices, **_local_kwargs(workers, threads_per_worker, dashboard_address, security, config)
         )
     try:
         from dask_cuda import LocalCUDACluster
