@@ -264,3 +264,18 @@ def test_cli_bench_prints_the_table(capsys, tmp_path):
     )
     out = capsys.readouterr().out
     assert "mlp" in out and "profile_seconds" in out
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_parameter_of_a_notebook_is_one_papermill_reads(name, caplog):
+    """papermill skips (with a log line) a parameters line of two '=': a parameter it cannot set."""
+    import papermill
+
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    assigned = [ln.split("=")[0].strip() for ln in cell.source.splitlines() if "=" in ln.split("#")[0]]
+    with caplog.at_level("WARNING", logger="papermill"):
+        found = papermill.inspect_notebook(str(path))
+    assert "Unable to parse" not in caplog.text
+    assert sorted(found) == sorted(a for a in assigned if a.isidentifier()), name
