@@ -365,9 +365,10 @@ def optimizer_kind(optimizer: Any) -> str:
     if isinstance(optimizer, str):
         optimizer = optimizer_spec(optimizer)
     if isinstance(optimizer, OptimizerSpec):
-        if optimizer.kind == "sgd":
-            return "momentum" if optimizer.settings["momentum"] else "sgd"
-        return "adam" if optimizer.kind in ("adam", "adamw") else "momentum"
+        from distlab.costmodel.params import optimizer_kind as priced_as
+
+        momentum = optimizer.kind == "sgd" and optimizer.settings["momentum"]
+        return "momentum" if momentum else priced_as(optimizer.kind)
     try:
         made = optimizer([torch.nn.Parameter(torch.zeros(1))])
     except TypeError:
