@@ -303,6 +303,7 @@ class Conventions:
     loss: Any
     optimizer: Any
     optimizer_info: str
+    metrics: tuple[Any, ...] = ()  # a compiled Keras model's (distlab.step_metrics)
 
 
 def resolve(
@@ -310,8 +311,10 @@ def resolve(
 ) -> Conventions:
     """The loss and optimizer a launch of ``model`` runs: the arguments, else ``model.compile``'s
     (a Keras model), else the defaults (the loss for the targets; Adam at 1e-3). ``lr`` overrides
-    the rate of a named, Keras or default optimizer."""
+    the rate of a named, Keras or default optimizer. A compiled Keras model's metrics are reported
+    per step (distlab.step_metrics)."""
     from distlab.keras_model import KerasModule, is_keras_model
+    from distlab.step_metrics import step_metrics
 
     keras_model = is_keras_model(model) or isinstance(model, KerasModule)
     inner = getattr(model, "keras_model", model)
@@ -321,6 +324,7 @@ def resolve(
     if optimizer is None and keras_model and getattr(inner, "optimizer", None) is not None:
         optimizer, osource = inner.optimizer, "compile"
     kl = keras_loss(loss, lsource)
+    metrics = step_metrics(inner) if keras_model else ()
     if kl is not None and not keras_model:
         raise LaunchError(
             f"loss: a Keras loss ({kl.name}) for a torch model {type(model).__name__}; pass a torch callable "
@@ -343,11 +347,11 @@ def resolve(
                 "optimizer or a name ('adam', 'sgd')"
             )
         name = getattr(optimizer, "__name__", type(optimizer).__name__)
-        return Conventions(kl or loss, optimizer, f"{name} (your factory)")
+        return Conventions(kl or loss, optimizer, f"{name} (your factory)", metrics)
     if lr is not None:
         spec = optimizer_spec(spec, spec.source, lr)
     assert spec is not None
-    return Conventions(kl or loss, spec, spec.describe())
+    return Conventions(kl or loss, spec, spec.describe(), metrics)
 
 
 def _is_torch(obj: Any) -> bool:

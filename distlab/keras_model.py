@@ -13,13 +13,22 @@ A ``KerasModule`` pickles as its ``.keras`` file (the weights included): unpickl
 process (a Dask worker), it selects the torch backend before Keras is first imported there and
 loads the file. Custom layers must be registered Keras serializables
 (``@keras.saving.register_keras_serializable()``) to load.
+
+A notebook whose Keras runs on another backend (a plain ``import keras`` selects TensorFlow) gets a
+``KerasProxy`` instead: the same names, shapes and pickling (the workers still load the ``.keras``
+file under torch), its tensors copies of the variables, and ``forward`` running the model on the
+notebook's backend for the launch's checks (no gradients). ``unwrap`` writes a proxy's tensors
+(rank 0's trained weights, after ``load_state_dict``) back into its Keras model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -79,9 +88,32 @@ def _path(variable: Any, names: dict[int, str] | None = None) -> str:
     return str(getattr(variable, "path", None) or variable.name).replace(".", "_")
 
 
+@contextlib.contextmanager
+def _tensorflow_unused() -> Iterator[None]:
+    """Keras's saving and loading ask whether TensorFlow is importable, to recognise TensorFlow
+    shape and dtype objects, and so import it (seconds and hundreds of MB per process, and its
+    start-up log in the notebook's cells). A process that has not imported TensorFlow holds no
+    TensorFlow object, so there the answer is no, for the duration of the call."""
+    lazy = None
+    if "tensorflow" not in sys.modules:
+        with contextlib.suppress(ImportError, AttributeError):
+            from keras.src.utils import module_utils
+
+            lazy = module_utils.tensorflow
+            if lazy._available is not None:  # asked before: its answer stands
+                lazy = None
+            else:
+                lazy._available = False
+    try:
+        yield
+    finally:
+        if lazy is not None:
+            lazy._available = None
+
+
 def keras_file(keras_model: Any) -> bytes:
     """A Keras model as the bytes of its ``.keras`` file (architecture and current weights)."""
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, _tensorflow_unused():
         path = os.path.join(d, "model.keras")
         keras_model.save(path)
         with open(path, "rb") as f:
@@ -156,8 +188,12 @@ def as_module(model: Any) -> Any:
 
 
 def wrap(keras_model: Any) -> Any:
-    """A Keras model as a torch module for the runtime (see the module's docstring)."""
-    keras = use_torch_backend("lab.launch")
+    """A Keras model as a torch module for the runtime (see the module's docstring): a
+    ``KerasModule`` where the notebook's Keras runs on torch, a ``KerasProxy`` elsewhere."""
+    if "keras" not in sys.modules or sys.modules["keras"].backend.backend() == "torch":
+        keras = use_torch_backend("lab.launch")
+    else:
+        import keras
     if not isinstance(keras_model, keras.Model):
         raise LaunchError(
             f"model: {type(keras_model).__name__} is a Keras model of another Keras "
@@ -169,17 +205,24 @@ def wrap(keras_model: Any) -> Any:
             f"model: Keras model {keras_model.name} is not built; call "
             "it on a batch (or give it keras.Input) first"
         )
+    if keras.backend.backend() != "torch":
+        return KerasProxy(keras_model)
     return KerasModule(keras_model)
 
 
 def _from_keras_file(data: bytes, training: bool = True) -> Any:
+    if "keras" in sys.modules and sys.modules["keras"].backend.backend() != "torch":
+        return _ForeignKerasFile(data, training)
     keras = use_torch_backend(_where())
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")
         with open(path, "wb") as f:
             f.write(data)
         try:
-            model = keras.saving.load_model(path, compile=False)
+            with _tensorflow_unused(), warnings.catch_warnings():
+                # a compiled model's file holds its optimizer's state, which compile=False skips
+                warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+                model = keras.saving.load_model(path, compile=False)
         except Exception as exc:  # noqa: BLE001 - a custom layer Keras cannot rebuild, among others
             raise LaunchError(
                 f"model: the Keras model does not load from its .keras file in {_where()} "
@@ -192,6 +235,28 @@ def _from_keras_file(data: bytes, training: bool = True) -> Any:
     return module
 
 
+class _ForeignKerasFile:
+    """A ``KerasModule`` unpickled in a process whose Keras runs on another backend: the Dask
+    scheduler in a notebook on TensorFlow passes it on as it came (it pickles back to the same
+    file); a rank that gets one has no torch model, and using it is one ``LaunchError``."""
+
+    def __init__(self, data: bytes, training: bool) -> None:
+        self.data, self.training = data, training
+
+    def __reduce__(self) -> Any:
+        return (_from_keras_file, (self.data, self.training))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        backend = sys.modules["keras"].backend.backend() if "keras" in sys.modules else "another backend"
+        raise LaunchError(
+            f"model: {_where()} imported Keras on {backend} before the model arrived, and the runtime "
+            "loads it under torch; a script's top-level `import keras` runs again in every worker: "
+            'import keras inside `if __name__ == "__main__":`, or set KERAS_BACKEND=torch'
+        )
+
+
 def _where() -> str:
     try:
         from distributed import get_worker
@@ -202,5 +267,75 @@ def _where() -> str:
 
 
 def unwrap(module: Any) -> Any:
-    """The Keras model a ``KerasModule`` wraps; anything else as it is."""
+    """The Keras model a ``KerasModule`` wraps (a ``KerasProxy``'s with the proxy's tensors written
+    into its variables); anything else as it is."""
+    if isinstance(module, KerasProxy):
+        module.write_back()
     return module.keras_model if isinstance(module, KerasModule) else module
+
+
+class KerasProxy(KerasModule):
+    """A Keras 3 model on a backend other than torch, as the runtime's torch module in the
+    notebook: see ``distlab.keras_model``. On the workers it is a ``KerasModule``."""
+
+    def __init__(self, keras_model: Any) -> None:
+        torch.nn.Module.__init__(self)
+        object.__setattr__(self, "keras_model", keras_model)
+        paths = variable_names(keras_model)
+        self._paths = [_path(v, paths) for v in keras_model.trainable_variables]
+        self._buffer_paths = [_path(v, paths) for v in keras_model.non_trainable_variables]
+        if len(set(self._paths)) != len(self._paths):
+            raise LaunchError(
+                f"model: Keras model {keras_model.name} has variables of the same path "
+                f"{sorted(self._paths)}; give its layers unique names"
+            )
+        for name, v in zip(self._paths, keras_model.trainable_variables):
+            self.register_parameter(name, torch.nn.Parameter(_host_copy(v)))
+        for name, v in zip(self._buffer_paths, keras_model.non_trainable_variables):
+            self.register_buffer(name, _host_copy(v))
+
+    def forward(self, *inputs: Any) -> Any:
+        """The model's output on the notebook's backend, as a torch tensor (no gradients: the
+        launch's checks read shapes and the loss's value; training runs on the workers)."""
+        import numpy as np
+
+        def host(t: Any) -> Any:
+            return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t
+
+        x = host(inputs[0]) if len(inputs) == 1 else [host(t) for t in inputs]
+        out = self.keras_model(x, training=self.training)
+        if isinstance(out, (list, tuple)):
+            return type(out)(torch.from_numpy(np.array(o)) for o in out)
+        return torch.from_numpy(np.array(out))
+
+    def write_back(self) -> None:
+        """Write the proxy's tensors into its Keras model's variables."""
+        params, buffers = dict(self.named_parameters()), dict(self.named_buffers())
+        for name, v in zip(self._paths, self.keras_model.trainable_variables):
+            v.assign(params[name].detach().cpu().numpy())
+        for name, v in zip(self._buffer_paths, self.keras_model.non_trainable_variables):
+            v.assign(buffers[name].cpu().numpy())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        import keras
+
+        clone = keras.models.clone_model(self.keras_model)
+        clone.set_weights(self.keras_model.get_weights())
+        copy = KerasProxy(clone)  # its tensors from the model's weights now
+        copy.train(self.training)
+        return copy
+
+    def __repr__(self) -> str:
+        return f"KerasProxy({self.keras_model.name} on {_backend()}: {len(self._paths)} variables)"
+
+
+def _host_copy(variable: Any) -> Any:
+    import numpy as np
+
+    return torch.as_tensor(np.array(variable.numpy() if hasattr(variable, "numpy") else variable))
+
+
+def _backend() -> str:
+    import keras
+
+    return str(keras.backend.backend())

@@ -82,3 +82,27 @@ def test_keras_loss_names_compute_keras_formulas():
     assert keras_loss("binary_crossentropy")(out.sigmoid(), b).item() == pytest.approx(
         F.binary_cross_entropy_with_logits(out, b).item(), rel=1e-4
     )
+
+
+def test_compile_metrics_compute_as_keras_resolves_them():
+    """distlab.step_metrics without Keras: "accuracy" picks sparse, categorical or binary accuracy
+    from the shapes as Keras does, and each value is the batch's own."""
+    from distlab.step_metrics import StepMetric, _name, resolved
+
+    out = torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, 1.0], [0.0, 0.0, 5.0], [4.0, 1.0, 0.0]])
+    ids = torch.tensor([0, 1, 1, 2])  # two right
+    assert StepMetric("accuracy")(out, ids) == 0.5
+    assert StepMetric("accuracy")(out, F.one_hot(torch.tensor([0, 1, 2, 0]), 3).float()) == 1.0
+    probs, labels = torch.tensor([[0.9], [0.2], [0.6]]), torch.tensor([[1.0], [1.0], [0.0]])
+    assert StepMetric("accuracy")(probs, labels) == pytest.approx(1 / 3)
+    assert StepMetric("mean_absolute_error")(probs, labels) == pytest.approx((0.1 + 0.8 + 0.6) / 3)
+    assert resolved("accuracy", (8, 10), (8,), True) == "sparse_categorical_accuracy"
+    assert resolved("accuracy", (8, 10), (8, 1), True) == "sparse_categorical_accuracy"
+    assert resolved("accuracy", (8, 1), (8, 1), False) == "binary_accuracy"
+    assert resolved("accuracy", (8, 10), (8, 10), False) == "categorical_accuracy"
+    assert [_name(n) for n in ("acc", "MAE", "sparse_categorical_accuracy", "auc")] == [
+        "accuracy",
+        "mean_absolute_error",
+        "sparse_categorical_accuracy",
+        None,
+    ]

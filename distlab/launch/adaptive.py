@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from distlab.strategy.builders.adaptive_batch import adaptive_bounds
@@ -30,6 +31,16 @@ def adaptive_extra(
     if bounds is None:
         return {}
     bounds.check(st.world)
+    on_servers = [p.name for p in st.variables if any(s.kind == "ps" for s in p.syncs)]
+    if optimizer == "adam" and on_servers:
+        warnings.warn(
+            f"strategy {st.name}: with an Adam-like optimizer the live noise scale leaves out the "
+            f"{len(on_servers)} of {len(st.variables)} variable(s) on parameter servers (their "
+            "optimizer state is on the server: runtime/noise.py), so the batch adapts to "
+            + ("no measured noise at all" if len(on_servers) == len(st.variables) else "the others' noise")
+            + "; optimizer='sgd' (or a replicated strategy) measures every variable",
+            stacklevel=4,
+        )
     configs = bounds.configurations(st.world)
     plans = [dataclasses.replace(st, batch=BatchConfig(b, k, st.batch.lr_scaling)) for b, k in configs]
     seconds = cm.evaluate_many(profile, resources, plans, optimizer)["step_time"]

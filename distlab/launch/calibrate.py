@@ -24,6 +24,7 @@ from distlab.launch.measure import (
     measure_training_loop,
     ranks_label,
 )
+from distlab.launch.report import model_name
 from distlab.runtime.microbench import (
     COLLECTIVES,
     DEFAULT_SIZES,
@@ -183,7 +184,7 @@ def measure_model_lab(
     if mine and _measured(base.with_compute(mine), key, res):
         return base.with_compute(mine)
     worlds = range(1, res.world + 1)
-    desc = f"measuring {type(model).__name__}'s step on {res.world} ranks"
+    desc = f"measuring {model_name(model)}'s step on {res.world} ranks"
     bar = Progress(passes * len(worlds), desc, progress)
     monitor = LoadMonitor(lab.client).start()
     try:
@@ -191,7 +192,7 @@ def measure_model_lab(
     finally:
         bar.close()
     disturbed = warn_disturbed(
-        f"measuring {type(model).__name__}'s step",
+        f"measuring {model_name(model)}'s step",
         monitor.stop(),
         "its figures describe that load and are used for this prediction only, not cached; "
         "stop those programs for predictions of the quiet cluster",

@@ -366,6 +366,7 @@ class Lab:
                 seed=seed,
                 timeout=timeout,
                 optimizer_info=conv.optimizer_info,
+                metrics=conv.metrics,
             )
             return run.wait() if block else run
         if backend != "torch":
@@ -404,6 +405,7 @@ class Lab:
             extra={
                 "ddp": True,
                 "trace": bool(trace),
+                "metrics": conv.metrics,
                 **self._adaptive_extra(profile(b), res, st, b, optimizer_kind(optimizer)),
             },
         )

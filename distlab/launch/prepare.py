@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from distlab.keras_model import as_module
 from distlab.launch import validate as _v
+from distlab.launch.report import model_name
 from distlab.profiling.model_profile import DEFAULT_BATCH
 from distlab.strategy.types import Strategy
 
@@ -92,7 +93,7 @@ def prepare_launch(
     if data is None:
         data = _v.synthetic_data(model, profile(b), max(b * st.world * 4, 256), seed)
         data_info = (
-            f"synthetic: {len(data):,} random samples from {type(model).__name__}'s input spec "
+            f"synthetic: {len(data):,} random samples from {model_name(model)}'s input spec "
             "(pass data= to train on yours)"
         )
     else:

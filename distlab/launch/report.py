@@ -105,6 +105,19 @@ def _prediction_text(run: Run, pred: float) -> str:
     )
 
 
+def _metrics_text(run: Run) -> str:
+    """A compiled Keras model's metrics at the last step (mean over ranks), as ``fit`` logs them."""
+    from distlab.step_metrics import describe
+
+    names = run.metric_names
+    m = run.metrics
+    if not names or not len(m):
+        return describe(run.step_metrics)
+    last = m[m["step"] == m["step"].max()]
+    values = ", ".join(f"{n} {last[n].mean():.4g}" for n in names if n in last)
+    return f"{values} at the last step ({describe(run.step_metrics)})"
+
+
 def run_card(run: Run) -> str:
     """``run`` as an HTML table: status, strategy, steps, data, loss, throughput measured and
     predicted, where the trained model is, the checkpoint and any error."""
@@ -120,6 +133,7 @@ def run_card(run: Run) -> str:
         ("data", run.data_info),
         ("loss", run.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
         ("optimizer", run.optimizer_info),
+        ("metrics", _metrics_text(run)),
         ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
         ("predicted", _prediction_text(run, pred) if pred == pred else _no_prediction(run)),
         ("trained model", f"{run.var_name}.model (rank 0's weights, on the CPU)" if done else ""),

@@ -491,6 +491,16 @@ class Run:
         return run_row(self, model_name(self._model0))
 
     @property
+    def step_metrics(self) -> tuple[Any, ...]:
+        """The metrics each step reports beside the loss (a compiled Keras model's; columns of
+        ``run.metrics``; distlab.step_metrics)."""
+        return tuple(self._job.extra.get("metrics") or ())
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [m.name for m in self.step_metrics]
+
+    @property
     def step_table(self) -> dict[tuple[int, int], float] | None:
         """An adaptive run's predicted seconds per step of each (per-replica batch, accumulation)
         its controller may choose, for the current world (None for a fixed batch)."""

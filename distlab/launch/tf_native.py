@@ -104,6 +104,7 @@ def native_payload(
     seed: int,
     shuffle: bool,
     shapes: dict[str, tuple[int, ...]],
+    metrics: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
     """What every rank's child process needs, as bytes and arrays (built once, in the client):
     the ``.keras`` file, the data, and the job (the mode the strategy's builder maps to; for
@@ -128,6 +129,7 @@ def native_payload(
         "loss": loss,
         "optimizer": optimizer,
         "partition": partition,
+        "metrics": metrics,
     }
     return {
         "keras": keras_file(model),
@@ -173,6 +175,7 @@ def launch_native(
     seed: int,
     timeout: float | None,
     optimizer_info: str = "",
+    metrics: tuple[Any, ...] = (),
 ) -> Any:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
     torch launch, then one rank per worker through ``train_rank_tf``."""
@@ -214,10 +217,12 @@ def launch_native(
         seed=seed,
         shuffle=shuffle,
         shapes={v.name: v.shape for v in prof.variables},
+        metrics=metrics,
     )
     workers = list(res.addresses)[: st.world]
     run_id = lab._next_run_id()
     job = _native_job(st, steps, b, seed, float(timeout or lab.timeout), run_id)
+    job.extra["metrics"] = metrics
     run = Run(
         lab,
         run_id,

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from distlab.errors import DistlabError, LaunchError, StrategyError, did_you_mean, match_name
+from distlab.launch.report import model_name
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import Strategy
 
@@ -36,7 +37,7 @@ def variables_profile(model: Any) -> Any:
     rows = [
         (n, tuple(p.shape), str(p.dtype), n in sparse) for n, p in model.named_parameters() if p.requires_grad
     ]
-    return ModelProfile.from_variables(rows, name=type(model).__name__)
+    return ModelProfile.from_variables(rows, name=model_name(model))
 
 
 def _sparse_params(model: Any) -> set[str]:
@@ -92,7 +93,7 @@ def check_strategy_fits(st: Strategy, model: Any, available: int, optimizer: Any
     try:
         parse.check(st, prof)
     except StrategyError as exc:
-        raise StrategyError(f"strategy {st.name} does not fit model {type(model).__name__}: {exc}") from None
+        raise StrategyError(f"strategy {st.name} does not fit model {model_name(model)}: {exc}") from None
     from distlab.adaptive import scaling
 
     scaling.check_rule(st.batch.lr_scaling, f"strategy {st.name}: batch.lr_scaling")
@@ -111,7 +112,7 @@ def synthetic_data(model: Any, profile: Any, n: int, seed: int) -> Any:
     """data=None: a synthetic dataset shaped from the profile's input and target specs."""
     if profile is None or not getattr(profile, "input_spec", None):
         raise LaunchError(
-            f"data: the profile of {type(model).__name__} has no input shape to synthesise data from; pass "
+            f"data: the profile of {model_name(model)} has no input shape to synthesise data from; pass "
             "data= (a Dataset of (input, target))"
         )
     from distlab.data import synthetic
@@ -168,7 +169,7 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
     except Exception as exc:  # noqa: BLE001 - a user's model can raise anything
         raise LaunchError(
             f"data: a batch of {len(y)} samples (input {shapes_of(x)}) does not fit model "
-            f"{type(model).__name__}: {type(exc).__name__}: {_first_line(exc)}; make the dataset match "
+            f"{model_name(model)}: {type(exc).__name__}: {_first_line(exc)}; make the dataset match "
             "the model's input"
         ) from None
     try:

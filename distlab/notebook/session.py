@@ -82,9 +82,10 @@ class NotebookSession:
 
         sample = inp.sample_input
         if sample is None and inp.data is not None:
+            from distlab.keras_model import as_module
             from distlab.launch.validate import check_data
 
-            sample = check_data(inp.data, model, inp.loss, inp.batch)[0]
+            sample = check_data(inp.data, as_module(model), inp.loss, inp.batch)[0]
         prof = distlab.profile(model, sample_input=sample, batch_size=inp.batch)
         self.profiles[var] = prof
         self._profile_keys[var] = key

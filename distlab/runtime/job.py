@@ -37,7 +37,9 @@ class RankJob:
     ``bucket_bytes`` (all-reduce bucket cap, default 4 MiB), ``noise_scale`` (True: measure the
     gradient noise scale, as AdaScale does anyway; runtime/noise.py), ``adaptive`` (the goodput
     controller's table ``{"table": [[per_replica, accumulation, seconds], ...]}``: the batch is
-    re-chosen at epoch boundaries), ``base_batch``, ``progress`` (scale-invariant samples so far).
+    re-chosen at epoch boundaries), ``base_batch``, ``progress`` (scale-invariant samples so far),
+    ``metrics`` (``distlab.step_metrics.StepMetric``s: each step's record gains a column per
+    metric, on the rank's batch before the update), ``trace``.
     ``run_id`` must be unique per rendezvous store (it prefixes the store's keys).
     """
 

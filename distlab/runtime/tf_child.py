@@ -67,6 +67,7 @@ def main(job_dir: str) -> int:
     else:
         per_sample = keras.losses.MeanSquaredError(reduction=None)
     global_batch = b * world
+    metrics = job.get("metrics") or ()  # distlab.step_metrics: compile's, on the batch before the update
 
     @tf.function
     def train_step(xb, yb):
@@ -77,10 +78,12 @@ def main(job_dir: str) -> int:
                 loss = tf.reduce_sum(losses) / global_batch if losses.shape.rank else losses / world
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+            return [loss] + [
+                tf.reduce_sum(tf.cast(m.keras(yb, out), tf.float32)) / global_batch for m in metrics
+            ]
 
         per_replica = strategy.run(step_fn, args=(xb, yb))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return [strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica]
 
     orders: dict[int, np.ndarray] = {}
 
@@ -101,7 +104,7 @@ def main(job_dir: str) -> int:
     for step in range(int(job["steps"])):
         idx = rows(pos)
         t0 = time.perf_counter()
-        loss = float(train_step(tf.constant(x[idx]), tf.constant(y[idx])))
+        loss, *values = (float(v) for v in train_step(tf.constant(x[idx]), tf.constant(y[idx])))
         t1 = time.perf_counter()
         pos += global_batch
         rec = {
@@ -112,6 +115,7 @@ def main(job_dir: str) -> int:
             "step_time": t1 - t0,
             "comm_time": 0.0,
             "wall_time": time.time(),
+            **{m.name: v for m, v in zip(metrics, values)},
         }
         print(json.dumps(rec), flush=True)
     weights = model.get_weights()
@@ -204,18 +208,22 @@ def serve_ps(job_dir: str) -> int:
         else optimizer.learning_rate
     )
 
+    metrics = job.get("metrics") or ()
+
     @tf.function
     def train_step(it):
         def step_fn(xb, yb):
             with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
+                out = model(xb, training=True)
+                loss = loss_fn(yb, out)
+            values = [loss] + [tf.reduce_mean(tf.cast(m.keras(yb, out), tf.float32)) for m in metrics]
             if sharded:
                 for var, g in zip(shard_vars, tape.gradient(loss, shard_vars)):
                     var.assign_sub(rate * tf.convert_to_tensor(g))
-                return loss
+                return values
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+            return values
 
         xb, yb = next(it)
         return strategy.run(step_fn, args=(xb, yb))
@@ -227,7 +235,7 @@ def serve_ps(job_dir: str) -> int:
         coordinator.join()
         t1 = time.perf_counter()
         pos += world * b
-        loss = float(np.mean([v.fetch() for v in values]))
+        loss, *means = np.mean([[float(f) for f in v.fetch()] for v in values], axis=0).tolist()
         print(
             json.dumps(
                 {
@@ -238,6 +246,7 @@ def serve_ps(job_dir: str) -> int:
                     "step_time": t1 - t0,
                     "comm_time": 0.0,
                     "wall_time": time.time(),
+                    **{m.name: v for m, v in zip(metrics, means)},
                 }
             ),
             flush=True,

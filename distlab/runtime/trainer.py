@@ -195,21 +195,27 @@ def _sparse_exchange(job: RankJob) -> str:
 
 def _forward_backward(
     job: RankJob, forward: Any, loss_fn: Any, sync: Any, batches: Any, pos: int, tracer: Any
-) -> float:
+) -> tuple[float, dict[str, float]]:
     """One step's forward and backward over its micro-batches, gradients accumulating (the last
-    micro-batch syncs them); returns the step's mean loss."""
+    micro-batch syncs them); returns the step's mean loss and its metrics' means
+    (``job.extra["metrics"]``: distlab.step_metrics, on each micro-batch before the update)."""
     loss_value = 0.0
     accum = batches.accum
+    metrics = job.extra.get("metrics") or ()
+    values = dict.fromkeys((m.name for m in metrics), 0.0)
     for micro in range(accum):
         x, y = batches.data.get(pos, micro)
         x, y = to_device(x, job.device), to_device(y, job.device)
         with sync.micro(micro == accum - 1):
             with tracer.span("forward", "forward", micro=micro):
-                loss = loss_fn(call_model(forward, x), y)
+                out = call_model(forward, x)
+                loss = loss_fn(out, y)
             with tracer.span("backward", "backward", micro=micro):
                 (loss / accum if accum > 1 else loss).backward()
         loss_value += float(loss.detach()) / accum
-    return loss_value
+        for m in metrics:
+            values[m.name] += m(out, y) / accum
+    return loss_value, values
 
 
 def _train(
@@ -257,7 +263,7 @@ def _train(
             t0 = time.perf_counter()
             sync.zero_grad()
             sync.begin(step)
-            loss_value = _forward_backward(job, forward, loss_fn, sync, batches, pos, tracer)
+            loss_value, metric_values = _forward_backward(job, forward, loss_fn, sync, batches, pos, tracer)
             t_bwd = time.perf_counter()
             gains = batches.gains()
             with batches.scaled(gains):
@@ -267,7 +273,7 @@ def _train(
             pos_before, pos = pos, pos + batches.global_batch
             values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
             rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
-            rec.update(batches.after_step(pos_before, pos, t1 - t0, gains))
+            rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values)
             if tracer.enabled:
                 rec["trace"] = tracer.take()
             records.append(rec)

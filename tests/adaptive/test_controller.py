@@ -68,3 +68,23 @@ def test_bounds_that_exclude_every_batch_are_one_error_naming_the_fields():
 
     assert adaptive_bounds(st) == Bounds((16, 128), 4, 256)
     assert all(b * k * 2 <= 256 for b, k in adaptive_bounds(st).configurations(2))
+
+
+def test_an_adaptive_batch_over_parameter_servers_with_adam_says_what_its_noise_leaves_out():
+    """runtime/noise.py leaves Adam's server-held variables out of the live noise scale: a launch
+    that would measure no noise at all says so before it starts; SGD or a replicated base does not."""
+    import warnings
+
+    from distlab.costmodel import CostModel
+    from distlab.launch.adaptive import adaptive_extra
+
+    res = dl.ResourceSpec.local(2)
+    prof = dl.profile(dl.zoo.get("mlp"), batch_size=16)
+    ps = dl.strategy.build("AdaptiveBatch", prof, res, base="PS")
+    with pytest.warns(UserWarning, match="adapts to no measured noise at all; optimizer='sgd'"):
+        assert adaptive_extra(CostModel.default(), prof, res, ps, 16, "adam")["adaptive"]["table"]
+    replicated = dl.strategy.build("AdaptiveBatch", prof, res)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        adaptive_extra(CostModel.default(), prof, res, ps, 16, "sgd")
+        adaptive_extra(CostModel.default(), prof, res, replicated, 16, "adam")

@@ -105,7 +105,11 @@ def torch_route_equivalence(
         )
         run.wait(timeout=180)
         trained = run.model
+        # Keras's saving imports TensorFlow when it can; distlab's loading on the workers does not
+        # (the notebook's own keras.utils.set_random_seed above imports it here)
+        on_workers = lab.client.run(lambda: "tensorflow" in sys.modules)
         out = {
+            "tensorflow_on_workers": list(on_workers.values()),
             "status": run.status,
             "type": type(trained).__module__.split(".")[0] + "." + type(trained).__name__,
             "strategy": run.strategy.name,
@@ -146,6 +150,7 @@ def torch_route_builders(builders: list) -> dict:
     try:
         model = embedding_model()
         prof = dl.profile(model, sample_input=x[:8], batch_size=8)
+        out["variables"] = [v.name for v in prof.variables]
         for name in builders:
             st = dl.strategy.build(name, prof, lab.resources, batch_size=8)
             run = lab.launch(model, strategy=st, steps=6, data=(x, y))
@@ -158,6 +163,28 @@ def torch_route_builders(builders: list) -> dict:
                 "keras": hasattr(run.model, "get_weights"),
                 "world": run.world,
             }
+        # a worker whose Keras runs on TensorFlow (a script's top-level import) gets the model's
+        # file unopened: it pickles on unchanged (the scheduler's case) and a rank using it fails
+        import pickle
+
+        from distlab.errors import LaunchError
+        from distlab.keras_model import as_module
+
+        foreign = pickle.loads(pickle.dumps(as_module(model)))
+        out["foreign_passes_on"] = pickle.loads(pickle.dumps(foreign)).data == foreign.data
+        try:
+            foreign.parameters()
+        except LaunchError as exc:
+            out["foreign_error"] = str(exc)
+        # the magics profile the same model on a batch of its data, on the notebook's backend
+        from IPython.core.interactiveshell import InteractiveShell
+
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "distlab")
+        shell.user_ns.update(net=model, train=(x, y))
+        shell.run_line_magic("distlab", "profile net --data train -o prof")
+        prof = shell.user_ns.get("prof")
+        out["magics_profile"] = None if prof is None else [v.name for v in prof.variables]
         # a Keras zoo model on synthetic data drawn from its specs (no data=)
         zoo = dl.zoo.get("keras_embedding", rows=500)
         run = lab.launch(zoo, strategy="AllReduce", steps=4, batch_size=8)
@@ -166,21 +193,6 @@ def torch_route_builders(builders: list) -> dict:
     finally:
         lab.close()
     return out
-
-
-def tensorflow_backend_launch() -> dict:
-    """lab.launch of a Keras model in a process whose Keras runs on TensorFlow: the error."""
-    import distlab as dl
-    from distlab.errors import DistlabError
-
-    lab = dl.Lab(workers=1)
-    try:
-        lab.launch(mlp(), strategy="AllReduce", steps=2)
-    except DistlabError as exc:
-        return {"error": type(exc).__name__, "message": str(exc)}
-    finally:
-        lab.close()
-    return {"error": None}
 
 
 def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
@@ -619,13 +631,14 @@ def _digits_classifier():
             keras.layers.Dense(10, activation="softmax"),
         ]
     )
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
 
-def keras_user_flow(steps: int = 200) -> dict:
-    """What a Keras user does, on this process's Keras backend (torch: distlab's torch route;
-    tensorflow: the native route): the ids model trained with a Keras loss name (softmax output) and
+def keras_user_flow(steps: int = 200, route: str | None = None) -> dict:
+    """What a Keras user does, on this process's Keras backend, through ``route`` (distlab's
+    "torch" runtime or the native "tensorflow" one; by default the route of the notebook's
+    backend): the ids model trained with a Keras loss name (softmax output) and
     a loss object (logits), no optimizer; then a compiled softmax classifier launched with no loss
     or optimizer against ``model.fit`` over the same samples, scored on held-out digits."""
     import keras
@@ -635,6 +648,7 @@ def keras_user_flow(steps: int = 200) -> dict:
     import distlab as dl
 
     backend = keras.backend.backend()
+    route = route or backend
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 500, (2048, 6)).astype("int32")
     label = (ids[:, 0] % 4).astype("int64")
@@ -656,7 +670,7 @@ def keras_user_flow(steps: int = 200) -> dict:
                 optimizer="adam",
                 lr=0.01,
                 batch_size=16,
-                backend=backend,
+                backend=route,
                 block=True,
             )
             out[name] = {
@@ -666,10 +680,13 @@ def keras_user_flow(steps: int = 200) -> dict:
                 "optimizer_info": run.optimizer_info,
             }
         model = _digits_classifier()
+        before = model.get_weights()
         run = lab.launch(
-            model, steps=steps, data=(x[train], yd[train]), batch_size=16, backend=backend, block=True
+            model, steps=steps, data=(x[train], yd[train]), batch_size=16, backend=route, block=True
         )
         trained = run.model
+        out["trained_library"] = type(trained).__module__.split(".")[0]
+        out["user_model_untouched"] = all((a == b).all() for a, b in zip(model.get_weights(), before))
         acc = float(np.mean(np.argmax(trained.predict(x[test], verbose=0), 1) == yd[test]))
         out["compiled"] = {
             "status": run.status,
@@ -677,6 +694,12 @@ def keras_user_flow(steps: int = 200) -> dict:
             "loss_info": run.loss_info,
             "optimizer_info": run.optimizer_info,
             "error": str(run.error or ""),
+            "metric_names": run.metric_names,
+            # compile's metric per step: the training batches' accuracy over the last 50 steps
+            "train_accuracy": float(run.metrics.groupby("step")["accuracy"].mean().iloc[-50:].mean())
+            if "accuracy" in run.metrics
+            else None,
+            "card": run._repr_html_(),
         }
     ref = _digits_classifier()
     epochs = -(-steps * 32 // len(train))

@@ -19,11 +19,15 @@ def test_keras_losses_and_optimizers_compute_as_keras_does():
         assert torch_weights == pytest.approx(keras_weights, rel=1e-5, abs=1e-6), name
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize(
+    ("backend", "route"), [("torch", "torch"), ("tensorflow", "tensorflow"), ("tensorflow", "torch")]
+)
 @pytest.mark.timeout(400)
-def test_a_keras_user_trains_with_keras_losses_and_compile_on_either_route(backend):
-    """torch: distlab's runtime (the notebook's Keras on torch); tensorflow: the native route."""
-    out = run(backend, "keras_user_flow", 200, timeout=380)
+def test_a_keras_user_trains_with_keras_losses_and_compile_on_either_route(backend, route):
+    """The notebook's Keras backend and the route: distlab's runtime from a notebook on torch, the
+    native route, and distlab's runtime from a plain ``import keras`` (TensorFlow in the notebook,
+    torch on the workers)."""
+    out = run(backend, "keras_user_flow", 200, route, timeout=380)
     assert out["backend"] == backend
     for way, info in (
         ("name", "keras sparse_categorical_crossentropy()"),
@@ -35,7 +39,11 @@ def test_a_keras_user_trains_with_keras_losses_and_compile_on_either_route(backe
         assert out[way]["loss_info"] == info and out[way]["optimizer_info"] == "Adam(learning_rate=0.01)"
     compiled = out["compiled"]
     assert compiled["status"] == "finished", compiled["error"]
+    assert out["trained_library"] == "keras" and out["user_model_untouched"]  # a Keras model back
     assert compiled["loss_info"] == "keras sparse_categorical_crossentropy() from model.compile"
     assert compiled["optimizer_info"] == "Adam(learning_rate=0.001) from model.compile"
+    # compile's metrics=["accuracy"]: a column per step and a card row, as fit logs it
+    assert compiled["metric_names"] == ["accuracy"] and "accuracy from model.compile" in compiled["card"]
+    assert abs(compiled["train_accuracy"] - compiled["accuracy"]) < 0.1, compiled  # near held-out
     # a softmax classifier compiled with Keras's loss name, as accurate as Keras's own fit
     assert compiled["accuracy"] >= out["fit_accuracy"] - 0.03, (compiled, out["fit_accuracy"])
