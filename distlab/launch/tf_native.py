@@ -161,6 +161,17 @@ def native_forecast(cm: CostModel | None, profile: ModelProfile, res: ResourceSp
     return Forecast(p, p, profile, sub, model_key(profile)) if p is not None else None
 
 
+def _native_optimizer(optimizer: Any, info: str, st: Strategy) -> tuple[Any, str]:
+    """The launch's optimizer and its card words, natively: PartitionedPS's default is plain SGD
+    (its partitioned variables take no other)."""
+    if getattr(optimizer, "source", "") == "default" and st.builder == "PartitionedPS":
+        from distlab.conventions import OptimizerSpec
+
+        optimizer = OptimizerSpec("sgd", source="default")
+        info = f"{optimizer.describe()}: natively, PartitionedPS's partitioned variables take plain SGD"
+    return optimizer, info
+
+
 def launch_native(
     lab: Lab,
     model: Any,
@@ -198,13 +209,7 @@ def launch_native(
     if st.world > res.world:
         raise LaunchError(f"strategy: planned for {st.world} ranks but the Lab has {res.world} workers")
     check_native(model, st)
-    if getattr(optimizer, "source", "") == "default" and st.builder == "PartitionedPS":
-        from distlab.conventions import OptimizerSpec
-
-        optimizer = OptimizerSpec("sgd", source="default")
-        optimizer_info = (
-            f"{optimizer.describe()}: natively, PartitionedPS's partitioned variables take plain SGD"
-        )
+    optimizer, optimizer_info = _native_optimizer(optimizer, optimizer_info, st)
     payload = native_payload(
         model,
         x,
