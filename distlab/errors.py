@@ -32,6 +32,11 @@ class CalibrationError(DistlabError):
     """Calibration or cost-model fitting failed."""
 
 
+class DistlabWarning(UserWarning):
+    """Base of distlab's warnings: one line naming what happened and what to do (in a notebook
+    with the magics loaded, shown as one ``distlab:`` line)."""
+
+
 def _norm(word: str) -> str:
     return word.lower().replace("_", "-")
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from distlab.errors import DistlabWarning
+
 METRICS = (
     "accuracy",
     "sparse_categorical_accuracy",
@@ -94,6 +96,7 @@ def step_metrics(model: Any) -> tuple[StepMetric, ...]:
             warnings.warn(
                 f"metrics: {_label(m)} from model.compile is not one distlab computes per step "
                 f"({', '.join(METRICS)}); the run reports the loss without it",
+                DistlabWarning,
                 stacklevel=3,
             )
         elif StepMetric(name) not in out:

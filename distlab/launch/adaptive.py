@@ -6,6 +6,7 @@ import dataclasses
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from distlab.errors import DistlabWarning
 from distlab.strategy.builders.adaptive_batch import adaptive_bounds
 from distlab.strategy.types import BatchConfig
 
@@ -39,6 +40,7 @@ def adaptive_extra(
             "optimizer state is on the server: runtime/noise.py), so the batch adapts to "
             + ("no measured noise at all" if len(on_servers) == len(st.variables) else "the others' noise")
             + "; optimizer='sgd' (or a replicated strategy) measures every variable",
+            DistlabWarning,
             stacklevel=4,
         )
     configs = bounds.configurations(st.world)

@@ -82,6 +82,7 @@ def _local_kwargs(
         "dashboard_address": dashboard_address,
         "silence_logs": 50,
         "config": config,
+        "preload": [__name__],  # dask_setup below, in each worker process
     }
     if dashboard_address is None:
         # the scheduler always serves HTTP (health, metrics): keep it off the fixed port 8787
@@ -89,6 +90,56 @@ def _local_kwargs(
     if security is not None:
         kwargs["security"] = security
     return kwargs
+
+
+def await_workers(client: Any, n: int, timeout: float, how: str, own_client: bool, cleanup: Any) -> None:
+    """An attached Lab starts once ``n`` workers have joined the scheduler (workers started by
+    hand or by a job queue arrive late), or says how many came within ``timeout``."""
+    try:
+        client.wait_for_workers(n, timeout=timeout)
+    except (TimeoutError, OSError):
+        have = len(workers_info(client))
+        start = f"dask worker {client.scheduler.address}"
+        if own_client:
+            client.close()
+        if cleanup is not None:
+            cleanup()
+        came = f"{have} of {n} worker(s)" if have else "no worker"
+        fix = f"give workers={have}, start more ({start})" if have else f"start some ({start})"
+        raise LaunchError(
+            f"Lab({how}): {came} joined the scheduler within {timeout:g} s; {fix}, or give a longer timeout="
+        ) from None
+
+
+def lost_workers(cluster: Any, client: Any) -> int:
+    """How many of the embedded ``cluster``'s workers are not running now (0 when attached)."""
+    if cluster is None:
+        return 0
+    try:
+        return max(0, len(cluster.worker_spec) - len(workers_info(client)))
+    except Exception:  # noqa: BLE001 - a scheduler that does not answer: nothing to say here
+        return 0
+
+
+def lost_text(cluster: Any, lost: int) -> str:
+    """An embedded cluster with ``lost`` workers, in its Lab's repr: how many, what restarts them."""
+    expected = len(cluster.worker_spec) if cluster is not None else lost
+    return (
+        f"{expected - lost} of {expected} workers running ({lost} lost: lab.heal() or the next launch "
+        "restarts them)"
+    )
+
+
+def dask_setup(worker: Any) -> None:  # noqa: ARG001 - Dask's preload hook signature
+    """(each embedded worker process, as it starts) Leave the notebook kernel's process group:
+    JupyterLab's stop button signals the kernel's whole group, and a SIGINT there killed every
+    worker. A run in flight is still cancelled from the kernel (``Run.wait`` catches the
+    interrupt and cancels the ranks); the worker itself still exits with its nanny."""
+    if hasattr(os, "setsid"):
+        try:
+            os.setsid()
+        except OSError:  # already a session leader
+            pass
 
 
 def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:

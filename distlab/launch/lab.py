@@ -121,23 +121,8 @@ class Lab:
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
 
     def _await_workers(self, n: int, how: str) -> None:
-        """An attached Lab starts once ``n`` workers have joined the scheduler (workers started by
-        hand or by a job queue arrive late), or says how many came within ``timeout``."""
-        try:
-            self.client.wait_for_workers(n, timeout=self.timeout)
-        except (TimeoutError, OSError):
-            have = len(spmd.workers_info(self.client))
-            start = f"dask worker {self.client.scheduler.address}"
-            if self._own_client:
-                self.client.close()
-            if self._remove_ckpt is not None:
-                self._remove_ckpt()
-            came = f"{have} of {n} worker(s)" if have else "no worker"
-            fix = f"give workers={have}, start more ({start})" if have else f"start some ({start})"
-            raise LaunchError(
-                f"Lab({how}): {came} joined the scheduler within {self.timeout:g} s; {fix}, or give a longer "
-                "timeout="
-            ) from None
+        """An attached Lab starts once ``n`` workers have joined the scheduler (launch/cluster.py)."""
+        _cluster.await_workers(self.client, n, self.timeout, how, self._own_client, self._remove_ckpt)
 
     # -- cluster ----------------------------------------------------------------------------------
     @property
@@ -290,8 +275,21 @@ class Lab:
                     f"run {run.id} is still {run.status}; run.wait() or run.cancel() it before launching "
                     "another"
                 )
+        self.heal()
+
+    @property
+    def lost_workers(self) -> int:
+        """How many of the embedded cluster's workers are not running now (killed, crashed; 0 for
+        an attached cluster): ``heal()``, or the next launch, restarts them."""
+        return _cluster.lost_workers(self._cluster, self.client) if not self._closed else 0
+
+    def heal(self) -> int:
+        """Restart the embedded cluster's lost workers and wait for them; returns how many were lost."""
+        self._check_open()
+        lost = self.lost_workers
         if self._cluster is not None:
             _cluster.heal_local_cluster(self._cluster, self.client, within=self.timeout)
+        return lost
 
     # -- launching ------------------------------------------------------------------------------------
     def launch(
@@ -562,12 +560,17 @@ class Lab:
     def __repr__(self) -> str:
         if self._closed:
             return f"<Lab (closed), {len(self._runs)} runs: lab = dl.Lab() starts a new one>"
+        if lost := self.lost_workers:
+            return f"<Lab {_cluster.lost_text(self._cluster, lost)}, {len(self._runs)} runs>"
         res = self.resources
         return f"<Lab {res.world} workers on {res.num_hosts} host(s), {len(self._runs)} runs>"
 
     def _repr_html_(self) -> str:
         if self._closed:
             return f"<p><b>Lab</b> (closed): {len(self._runs)} runs. {html.escape(CLOSED)}</p>"
+        if lost := self.lost_workers:
+            text = _cluster.lost_text(self._cluster, lost)
+            return f"<p><b>Lab</b>: {html.escape(text)}, {len(self._runs)} runs.</p>"
         res = self.resources
         rows = "".join(
             f"<tr><td>{r.rank}</td><td>{html.escape(r.host)}</td><td>{html.escape(r.device)}</td>"

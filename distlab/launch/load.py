@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from distlab.errors import DistlabWarning
 from distlab.resources import available_cores, disturbed_by
 
 
-class CalibrationWarning(UserWarning):
+class CalibrationWarning(DistlabWarning):
     """A calibration measured under load from other programs: used for this session, not cached."""
 
 

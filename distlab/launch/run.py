@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from distlab.errors import DistlabError, LaunchError
+from distlab.errors import DistlabError, DistlabWarning, LaunchError
 from distlab.launch import metrics as _metrics
 from distlab.launch import spmd
 from distlab.launch.report import model_name, run_card, run_row
@@ -30,7 +30,7 @@ LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worke
 CANCEL_WITHIN = 10.0  # seconds: every rank stops within this after cancel()
 
 
-class PredictionDriftWarning(UserWarning):
+class PredictionDriftWarning(DistlabWarning):
     """Runs keep landing far from their predictions: the Lab refitted its cost model to them."""
 
 

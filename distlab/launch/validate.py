@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from typing import Any
 
 from distlab.errors import DistlabError, LaunchError, StrategyError, did_you_mean, match_name
@@ -173,7 +174,11 @@ def check_data(data: Any, model: Any, loss: Any, batch: int = 2) -> tuple[Any, A
             "the model's input"
         ) from None
     try:
-        value = (loss or default_loss)(out, y)
+        with warnings.catch_warnings(record=True) as caught:  # the library's, only if it computes
+            warnings.simplefilter("always")
+            value = (loss or default_loss)(out, y)
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     except DistlabError:
         raise
     except Exception as exc:  # noqa: BLE001

@@ -23,7 +23,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
 from distlab.conventions import is_keras_loss_name
-from distlab.errors import DistlabError, did_you_mean, match_name
+from distlab.errors import DistlabError, DistlabWarning, did_you_mean, match_name
 from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
 
 WIDTH = 88  # %distlab help fits this many columns
@@ -90,6 +90,7 @@ class DistlabMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.session = NotebookSession()
+        self._recalled: tuple[str, str] | None = None  # (model var, data var) this line reused
         self._commands: dict[str, Callable[[list[str]], Any]] = {
             "profile": self.cmd_profile,
             "cluster": self.cmd_cluster,
@@ -117,19 +118,34 @@ class DistlabMagics(Magics):
                 f"unknown subcommand {name!r}{did_you_mean(name, self._commands)}; one of: "
                 f"{', '.join(self._commands)} (%distlab help)"
             )
+        remembered = self.session.remembered()  # a line that fails leaves them as they were
+        self._recalled = None
         try:
             return self._commands[known](args)
         except DistlabError as exc:
-            return self._fail(str(exc))
+            self.session.restore(remembered)
+            return self._fail(str(exc) + self._recalled_hint(str(exc)))
         except KeyboardInterrupt:
+            self.session.restore(remembered)
             return self._fail(f"%distlab {known} interrupted; the session is as it was")
         except Exception as exc:  # noqa: BLE001 - never a traceback in the notebook: one line and the log
+            self.session.restore(remembered)
             log = _log_traceback(f"%distlab {line}")
             first = (str(exc).splitlines() or [""])[0][:200]
             return self._fail(
                 f"%distlab {known} failed unexpectedly ({type(exc).__name__}: {first}); "
                 f"the full traceback is in {log}"
             )
+
+    def _recalled_hint(self, message: str) -> str:
+        """For an error about data this line did not give: where the remembered data came from."""
+        if self._recalled is None or not message.startswith("data"):
+            return ""
+        var, data_var = self._recalled
+        return (
+            f" (the data is `{data_var}`, remembered for {var} from an earlier line; give --data VAR to "
+            "use other data)"
+        )
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
@@ -172,7 +188,9 @@ class DistlabMagics(Magics):
                     "give a function (output, target) -> scalar tensor, e.g. "
                     "torch.nn.functional.cross_entropy"
                 )
-        self.session.remember(var, **given)
+        inputs = self.session.remember(var, **given)
+        if a.data is None and inputs.data is not None:
+            self._recalled = (var, inputs.data_var or "?")
         return var, model
 
     def _optimizer(self, a: argparse.Namespace) -> Any:
@@ -220,12 +238,15 @@ class DistlabMagics(Magics):
         """Show, choose or stop the notebook's cluster; runs and profiles are kept across
         changes, and a failed start keeps the cluster that works.
 
-        %distlab cluster [status | local [N] [--oversubscribe] | ADDRESS | stop]
+        %distlab cluster [status | local [N] [--oversubscribe] | ADDRESS | stop] [-o NAME]
+
+        A cluster started here is the notebook's Lab, also bound to ``lab`` (or NAME).
         """
         p = _parser("cluster")
         p.add_argument("what", nargs="?", default="status")
         p.add_argument("n", nargs="?", type=int, default=None)
         p.add_argument("--oversubscribe", action="store_true")
+        p.add_argument("-o", "--output", default="lab")
         a = p.parse_args(argv)
         what = match_name(a.what, ("status", "local", "stop")) or a.what
         if what == "stop":
@@ -239,6 +260,7 @@ class DistlabMagics(Magics):
                     "(or %distlab cluster local N)"
                 )
             else:
+                self.session.heal()
                 display(lab)
             return None
         if what == "local":
@@ -260,6 +282,11 @@ class DistlabMagics(Magics):
                 f"cluster: expected status, 'local N', a scheduler ADDRESS (tcp://host:8786) or stop, "
                 f"got {a.what!r}{did_you_mean(a.what, ('status', 'local', 'stop'))}"
             )
+        self._store(a.output, lab)
+        print(
+            f"the cluster's Lab is in `{a.output}`: {a.output}.launch(...), {a.output}.runs and the "
+            "magics use the same one"
+        )
         display(lab)
         return None
 
@@ -500,7 +527,29 @@ def load_ipython_extension(ipython: Any) -> None:
         return
     magics = DistlabMagics(ipython)
     ipython.register_magics(magics)
+    _show_distlab_warnings()
     ipython._distlab_magics = magics  # unload stops what this instance started
+
+
+def _show_distlab_warnings() -> None:
+    """distlab's warnings in the notebook: one ``distlab:`` line, as its errors are, without the
+    file path and source line Python's format adds; every other warning as it was."""
+    import warnings
+
+    original = warnings.showwarning
+    if getattr(original, "distlab", False):
+        return
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if isinstance(category, type) and issubclass(category, DistlabWarning):
+            print(f"distlab: {message}", file=sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    show.distlab = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 def unload_ipython_extension(ipython: Any) -> None:

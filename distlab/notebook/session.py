@@ -63,6 +63,13 @@ class NotebookSession:
                 setattr(inputs, key, value)
         return inputs
 
+    def remembered(self) -> dict[str, ModelInputs]:
+        """A copy of what is remembered, for ``restore`` after a magic that failed."""
+        return {var: dataclasses.replace(inputs) for var, inputs in self.inputs.items()}
+
+    def restore(self, remembered: dict[str, ModelInputs]) -> None:
+        self.inputs = remembered
+
     def inputs_of(self, var: str) -> ModelInputs:
         return self.inputs.get(var) or ModelInputs()
 
@@ -136,7 +143,15 @@ class NotebookSession:
             self.current_lab = None
         if self.current_lab is None:
             self.start_lab()
+        self.heal()
         return self.current_lab
+
+    def heal(self) -> None:
+        """Workers of the notebook's cluster that died (killed, crashed) are restarted, in one line."""
+        lab = self.current_lab
+        if lab is not None and not lab.closed and (lost := lab.lost_workers):
+            print(f"distlab: {lost} worker(s) of the cluster were lost; restarting them", flush=True)
+            lab.heal()
 
     def resources(self, workers: int | None = None) -> Any:
         """The notebook's cluster (started on first need); ``workers`` asks what-if."""

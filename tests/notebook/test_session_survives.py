@@ -1,0 +1,114 @@
+"""A notebook session that survives real use: the kernel's stop button, a lost worker, a magic that
+fails, and the Lab reachable from the notebook. The kernel is a real one (jupyter_client), signalled
+as JupyterLab's stop button signals it."""
+
+from __future__ import annotations
+
+import ast
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from tests.notebook.conftest import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Kernel:
+    """A python3 kernel started as JupyterLab starts it (its own process group, which the stop
+    button signals as a whole); ``cell(code)`` returns (stdout, stderr, error)."""
+
+    def __init__(self) -> None:
+        from jupyter_client import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def cell(self, code: str, timeout: float = 180) -> tuple[str, str, str]:
+        msg_id = self.kc.execute(code)
+        out, err, error = [], [], ""
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                (out if content["name"] == "stdout" else err).append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                out.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                error = f"{content['ename']}: {content['evalue']}"
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(out), "".join(err), error
+
+    def pids(self) -> list[int]:
+        out, _, error = self.cell("print(sorted(lab.client.run(__import__('os').getpid).values()))")
+        assert not error, error
+        return ast.literal_eval(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
+    kernel = Kernel()
+    try:
+        out, err, error = kernel.cell("import distlab\n%distlab cluster local 2")
+        assert not error and "the cluster's Lab is in `lab`" in out, (out, err, error)
+        before = kernel.pids()
+        assert len(before) == 2
+        for _ in range(3):  # JupyterLab's stop button on an idle kernel, three times
+            kernel.km.interrupt_kernel()
+            time.sleep(1.0)
+        time.sleep(2.0)
+        assert kernel.pids() == before  # the same worker processes, still serving
+        out, err, error = kernel.cell("%distlab cluster status")
+        assert not error and "<Lab 2 workers" in out and err == "", (out, err)
+
+        # a worker that is gone (its nanny gave up on it, or it was retired) is one line, then comes
+        # back (a killed worker process comes back through its nanny by itself)
+        out, _, error = kernel.cell(
+            "lab.client.retire_workers([sorted(lab.client.scheduler_info()['workers'])[0]])\n"
+            "print(repr(lab))"  # a Lab's repr never raises
+        )
+        assert not error and "1 of 2 workers running (1 lost: lab.heal() or the next launch" in out, out
+        out, err, error = kernel.cell("%distlab cluster status")
+        assert not error and "Traceback" not in out + err, (out, err, error)
+        assert out.startswith("distlab: 1 worker(s) of the cluster were lost; restarting them\n"), out
+        assert "<Lab 2 workers" in out and len(kernel.pids()) == 2
+
+        # distlab's warnings are one distlab: line in the notebook
+        _, err, _ = kernel.cell(
+            "import warnings\nfrom distlab.errors import DistlabWarning\n"
+            "warnings.warn('lab: runs drift', DistlabWarning)"
+        )
+        assert err == "distlab: lab: runs drift\n", err
+    finally:
+        kernel.close()
+
+
+def test_a_magic_that_fails_leaves_the_remembered_inputs_and_names_them(shell, capsys):
+    shell.user_ns["net"] = nn.Linear(4, 3)
+    shell.user_ns["train"] = (torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    shell.user_ns["bad3"] = (torch.randn(64, 7), torch.randint(0, 3, (64,)))
+    out, err = run(shell, "profile net --data train", capsys)
+    assert err == "", err
+    _, err = run(shell, "profile net --data bad3", capsys)
+    assert err.startswith("distlab: data:") and "does not fit model" in err
+    out, err = run(shell, "profile net", capsys)  # the data that worked is still remembered
+    assert err == "" and "ModelProfile" in out, err
+    # the model changed under the remembered data: the error says where the data came from
+    shell.user_ns["net"] = nn.Linear(5, 3)
+    _, err = run(shell, "profile net", capsys)
+    assert "the data is `train`, remembered for net from an earlier line; give --data VAR" in err, err
+    assert err.count("\n") == 1
