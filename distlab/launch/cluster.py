@@ -130,6 +130,22 @@ def lost_text(cluster: Any, lost: int) -> str:
     )
 
 
+def close_quietly(cluster: Any) -> None:
+    """Close an embedded cluster, Dask's log as quiet after as before: a LocalCluster silences the
+    ``distributed`` logger's stream handlers while it lives and restores their levels when it
+    closes, so after a notebook changed clusters the next one's close printed its nannies' INFO
+    lines in the cell."""
+    import logging
+
+    handlers = [h for h in logging.getLogger("distributed").handlers if isinstance(h, logging.StreamHandler)]
+    levels = [h.level for h in handlers]
+    try:
+        cluster.close()
+    finally:
+        for handler, level in zip(handlers, levels):
+            handler.setLevel(level)
+
+
 def dask_setup(worker: Any) -> None:  # noqa: ARG001 - Dask's preload hook signature
     """(each embedded worker process, as it starts) Leave the notebook kernel's process group:
     JupyterLab's stop button signals the kernel's whole group, and a SIGINT there killed every

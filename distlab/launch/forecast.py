@@ -35,7 +35,9 @@ def forecast_run(
         return None
 
 
-def refit_after_run(cost_model: Any, runs_frame: Any, runs: list[Any]) -> tuple[Any, str | None]:
+def refit_after_run(
+    cost_model: Any, runs_frame: Any, runs: list[Any], recalibrate: str = "lab.calibrate(cache=False)"
+) -> tuple[Any, str | None]:
     """(driver thread) ``cost_model`` refitted to every torch run so far (it models distlab's
     runtime), each run predicted again with it (``refitted_throughput``), and a note when the
     latest ``DRIFT_RUNS`` runs all measured more than ``DRIFT_RATIO`` from their predictions."""
@@ -56,7 +58,7 @@ def refit_after_run(cost_model: Any, runs_frame: Any, runs: list[Any]) -> tuple[
         return cost_model, (
             f"lab: the last {DRIFT_RUNS} runs measured {min(ratios):.2f}-{max(ratios):.2f}x their "
             "predicted throughput; lab.cost_model was refitted to every run so far (lab.runs shows both "
-            "predictions); if other programs were busy when it was calibrated, run "
-            "lab.calibrate(cache=False) on a quiet machine"
+            f"predictions); if other programs were busy when it was calibrated, run {recalibrate} on a "
+            "quiet machine"
         )
     return cost_model, None

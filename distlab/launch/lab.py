@@ -6,6 +6,7 @@ and hands its work to the modules beside it (prepare, calibrate, measure, run, r
 from __future__ import annotations
 
 import html
+import itertools
 import shutil
 import tempfile
 import time
@@ -31,6 +32,9 @@ from distlab.strategy.execution import rank_threads
 
 # runs this many in a row all measured more than this factor off their predictions: say so
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
+
+
+_RUN_NUMBERS = itertools.count(1)  # run ids: r1, r2, ... across every Lab of this process
 
 
 class Lab:
@@ -162,7 +166,7 @@ class Lab:
         if self._own_client:
             self.client.close()
         if self._cluster is not None:
-            self._cluster.close()
+            _cluster.close_quietly(self._cluster)
             self._cluster = None
         for run in unsettled:  # their drivers see the client gone and settle them as cancelled
             run._done.wait(CANCEL_WITHIN)
@@ -417,8 +421,9 @@ class Lab:
         return run
 
     def _next_run_id(self) -> str:
-        """A run's id: its number in this Lab and a random suffix (its rendezvous keys' prefix)."""
-        return f"r{len(self._runs) + 1}-{uuid.uuid4().hex[:6]}"
+        """A run's id: its number in this process (unique across a notebook's Labs) and a random
+        suffix (its rendezvous keys' prefix)."""
+        return f"r{next(_RUN_NUMBERS)}-{uuid.uuid4().hex[:6]}"
 
     def _new_run(self, prep: Prepared, job: Any, workers: list[str], elastic: bool) -> Run:
         """The Run of a prepared launch: its forecast, and how it replans on the workers that
@@ -469,7 +474,8 @@ class Lab:
     def _after_run(self, run: Run) -> None:
         """(driver thread) Refit the cost model on every run so far (launch/forecast.py)."""
         if self.cost_model is not None and run.forecast is not None:
-            self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs)
+            again = "%distlab calibrate --force" if self.via_magics else "lab.calibrate(cache=False)"
+            self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs, again)
             self._note = note or self._note
 
     def _take_note(self) -> str | None:

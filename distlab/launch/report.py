@@ -123,7 +123,8 @@ def run_card(run: Run) -> str:
     predicted, where the trained model is, the checkpoint and any error."""
     r = run.row()
     tp, pred = r["measured_throughput"], r["predicted_throughput"]
-    loss = run.losses()
+    losses = run.losses
+    loss = (float(losses.iloc[0]), float(losses.iloc[-1])) if len(losses) else None
     done = run.status == "finished"
     restarts = f", {r['restarts']} restart(s)" if r["restarts"] else ""
     rows = [

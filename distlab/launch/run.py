@@ -535,15 +535,16 @@ class Run:
         progress = f"{self.steps_done}/{self.steps} steps"
         return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {progress}>"
 
-    def losses(self) -> tuple[float, float] | None:
-        """(first, last) training loss, each the mean over ranks of one step; None before a step."""
+    @property
+    def losses(self) -> Any:
+        """The training loss per step (a pandas Series indexed by step; each the mean over ranks of
+        that step's loss), as ``fit``'s history has it; empty before the first step."""
+        import pandas as pd
+
         m = self.metrics
         if len(m) == 0 or "loss" not in m:
-            return None
-        per_step = m.groupby("step")["loss"].mean().dropna()
-        if len(per_step) == 0:
-            return None
-        return float(per_step.iloc[0]), float(per_step.iloc[-1])
+            return pd.Series(dtype="float64", name="loss")
+        return m.groupby("step")["loss"].mean().dropna().rename("loss")
 
     def _repr_html_(self) -> str:
         return run_card(self)

@@ -110,8 +110,9 @@ def run_figure(run: Any) -> Any:
             "font": {"size": 14},
         },
         height=300 * rows,
-        margin={"l": 50, "r": 20, "t": 70, "b": 40},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "right", "x": 1.0},
+        margin={"l": 50, "r": 20, "t": 70, "b": 80},
+        # below the plots: plotly's toolbar sits at the top right and covered a legend there
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25 / rows, "xanchor": "left", "x": 0.0},
         template=THEME,
     )
     if not len(steps):

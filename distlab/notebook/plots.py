@@ -89,10 +89,21 @@ def predicted_vs_measured(runs: pd.DataFrame, band: float = 0.10) -> go.Figure:
                 hovertemplate="%{text}<br>measured %{x:.4g}<br>predicted %{y:.4g}<extra></extra>",
             )
         )
-    fig.update_xaxes(type="log", title="measured throughput (samples/s)")
-    fig.update_yaxes(type="log", title="predicted throughput (samples/s)")
+    ticks = log_ticks(lo, hi)
+    labels = [f"{t:,.0f}" if t >= 1 else f"{t:g}" for t in ticks]
+    fig.update_xaxes(type="log", title="measured throughput (samples/s)", tickvals=ticks, ticktext=labels)
+    fig.update_yaxes(type="log", title="predicted throughput (samples/s)", tickvals=ticks, ticktext=labels)
     fig.update_layout(title="Predicted vs measured throughput", template=THEME)
     return fig
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks a reader can read on a log axis from ``lo`` to ``hi``: 1, 2 and 5 times the powers of
+    ten inside it (plotly's own label the minor ticks by their first digit only: "5, 2, 1000")."""
+    out = []
+    for exp in range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1):
+        out += [m * 10.0**exp for m in (1, 2, 5) if lo <= m * 10.0**exp <= hi]
+    return out or [lo, hi]
 
 
 def _breakdown_frame(predictions: Any) -> pd.DataFrame:

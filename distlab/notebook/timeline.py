@@ -37,7 +37,7 @@ def _row(e: dict[str, Any]) -> str:
 COLOURS = {
     "forward": "#9ecae9",
     "backward": "#4c78a8",
-    "compute": "#4c78a8",
+    "compute": "#eeca3b",  # the prediction's forward + backward: its own colour beside backward's
     "wait": "#bab0ac",
     "optimizer": "#54a24b",
     "allreduce": "#f58518",

@@ -113,7 +113,7 @@ def torch_route_equivalence(
             "status": run.status,
             "type": type(trained).__module__.split(".")[0] + "." + type(trained).__name__,
             "strategy": run.strategy.name,
-            "losses": list(run.losses()),
+            "losses": list(run.losses.iloc[[0, -1]]),
             "untouched": [w.tolist() for w in model.get_weights()]
             == [w.tolist() for w in mlp(seed=1).get_weights()],
         }
@@ -155,7 +155,7 @@ def torch_route_builders(builders: list) -> dict:
             st = dl.strategy.build(name, prof, lab.resources, batch_size=8)
             run = lab.launch(model, strategy=st, steps=6, data=(x, y))
             run.wait(timeout=180)
-            first, last = run.losses()
+            first, last = run.losses.iloc[[0, -1]]
             out[name] = {
                 "status": run.status,
                 "first": first,
@@ -248,7 +248,7 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
                 {
                     "status": run.status,
                     "seconds": time.perf_counter() - t0,
-                    "losses": list(run.losses()),
+                    "losses": list(run.losses.iloc[[0, -1]]),
                     "checksums": sorted(last["checksum"].tolist()),
                     "throughput": run.throughput,
                     "model_type": type(run.model).__name__,
@@ -481,7 +481,7 @@ def native_ps(builders: list, steps: int = 20) -> dict:
             run.wait(timeout=300)
             out[builder] = {
                 "status": run.status,
-                "losses": list(run.losses()),
+                "losses": list(run.losses.iloc[[0, -1]]),
                 "placement": run.details.get("placement"),
                 "model": type(run.model).__name__,
                 "steps": int(run.metrics.step.max()) + 1,
@@ -675,7 +675,7 @@ def keras_user_flow(steps: int = 200, route: str | None = None) -> dict:
             )
             out[name] = {
                 "status": run.status,
-                "losses": list(run.losses()),
+                "losses": list(run.losses.iloc[[0, -1]]),
                 "loss_info": run.loss_info,
                 "optimizer_info": run.optimizer_info,
             }

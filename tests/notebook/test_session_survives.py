@@ -87,6 +87,13 @@ def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
         assert out.startswith("distlab: 1 worker(s) of the cluster were lost; restarting them\n"), out
         assert "<Lab 2 workers" in out and len(kernel.pids()) == 2
 
+        # changing clusters and stopping: no Dask log lines in the cells; the old Lab says it closed
+        for line in ("%distlab cluster local 1 -o small", "%distlab cluster stop"):
+            out, err, error = kernel.cell(line)
+            assert not error and err == "", (line, out, err)
+        out, _, _ = kernel.cell("print(repr(small), repr(lab))")
+        assert out.count("<Lab (closed), 0 runs: lab = dl.Lab() starts a new one>") == 2, out
+
         # distlab's warnings are one distlab: line in the notebook
         _, err, _ = kernel.cell(
             "import warnings\nfrom distlab.errors import DistlabWarning\n"
