@@ -36,6 +36,47 @@ def frame(records: Iterable[Mapping[str, Any]]) -> Any:
     return df
 
 
+class FrameCache:
+    """``frame`` of records that arrive one by one, each turned into a row once: a live view of a
+    30,000-step run asks for the frame every second, and building it from every record each time
+    cost the notebook more than a core. ``add`` a record as it arrives (``new=False``: one that
+    replaces an earlier record, after which ``stale`` asks for a rebuild); ``frame()`` is the
+    whole frame, sorted, cached until the next record."""
+
+    def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._built: Any = None  # the frame of every record added before ``_pending``
+        self._pending: list[Mapping[str, Any]] = list(records)
+        self._sorted: Any = None
+        self.stale = False
+
+    def add(self, record: Mapping[str, Any], new: bool = True) -> None:
+        self._pending.append(record)
+        self._sorted = None
+        self.stale = self.stale or not new
+
+    def frame(self) -> Any:
+        import pandas as pd
+
+        if self._sorted is None:
+            if self._pending or self._built is None:
+                chunk = frame(self._pending)
+                self._built = (
+                    chunk if self._built is None else pd.concat([self._built, chunk], ignore_index=True)
+                )
+                self._pending = []
+            self._sorted = frame_sorted(self._built)
+        return self._sorted.copy()  # the caller's to change
+
+
+def frame_sorted(df: Any) -> Any:
+    """``df`` in ``frame``'s order: restart, step, rank; ``COLUMNS`` first."""
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[COLUMNS + extra]
+    if len(df):
+        df = df.sort_values(["restart", "step", "rank"], kind="stable").reset_index(drop=True)
+    return df
+
+
 def warmup_steps(n: int) -> int:
     """Steps excluded as warm-up from a segment of ``n`` steps: 20%, at least 1, at most 10, keeping >= 1."""
     if n <= 1:

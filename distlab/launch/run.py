@@ -106,6 +106,8 @@ class Run:
         self._status = "pending"
         self._throughput: float | None = None
         self._records: dict[tuple[int, int, int], dict[str, Any]] = {}
+        self._frame = _metrics.FrameCache()  # run.metrics, built from each record once
+        self._steps_done = 0
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._cancel = False
@@ -141,6 +143,8 @@ class Run:
         with self._lock:
             new = key not in self._records
             self._records[key] = rec
+            self._frame.add(rec, new)
+            self._steps_done = max(self._steps_done, key[2] + 1)
             if spans is not None:
                 self._trace[key] = [{**e, "restart": key[0], "rank": key[1], "step": key[2]} for e in spans]
             if self.first_record_at is None:
@@ -401,8 +405,7 @@ class Run:
     @property
     def steps_done(self) -> int:
         """Steps any rank has recorded so far (the last one's number plus one)."""
-        with self._lock:
-            return max((k[2] + 1 for k in self._records), default=0)
+        return self._steps_done
 
     def cancel(self, timeout: float = CANCEL_WITHIN) -> Run:
         """Stop every rank (within ``timeout`` seconds); the Lab is usable again afterwards."""
@@ -423,8 +426,9 @@ class Run:
     def metrics(self) -> Any:
         """DataFrame: run_id, step, rank, loss, samples, step_time, comm_time, wall_time, restart, world."""
         with self._lock:
-            recs = list(self._records.values())
-        return _metrics.frame(recs)
+            if self._frame.stale:  # a record was sent again (a restart re-ran its step): rebuild
+                self._frame = _metrics.FrameCache(list(self._records.values()))
+            return self._frame.frame()
 
     @property
     def trace_events(self) -> list[dict[str, Any]]:

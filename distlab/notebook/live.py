@@ -2,19 +2,29 @@
 adaptive run, its batch, noise scale and goodput; drawn live while the run trains.
 
 ``run_figure(run)`` draws the run's records so far as a static plotly figure (``run.plot()``).
-``LiveView`` shows that figure in the notebook and redraws it every ``interval`` seconds from a
-thread of its own until the run ends, through an IPython display id: the output it updates
-keeps updating after the cell that launched the run has returned, holds plain figure JSON (no
-widget state), and the saved notebook and a papermill output keep the final figure.
+``LiveView`` shows that figure in the notebook and redraws it from a thread of its own until the
+run ends, through an IPython display id: the output it updates keeps updating after the cell that
+launched the run has returned, holds plain figure JSON (no widget state), and the saved notebook
+and a papermill output keep the final figure.
+
+However long the run, the view stays light: every trace is thinned to ``MAX_POINTS`` points, a
+redraw builds the frame only from the records that arrived since the last (``run.metrics`` is
+incremental), redraws are spaced so they take at most ``DRAW_SHARE`` of a core from the ranks,
+and the browser re-renders the saved outputs only every ``DISPLAY_EVERY`` drawings. Measured by
+``distlab bench live-view`` (a real JupyterLab and Chromium).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
-MAX_POINTS = 1500  # steps drawn per trace: a long run is thinned evenly, its last step kept
+MAX_POINTS = 1000  # steps drawn per trace: a long run is thinned evenly, its last step kept
+POLL = 0.1  # seconds: how soon the view sees steps arrive and the run end
+DRAW_SHARE = 0.1  # the most of a core the view's redraws take from the run (the ranks need them)
+DISPLAY_EVERY = 20  # drawings between updates of the saved (display id) outputs
 SMOOTH = 9  # steps in the rolling median drawn over the per-step throughput
 RANK_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
 ADAPTIVE_COLUMNS = ("global_batch", "noise_scale", "goodput")
@@ -50,12 +60,14 @@ def _thin(df: Any) -> Any:
     return df.iloc[keep]
 
 
-def run_figure(run: Any) -> Any:
-    """The run's records so far as a plotly figure (see the module's docstring)."""
+def run_figure(run: Any, themed: bool = True) -> Any:
+    """The run's records so far as a plotly figure (see the module's docstring); ``themed=False``
+    leaves distlab's theme out (a live redraw adds it to the JSON: validating the theme was most
+    of a redraw's cost)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from distlab.notebook.figures import THEME, themed
+    from distlab.notebook.figures import themed as in_theme
 
     metrics = run.metrics
     steps = _thin(per_step(metrics))
@@ -66,15 +78,13 @@ def run_figure(run: Any) -> Any:
     rows = 3 if adaptive else 2
     # a fixed batch: the per-rank step times take the whole second row
     specs = [[{}, {}], [{}, {}], [{}, {}]] if adaptive else [[{}, {}], [{"colspan": 2}, None]]
-    fig = themed(
-        make_subplots(
-            rows=rows,
-            cols=2,
-            specs=specs,
-            subplot_titles=titles,
-            vertical_spacing=0.16 if rows == 2 else 0.11,
-            horizontal_spacing=0.1,
-        )
+    fig = make_subplots(
+        rows=rows,
+        cols=2,
+        specs=specs,
+        subplot_titles=titles,
+        vertical_spacing=0.16 if rows == 2 else 0.11,
+        horizontal_spacing=0.1,
     )
     x = steps["step"] + 1
     fig.add_trace(go.Scatter(x=x, y=steps["loss"], mode="lines", name="loss", showlegend=False), 1, 1)
@@ -113,13 +123,12 @@ def run_figure(run: Any) -> Any:
         margin={"l": 50, "r": 20, "t": 70, "b": 80},
         # below the plots: plotly's toolbar sits at the top right and covered a legend there
         legend={"orientation": "h", "yanchor": "top", "y": -0.25 / rows, "xanchor": "left", "x": 0.0},
-        template=THEME,
     )
     if not len(steps):
         fig.add_annotation(
             text="waiting for the first step ...", xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False
         )
-    return fig
+    return in_theme(fig) if themed else fig
 
 
 def _predicted(run: Any, steps: Any) -> Any:
@@ -146,15 +155,17 @@ def _predicted(run: Any, steps: Any) -> Any:
 
 
 class LiveView:
-    """``run``'s card and figure in the notebook, redrawn every ``interval`` seconds until the run
-    ends (then once more, final). ``join()`` waits for that last drawing.
+    """``run``'s card and figure in the notebook, redrawn as steps arrive (at most every
+    ``interval`` seconds; see ``_loop``) until the run ends, then once more, final. ``join()``
+    waits for that last drawing.
 
     Each of the two outputs is a widget (an ``HTML`` card, an ``Output`` holding the figure's
     JSON) and, in the same output, the card's HTML or the figure's JSON under a display id. A
     redraw sets the widgets, whose messages reach JupyterLab from this thread after the cell has
-    returned (JupyterLab drops display updates that arrive for a finished cell), and updates the
-    display ids, which papermill applies: the saved notebook holds the final figure as plotly
-    JSON, readable without widgets, and the widgets' saved state draws the same."""
+    returned (JupyterLab drops display updates that arrive for a finished cell), and at the end
+    (and every ``DISPLAY_EVERY`` drawings) updates the display ids, which papermill applies: the
+    saved notebook holds the final figure as plotly JSON, readable without widgets, and the
+    widgets' saved state draws the same."""
 
     def __init__(self, run: Any, interval: float = 1.0) -> None:
         from IPython.core.interactiveshell import InteractiveShell
@@ -186,7 +197,7 @@ class LiveView:
         from distlab.notebook.figures import figure_bundle
 
         return {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)}, figure_bundle(
-            run_figure(self.run)
+            run_figure(self.run, themed=False), themed=True
         )
 
     @staticmethod
@@ -194,27 +205,35 @@ class LiveView:
         view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
         return {"application/vnd.jupyter.widget-view+json": view, **data}
 
-    def _draw(self) -> None:
+    def _draw(self, final: bool = True) -> None:
+        """Set the widgets; the display ids too at the end and every ``DISPLAY_EVERY`` drawings
+        (each update of a display id re-renders its output in the browser from scratch)."""
         card, fig = self._bundles()
         self.card_widget.value = card["text/html"]
         self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
-        self.card.update(self._with_view(self.card_widget, card), raw=True)
-        self.figure.update(self._with_view(self.figure_widget, fig), raw=True)
+        if final or self.drawn % DISPLAY_EVERY == 0:
+            self.card.update(self._with_view(self.card_widget, card), raw=True)
+            self.figure.update(self._with_view(self.figure_widget, fig), raw=True)
         self.drawn += 1
 
     def _loop(self) -> None:
-        seen = -1
+        """Redraw when steps arrived, at most every ``interval`` seconds and never more than
+        ``DRAW_SHARE`` of a core (a redraw that took t seconds waits t / DRAW_SHARE); the last step
+        and the run's end within ``POLL`` seconds of arriving."""
+        seen, due = self.run.steps_done, time.monotonic() + self.interval
         while not self.run.done and not self._stop.is_set():
-            self._stop.wait(self.interval)
-            n = len(self.run.metrics)
-            if n != seen and not self.run.done:
-                seen = n
-                self._try_draw()
-        self._try_draw()  # final: the figure the saved notebook keeps
+            self._stop.wait(POLL)
+            last = self.run.steps_done >= self.run.steps  # drawn at once: the run's end is near
+            if self.run.done or (time.monotonic() < due and not last) or self.run.steps_done == seen:
+                continue
+            seen, started = self.run.steps_done, time.monotonic()
+            self._try_draw(final=False)
+            due = time.monotonic() + max(self.interval, (time.monotonic() - started) / DRAW_SHARE)
+        self._try_draw(final=True)  # the figure the saved notebook keeps
 
-    def _try_draw(self) -> None:
+    def _try_draw(self, final: bool = True) -> None:
         try:
-            self._draw()
+            self._draw(final)
         except Exception as exc:  # noqa: BLE001 - a failed redraw must not end the view; the next may work
             self.error = exc
 

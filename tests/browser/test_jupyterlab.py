@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from distlab.bench import browser
+
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SMALL = {
     "model_name": "mlp",
     "model_options": {"width": 64, "in_features": 32},
@@ -29,67 +21,16 @@ SMALL = {
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def jupyterlab(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api")
-    # render every cell (JupyterLab 4 virtualises long notebooks, hiding off-screen outputs)
-    settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
-    settings.mkdir(parents=True)
-    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
-    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True)
-    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=None",
-            f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-            "--ServerApp.allow_root=True",
-            "--LabApp.extension_manager=readonly",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        stdout=open(tmp_path / "lab.log", "w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=tmp_path,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail("jupyter lab exited: " + (tmp_path / "lab.log").read_text()[-2000:])
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("jupyter lab did not answer within 90 s")
-    yield url, token, tmp_path
-    proc.terminate()
+    why = browser.missing()
+    if why:
+        pytest.skip(why)
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        with browser.jupyterlab(tmp_path) as (url, token):
+            yield url, token, tmp_path
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _place(nb, path: Path) -> Path:
@@ -102,61 +43,8 @@ def _place(nb, path: Path) -> Path:
     return out
 
 
-def _benign(error: str) -> bool:
-    """jupyterlab-plotly resizes a plot whose Output (a live view, a picker chart) was just redrawn,
-    its old div already detached, and throws this; the new div draws. The only error a page may show."""
-    return error.startswith("Resize must be passed a displayed plot div element")
-
-
-@contextlib.contextmanager
-def _chromium(errors: list[str]):
-    """Debian's Chromium with one large page; the page's JavaScript errors go to ``errors``."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.on("pageerror", lambda exc: None if _benign(str(exc)) else errors.append(str(exc)))
-        yield browser, page
-
-
-def _run_notebook(page, url: str, token: str, name: str) -> None:
-    """Open ``name`` in JupyterLab, wait for its kernel, run every cell, wait until all ran (or one
-    failed)."""
-    page.goto(f"{url}/lab/tree/{name}?token={token}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
-    # wait for the notebook's kernel to be ready, then run every cell
-    page.wait_for_function(
-        """() => { const nb = window.jupyterapp.shell.currentWidget;
-                   const s = nb && nb.sessionContext && nb.sessionContext.session;
-                   const k = s && s.kernel;
-                   return k && k.status === 'idle'; }""",
-        timeout=120_000,
-        polling=500,
-    )
-    page.wait_for_timeout(2000)
-    started = page.evaluate(
-        "async () => { try { await window.jupyterapp.commands.execute('notebook:run-all-cells'); return "
-        "'ok'; "
-        "}"
-        " catch (e) { return String(e); } }"
-    )
-    assert started == "ok", started
-    # done when every code cell has an execution count and the kernel is idle (or a cell failed)
-    page.wait_for_function(
-        """() => {
-          const nb = window.jupyterapp.shell.currentWidget;
-          if (!nb || !nb.content || !nb.sessionContext.session) return false;
-          const cells = [...nb.content.widgets].filter(c => c.model.type === 'code');
-          const stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']";
-          const failed = document.querySelector(stderr);
-          const idle = nb.sessionContext.session.kernel.status === 'idle';
-          return idle && (cells.every(c => c.model.executionCount !== null) || failed !== null);
-        }""",
-        timeout=600_000,
-        polling=2000,
-    )
+_chromium = browser.chromium
+_run_notebook = browser.run_all
 
 
 def _output_with_title(page, title: str):
