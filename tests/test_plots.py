@@ -86,3 +86,30 @@ def test_scaling_one_line_per_strategy_over_world_sizes():
     fig2 = dl.plot.scaling(prof, [toy_resources(w, cores=2) for w in (1, 2)], cands[:1], cost_model=cm)
     assert list(fig2.data[0].x) == [1, 2]
     assert fig2.data[0].y[1] == pytest.approx(cm.predict(prof, res, cands[0]).throughput)
+
+
+def test_log_axes_read_as_numbers_and_the_timeline_colours_differ():
+    """Issue 38: plotly labelled a log axis's minor ticks by their first digit ("5, 2, 1000"); the
+    timeline drew predicted compute in backward's blue."""
+    from distlab.notebook.plots import log_ticks
+    from distlab.notebook.timeline import COLOURS
+
+    assert log_ticks(700, 2400) == [1000.0, 2000.0]
+    assert log_ticks(1500, 60000) == [2000.0, 5000.0, 10000.0, 20000.0, 50000.0]
+    runs = pd.DataFrame(
+        {
+            "strategy": ["A", "B"],
+            "predicted_throughput": [1800.0, 900.0],
+            "measured_throughput": [706.0, 1500.0],
+        }
+    )
+    fig = dl.plot.predicted_vs_measured(runs)
+    assert list(fig.layout.xaxis.ticktext) == ["1,000", "2,000"] == list(fig.layout.yaxis.ticktext)
+    assert len(set(COLOURS.values())) == len(COLOURS)
+
+
+def test_run_ids_are_unique_across_a_notebooks_labs():
+    from distlab.launch.lab import Lab
+
+    first, second = Lab._next_run_id(None), Lab._next_run_id(None)  # what any two Labs hand out
+    assert first.split("-")[0] != second.split("-")[0]

@@ -21,10 +21,11 @@ import threading
 import time
 from typing import Any
 
-MAX_POINTS = 1000  # steps drawn per trace: a long run is thinned evenly, its last step kept
+MAX_POINTS = 500  # steps drawn per trace: a long run is thinned evenly, its last step kept
 POLL = 0.1  # seconds: how soon the view sees steps arrive and the run end
 DRAW_SHARE = 0.1  # the most of a core the view's redraws take from the run (the ranks need them)
-DISPLAY_EVERY = 20  # drawings between updates of the saved (display id) outputs
+DISPLAY_EVERY = 20  # drawings between updates of the saved (display id) outputs (a multiple of CARD_EVERY)
+CARD_EVERY = 4  # drawings between redraws of the card (the figure's title carries the progress)
 SMOOTH = 9  # steps in the rolling median drawn over the per-step throughput
 RANK_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
 ADAPTIVE_COLUMNS = ("global_batch", "noise_scale", "goodput")
@@ -182,6 +183,7 @@ class LiveView:
 
         self.run, self.interval = run, float(interval)
         card, fig = self._bundles()
+        assert card is not None
         self.card_widget = w.HTML(card["text/html"])
         self.figure_widget = w.Output(layout=w.Layout(width="100%"))
         self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
@@ -193,12 +195,11 @@ class LiveView:
         self._thread = threading.Thread(target=self._loop, name=f"distlab-live-{run.id}", daemon=True)
         self._thread.start()
 
-    def _bundles(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _bundles(self, card: bool = True) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         from distlab.notebook.figures import figure_bundle
 
-        return {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)}, figure_bundle(
-            run_figure(self.run, themed=False), themed=True
-        )
+        text = {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)} if card else None
+        return text, figure_bundle(run_figure(self.run, themed=False), themed=True)
 
     @staticmethod
     def _with_view(widget: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -208,11 +209,13 @@ class LiveView:
     def _draw(self, final: bool = True) -> None:
         """Set the widgets; the display ids too at the end and every ``DISPLAY_EVERY`` drawings
         (each update of a display id re-renders its output in the browser from scratch)."""
-        card, fig = self._bundles()
-        self.card_widget.value = card["text/html"]
+        card, fig = self._bundles(card=final or self.drawn % CARD_EVERY == 0)
+        if card is not None:
+            self.card_widget.value = card["text/html"]
         self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
         if final or self.drawn % DISPLAY_EVERY == 0:
-            self.card.update(self._with_view(self.card_widget, card), raw=True)
+            if card is not None:
+                self.card.update(self._with_view(self.card_widget, card), raw=True)
             self.figure.update(self._with_view(self.figure_widget, fig), raw=True)
         self.drawn += 1
 

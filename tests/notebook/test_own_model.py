@@ -105,6 +105,7 @@ def test_a_batchnorm_cnn_on_digits_trains_through_the_magics_and_comes_back(sess
     assert "samples/s (before the run, from the measured step, typically within" in card
     assert "not calibrated: default collectives" in card and "%distlab calibrate" in card
     assert "not calibrated (%distlab calibrate)" in magics.session.current_lab._repr_html_()
+    assert list(run.losses.index) == list(range(run.steps))  # the per-step series, as fit's history
     first, last = run.losses.iloc[[0, -1]]
     assert last < first
     acc = _accuracy(run.model, sh.user_ns["test_images"], sh.user_ns["test_y"])
