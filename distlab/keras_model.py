@@ -17,8 +17,8 @@ loads the file. Custom layers must be registered Keras serializables
 A notebook whose Keras runs on another backend (a plain ``import keras`` selects TensorFlow) gets a
 ``KerasProxy`` instead: the same names, shapes and pickling (the workers still load the ``.keras``
 file under torch), its tensors copies of the variables, and ``forward`` running the model on the
-notebook's backend for the launch's checks (no gradients). ``unwrap`` writes a proxy's tensors
-(rank 0's trained weights, after ``load_state_dict``) back into its Keras model.
+notebook's backend for the launch's checks (no gradients); ``load_state_dict`` loads rank 0's
+trained weights into its Keras model too.
 """
 
 from __future__ import annotations
@@ -126,17 +126,11 @@ class KerasModule(torch.nn.Module):
     def __init__(self, keras_model: Any) -> None:
         super().__init__()
         object.__setattr__(self, "keras_model", keras_model)  # not a submodule: its own names stay hidden
-        paths = variable_names(keras_model)
-        names = [_path(v, paths) for v in keras_model.trainable_variables]
-        if len(set(names)) != len(names):
-            raise LaunchError(
-                f"model: Keras model {keras_model.name} has variables of the same path {sorted(names)}; "
-                "give its layers unique names"
-            )
-        for v in keras_model.trainable_variables:
-            self.register_parameter(_path(v, paths), _torch_value(v))
-        for v in keras_model.non_trainable_variables:
-            self.register_buffer(_path(v, paths), _torch_value(v).detach())
+        trainable, buffers = _variable_paths(keras_model)
+        for name, v in zip(trainable, keras_model.trainable_variables):
+            self.register_parameter(name, _torch_value(v))
+        for name, v in zip(buffers, keras_model.non_trainable_variables):
+            self.register_buffer(name, _torch_value(v).detach())
 
     @property
     def name(self) -> str:
@@ -158,6 +152,19 @@ class KerasModule(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"KerasModule({self.keras_model.name}: {len(list(self.parameters()))} variables)"
+
+
+def _variable_paths(keras_model: Any) -> tuple[list[str], list[str]]:
+    """The registered names of a Keras model's trainable and non-trainable variables, in Keras's
+    order; one ``LaunchError`` when two trainable ones share a path."""
+    paths = variable_names(keras_model)
+    trainable = [_path(v, paths) for v in keras_model.trainable_variables]
+    if len(set(trainable)) != len(trainable):
+        raise LaunchError(
+            f"model: Keras model {keras_model.name} has variables of the same path {sorted(trainable)}; "
+            "give its layers unique names"
+        )
+    return trainable, [_path(v, paths) for v in keras_model.non_trainable_variables]
 
 
 def _torch_value(variable: Any) -> Any:
@@ -267,10 +274,7 @@ def _where() -> str:
 
 
 def unwrap(module: Any) -> Any:
-    """The Keras model a ``KerasModule`` wraps (a ``KerasProxy``'s with the proxy's tensors written
-    into its variables); anything else as it is."""
-    if isinstance(module, KerasProxy):
-        module.write_back()
+    """The Keras model a ``KerasModule`` (or ``KerasProxy``) wraps; anything else as it is."""
     return module.keras_model if isinstance(module, KerasModule) else module
 
 
@@ -281,14 +285,7 @@ class KerasProxy(KerasModule):
     def __init__(self, keras_model: Any) -> None:
         torch.nn.Module.__init__(self)
         object.__setattr__(self, "keras_model", keras_model)
-        paths = variable_names(keras_model)
-        self._paths = [_path(v, paths) for v in keras_model.trainable_variables]
-        self._buffer_paths = [_path(v, paths) for v in keras_model.non_trainable_variables]
-        if len(set(self._paths)) != len(self._paths):
-            raise LaunchError(
-                f"model: Keras model {keras_model.name} has variables of the same path "
-                f"{sorted(self._paths)}; give its layers unique names"
-            )
+        self._paths, self._buffer_paths = _variable_paths(keras_model)
         for name, v in zip(self._paths, keras_model.trainable_variables):
             self.register_parameter(name, torch.nn.Parameter(_host_copy(v)))
         for name, v in zip(self._buffer_paths, keras_model.non_trainable_variables):
@@ -308,8 +305,14 @@ class KerasProxy(KerasModule):
             return type(out)(torch.from_numpy(np.array(o)) for o in out)
         return torch.from_numpy(np.array(out))
 
-    def write_back(self) -> None:
-        """Write the proxy's tensors into its Keras model's variables."""
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load into the proxy's tensors and its Keras model's variables (rank 0's trained weights
+        into ``run.model``)."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._write_back()
+        return result
+
+    def _write_back(self) -> None:
         params, buffers = dict(self.named_parameters()), dict(self.named_buffers())
         for name, v in zip(self._paths, self.keras_model.trainable_variables):
             v.assign(params[name].detach().cpu().numpy())

@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 from distlab import bench
+from distlab.bench import browser
 from distlab.cli import main
 from distlab.notebook.execute import execute_notebook, export_html
 
@@ -33,6 +34,7 @@ SMALL: dict[str, dict] = {
         "picker_repeats": 1,
     },
     "bench/sweep": {"models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "steps": 4},
+    "bench/live-view": {"steps": 300, "rounds": 1, "width": 16},
     "bench/runtime-overhead": {
         "models": {"mlp": SMALL_MLP},
         "batch": {"mlp": 8},
@@ -214,10 +216,16 @@ def test_the_quickstart_takes_a_keras_zoo_model_in_a_plain_python_kernel(tmp_pat
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", [n.removeprefix("bench/") for n in NOTEBOOKS if n.startswith("bench/")])
 def test_benchmark_writes_its_figures(name, tmp_path):
+    if name == "live-view" and (why := browser.missing()):
+        pytest.skip(why)
     result = bench.run_bench(name, SMALL[f"bench/{name}"], out_dir=tmp_path, progress=False)
     assert result["rows"], f"{name} wrote no rows"
     assert (tmp_path / f"{name}.ipynb").exists()
     assert json.loads((tmp_path / f"{name}.json").read_text()) == result
+    if name == "live-view":  # both kinds of run, and the view seen in the browser as it trained
+        summary = result["summary"]
+        assert sorted(r["mode"] for r in result["rows"]) == ["headless", "live"]
+        assert summary["throughput_ratio"] > 0 and summary["end_lag_s"] is not None, summary
     if name == "cost-model-accuracy":  # the headline figures beside the ceiling the noise sets on them
         summary = result["summary"]
         assert {"mape", "noise_floor", "spearman_min", "regret_max"} <= set(summary)
