@@ -122,9 +122,10 @@ def chromium(errors: list[str]) -> Iterator[tuple[Any, Any]]:
         yield browser, page
 
 
-def run_all(page: Any, url: str, token: str, name: str, wait: bool = True) -> None:
+def run_all(page: Any, url: str, token: str, name: str, wait: bool = True) -> bool:
     """Open ``name`` in JupyterLab, wait for its kernel, run every cell and (``wait``) wait until
-    all ran (or one failed)."""
+    all ran (or one failed). Returns whether JupyterLab marked the notebook changed on opening it,
+    before anything ran (it does when the file's ``language_info`` is not its kernel's)."""
     page.goto(f"{url}/lab/tree/{name}?token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     page.wait_for_function("window.jupyterapp && window.jupyterapp.serviceManager", timeout=60_000)
@@ -137,6 +138,7 @@ def run_all(page: Any, url: str, token: str, name: str, wait: bool = True) -> No
         polling=500,
     )
     page.wait_for_timeout(2000)
+    changed = bool(page.evaluate("() => window.jupyterapp.shell.currentWidget.context.model.dirty"))
     # not awaited: the command's promise settles when the last cell has run
     started = page.evaluate(
         "() => { try { window.jupyterapp.commands.execute('notebook:run-all-cells'); "
@@ -146,6 +148,7 @@ def run_all(page: Any, url: str, token: str, name: str, wait: bool = True) -> No
         raise RuntimeError(f"run-all-cells failed in JupyterLab: {started}")
     if wait:
         wait_done(page)
+    return changed
 
 
 def wait_done(page: Any, timeout_ms: int = 600_000) -> None:

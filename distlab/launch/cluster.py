@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import LaunchError
+from distlab.launch.interrupts import interrupts_held, sigint_blocked
 from distlab.launch.spmd import workers_info
 from distlab.resources import ResourceSpec, available_cores
 from distlab.runtime.allocator import ENVIRON as MALLOC_ENVIRON
@@ -39,6 +41,51 @@ WORKER_CONFIG = {
         "OPENBLAS_NUM_THREADS": 1,
     },
 }
+
+
+def start_local(
+    workers: int | None,
+    *,
+    gpus: bool,
+    threads_per_worker: int | None,
+    dashboard: bool | str,
+    security: Any,
+    on_fail: Any = None,
+) -> tuple[Any, Any]:
+    """The embedded cluster and its client. An interrupt (Ctrl-C, the notebook's stop button) is
+    held until both are up, then both are closed and it is raised: one that struck half-way left
+    worker processes no Lab held. ``on_fail()`` runs when the start fails or is interrupted."""
+    from distributed import Client
+
+    cluster = client = None
+    try:
+        with interrupts_held(), sigint_blocked():
+            cluster = start_local_cluster(
+                workers,
+                gpus=gpus,
+                threads_per_worker=threads_per_worker,
+                dashboard=dashboard,
+                security=security,
+            )
+            client = Client(cluster, security=security)
+        return cluster, client
+    except BaseException as exc:
+        with interrupts_held(reraise=False):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    close_quietly(cluster)
+        if on_fail is not None:
+            on_fail()
+        if isinstance(exc, Exception) and unguarded_script():
+            raise LaunchError(
+                "Lab(): the worker processes could not start: this script starts a Lab at its top "
+                "level, and each spawned worker re-runs the script; put the code under "
+                '`if __name__ == "__main__":`'
+            ) from None
+        raise
 
 
 def start_local_cluster(

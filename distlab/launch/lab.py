@@ -103,25 +103,14 @@ class Lab:
         if client is not None or address is not None:
             self._await_workers(workers or 1, f"address={address!r}" if address else "client=...")
         else:
-            try:
-                self._cluster = _cluster.start_local_cluster(
-                    workers,
-                    gpus=gpus,
-                    threads_per_worker=threads_per_worker,
-                    dashboard=dashboard,
-                    security=security,
-                )
-                self.client = Client(self._cluster, security=security)
-            except BaseException as exc:
-                if self._remove_ckpt is not None:
-                    self._remove_ckpt()
-                if isinstance(exc, Exception) and _cluster.unguarded_script():
-                    raise LaunchError(
-                        "Lab(): the worker processes could not start: this script starts a Lab at its top "
-                        "level, and each spawned worker re-runs the script; put the code under "
-                        '`if __name__ == "__main__":`'
-                    ) from None
-                raise
+            self._cluster, self.client = _cluster.start_local(
+                workers,
+                gpus=gpus,
+                threads_per_worker=threads_per_worker,
+                dashboard=dashboard,
+                security=security,
+                on_fail=self._remove_ckpt,
+            )
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
 
     def _await_workers(self, n: int, how: str) -> None:
@@ -163,11 +152,12 @@ class Lab:
                 run.cancel()
             except Exception:  # noqa: BLE001 - ranks that ignore the stop end with their workers below
                 pass
-        if self._own_client:
-            self.client.close()
-        if self._cluster is not None:
-            _cluster.close_quietly(self._cluster)
-            self._cluster = None
+        with _cluster.interrupts_held(reraise=False):  # an interrupt here left half a cluster
+            if self._own_client:
+                self.client.close()
+            if self._cluster is not None:
+                _cluster.close_quietly(self._cluster)
+                self._cluster = None
         for run in unsettled:  # their drivers see the client gone and settle them as cancelled
             run._done.wait(CANCEL_WITHIN)
         if self._remove_ckpt is not None:

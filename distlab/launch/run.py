@@ -105,8 +105,8 @@ class Run:
         )
         self._status = "pending"
         self._throughput: float | None = None
-        self._records: dict[tuple[int, int, int], dict[str, Any]] = {}
-        self._frame = _metrics.FrameCache()  # run.metrics, built from each record once
+        self._last: dict[tuple[int, int], int] = {}  # (restart, rank): its latest step (in order)
+        self._frame = _metrics.FrameCache()  # run.metrics: each record a row once, not kept as a dict
         self._steps_done = 0
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -141,8 +141,8 @@ class Run:
         if spans is not None:  # a traced step: its spans kept beside the metrics (runtime/trace.py)
             rec = {k: v for k, v in rec.items() if k != "trace"}
         with self._lock:
-            new = key not in self._records
-            self._records[key] = rec
+            new = key[2] > self._last.get(key[:2], -1)  # else sent again: the later record is kept
+            self._last[key[:2]] = max(key[2], self._last.get(key[:2], -1))
             self._frame.add(rec, new)
             self._steps_done = max(self._steps_done, key[2] + 1)
             if spans is not None:
@@ -426,8 +426,6 @@ class Run:
     def metrics(self) -> Any:
         """DataFrame: run_id, step, rank, loss, samples, step_time, comm_time, wall_time, restart, world."""
         with self._lock:
-            if self._frame.stale:  # a record was sent again (a restart re-ran its step): rebuild
-                self._frame = _metrics.FrameCache(list(self._records.values()))
             return self._frame.frame()
 
     @property
@@ -454,7 +452,7 @@ class Run:
     @property
     def restarts(self) -> int:
         with self._lock:
-            return max((k[0] for k in self._records), default=0)
+            return max((k[0] for k in self._last), default=0)
 
     @property
     def throughput(self) -> float:
@@ -518,9 +516,10 @@ class Run:
 
         return run_figure(self)
 
-    def live(self, interval: float = 1.0) -> Any:
-        """Show the run's card and figure in the notebook, redrawn every ``interval`` seconds until
-        it ends (the saved notebook keeps the last drawing); returns the ``LiveView``."""
+    def live(self, interval: float = 0.5) -> Any:
+        """Show the run's card and figure in the notebook until it ends, the card redrawn every
+        ``interval`` seconds and the figure every five (the saved notebook keeps the last
+        drawing); returns the ``LiveView``."""
         from distlab.notebook.live import LiveView
 
         self.view = LiveView(self, interval)

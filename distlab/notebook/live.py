@@ -7,11 +7,15 @@ run ends, through an IPython display id: the output it updates keeps updating af
 launched the run has returned, holds plain figure JSON (no widget state), and the saved notebook
 and a papermill output keep the final figure.
 
-However long the run, the view stays light: every trace is thinned to ``MAX_POINTS`` points, a
-redraw builds the frame only from the records that arrived since the last (``run.metrics`` is
-incremental), redraws are spaced so they take at most ``DRAW_SHARE`` of a core from the ranks,
-and the browser re-renders the saved outputs only every ``DISPLAY_EVERY`` drawings. Measured by
-``distlab bench live-view`` (a real JupyterLab and Chromium).
+However long the run, the view stays light: the card (status, steps done, loss) follows the run
+every ``interval`` seconds, and the figure, whose every redraw costs the browser about 0.2 s of
+a core however few its points (plotly lays the whole figure out again), every
+``FIGURE_INTERVAL`` seconds; every trace is thinned to ``MAX_POINTS`` points, a redraw builds
+the frame only from the records that arrived since the last (``run.metrics`` is incremental),
+redraws are spaced so they take at most ``DRAW_SHARE`` of a core from the ranks, and the
+browser re-renders the saved outputs only every ``DISPLAY_EVERY`` figures. The last step and
+the run's end are drawn at once. Measured by ``distlab bench live-view`` (a real JupyterLab and
+Chromium).
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from typing import Any
 MAX_POINTS = 500  # steps drawn per trace: a long run is thinned evenly, its last step kept
 POLL = 0.1  # seconds: how soon the view sees steps arrive and the run end
 DRAW_SHARE = 0.1  # the most of a core the view's redraws take from the run (the ranks need them)
-DISPLAY_EVERY = 20  # drawings between updates of the saved (display id) outputs (a multiple of CARD_EVERY)
-CARD_EVERY = 4  # drawings between redraws of the card (the figure's title carries the progress)
+FIGURE_INTERVAL = 5.0  # seconds between redraws of the figure (the card follows every ``interval``)
+DISPLAY_EVERY = 10  # figures drawn between updates of the saved (display id) outputs
 SMOOTH = 9  # steps in the rolling median drawn over the per-step throughput
 RANK_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
 ADAPTIVE_COLUMNS = ("global_batch", "noise_scale", "goodput")
@@ -156,19 +160,19 @@ def _predicted(run: Any, steps: Any) -> Any:
 
 
 class LiveView:
-    """``run``'s card and figure in the notebook, redrawn as steps arrive (at most every
-    ``interval`` seconds; see ``_loop``) until the run ends, then once more, final. ``join()``
-    waits for that last drawing.
+    """``run``'s card and figure in the notebook, redrawn as steps arrive (the card at most every
+    ``interval`` seconds, the figure every ``FIGURE_INTERVAL``; see ``_loop``) until the run ends,
+    then once more, final. ``join()`` waits for that last drawing.
 
     Each of the two outputs is a widget (an ``HTML`` card, an ``Output`` holding the figure's
     JSON) and, in the same output, the card's HTML or the figure's JSON under a display id. A
     redraw sets the widgets, whose messages reach JupyterLab from this thread after the cell has
     returned (JupyterLab drops display updates that arrive for a finished cell), and at the end
-    (and every ``DISPLAY_EVERY`` drawings) updates the display ids, which papermill applies: the
+    (and every ``DISPLAY_EVERY`` figures) updates the display ids, which papermill applies: the
     saved notebook holds the final figure as plotly JSON, readable without widgets, and the
     widgets' saved state draws the same."""
 
-    def __init__(self, run: Any, interval: float = 1.0) -> None:
+    def __init__(self, run: Any, interval: float = 0.5) -> None:
         from IPython.core.interactiveshell import InteractiveShell
         from IPython.display import display
 
@@ -183,7 +187,6 @@ class LiveView:
 
         self.run, self.interval = run, float(interval)
         card, fig = self._bundles()
-        assert card is not None
         self.card_widget = w.HTML(card["text/html"])
         self.figure_widget = w.Output(layout=w.Layout(width="100%"))
         self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
@@ -195,10 +198,10 @@ class LiveView:
         self._thread = threading.Thread(target=self._loop, name=f"distlab-live-{run.id}", daemon=True)
         self._thread.start()
 
-    def _bundles(self, card: bool = True) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    def _bundles(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from distlab.notebook.figures import figure_bundle
 
-        text = {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)} if card else None
+        text = {"text/html": self.run._repr_html_(), "text/plain": repr(self.run)}
         return text, figure_bundle(run_figure(self.run, themed=False), themed=True)
 
     @staticmethod
@@ -206,37 +209,47 @@ class LiveView:
         view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
         return {"application/vnd.jupyter.widget-view+json": view, **data}
 
-    def _draw(self, final: bool = True) -> None:
-        """Set the widgets; the display ids too at the end and every ``DISPLAY_EVERY`` drawings
-        (each update of a display id re-renders its output in the browser from scratch)."""
-        card, fig = self._bundles(card=final or self.drawn % CARD_EVERY == 0)
-        if card is not None:
-            self.card_widget.value = card["text/html"]
+    def _draw(self, final: bool = True, figure: bool = True) -> None:
+        """Set the card's widget and (``figure``) the figure's; the display ids too at the end and
+        every ``DISPLAY_EVERY`` figures (each update of a display id re-renders its output in the
+        browser from scratch)."""
+        if not figure:
+            self.card_widget.value = self.run._repr_html_()
+            return
+        card, fig = self._bundles()
+        assert card is not None
+        self.card_widget.value = card["text/html"]
         self.figure_widget.outputs = ({"output_type": "display_data", "data": fig, "metadata": {}},)
         if final or self.drawn % DISPLAY_EVERY == 0:
-            if card is not None:
-                self.card.update(self._with_view(self.card_widget, card), raw=True)
+            self.card.update(self._with_view(self.card_widget, card), raw=True)
             self.figure.update(self._with_view(self.figure_widget, fig), raw=True)
         self.drawn += 1
 
     def _loop(self) -> None:
-        """Redraw when steps arrived, at most every ``interval`` seconds and never more than
-        ``DRAW_SHARE`` of a core (a redraw that took t seconds waits t / DRAW_SHARE); the last step
-        and the run's end within ``POLL`` seconds of arriving."""
-        seen, due = self.run.steps_done, time.monotonic() + self.interval
+        """Redraw when steps arrived: the card at most every ``interval`` seconds, the figure at
+        most every ``FIGURE_INTERVAL``, and never more than ``DRAW_SHARE`` of a core (a redraw
+        that took t seconds waits t / DRAW_SHARE); the last step and the run's end within
+        ``POLL`` seconds of arriving."""
+        seen, now = self.run.steps_done, time.monotonic()
+        card_due, figure_due = now + self.interval, now + FIGURE_INTERVAL
         while not self.run.done and not self._stop.is_set():
             self._stop.wait(POLL)
-            last = self.run.steps_done >= self.run.steps  # drawn at once: the run's end is near
-            if self.run.done or (time.monotonic() < due and not last) or self.run.steps_done == seen:
+            now, done = time.monotonic(), self.run.steps_done
+            last = done >= self.run.steps  # drawn at once: the run's end is near
+            figure = last or now >= figure_due
+            if self.run.done or done == seen or not (figure or now >= card_due):
                 continue
-            seen, started = self.run.steps_done, time.monotonic()
-            self._try_draw(final=False)
-            due = time.monotonic() + max(self.interval, (time.monotonic() - started) / DRAW_SHARE)
+            seen = done
+            self._try_draw(final=False, figure=figure)
+            spent = (time.monotonic() - now) / DRAW_SHARE
+            card_due = time.monotonic() + max(self.interval, spent)
+            if figure:
+                figure_due = time.monotonic() + max(FIGURE_INTERVAL, spent)
         self._try_draw(final=True)  # the figure the saved notebook keeps
 
-    def _try_draw(self, final: bool = True) -> None:
+    def _try_draw(self, final: bool = True, figure: bool = True) -> None:
         try:
-            self._draw(final)
+            self._draw(final, figure)
         except Exception as exc:  # noqa: BLE001 - a failed redraw must not end the view; the next may work
             self.error = exc
 

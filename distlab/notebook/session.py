@@ -102,21 +102,26 @@ class NotebookSession:
     def start_lab(self, workers: int | None = None, address: str | None = None) -> Any:
         """Start (or attach) a new Lab, then stop the old one: a failed start keeps the old."""
         from distlab.launch import Lab
+        from distlab.launch.interrupts import interrupts_held
 
-        try:
-            lab = Lab(workers=workers) if address is None else Lab(address=address)
-        except DistlabError as exc:
-            raise DistlabError(f"{exc}{self._kept()}") from None
-        except Exception as exc:  # noqa: BLE001 - Dask's own failures: one line, the old cluster kept
-            first = (str(exc).splitlines() or [""])[0][:200]
-            raise LaunchError(
-                f"cluster: could not start ({type(exc).__name__}: {first}){self._kept()}"
-            ) from None
-        lab.via_magics = True
-        old, self.current_lab = self.current_lab, lab
-        if old is not None:
-            self._harvest(old)
-            old.close()
+        with interrupts_held(reraise=False) as pressed:  # the stop button: the new Lab closed, whole
+            try:
+                lab = Lab(workers=workers) if address is None else Lab(address=address)
+            except DistlabError as exc:
+                raise DistlabError(f"{exc}{self._kept()}") from None
+            except Exception as exc:  # noqa: BLE001 - Dask's own failures: one line, the old cluster kept
+                first = (str(exc).splitlines() or [""])[0][:200]
+                raise LaunchError(
+                    f"cluster: could not start ({type(exc).__name__}: {first}){self._kept()}"
+                ) from None
+            if pressed:
+                lab.close()
+                raise KeyboardInterrupt
+            lab.via_magics = True
+            old, self.current_lab = self.current_lab, lab
+            if old is not None:
+                self._harvest(old)
+                old.close()
         return lab
 
     def _harvest(self, lab: Lab) -> None:

@@ -99,3 +99,28 @@ def test_slowest_median_is_each_steps_slowest_rank_then_the_median():
 def test_slowest_median_needs_steps_aligned_across_ranks(per_rank):
     with pytest.raises(ValueError, match="slowest_median"):
         metrics.slowest_median(per_rank)
+
+
+def test_the_frame_cache_keeps_rows_not_records_and_a_resent_record_replaces_its_step():
+    import tracemalloc
+
+    import pandas as pd
+
+    first = _records(3000, 2, 16, lambda s: 0.01)
+    again = _records(3000, 2, 16, lambda s: 0.02, start=2500)  # steps 2500.. re-sent (a restart's)
+    cache, keys = metrics.FrameCache(), set()
+    tracemalloc.start()
+    for rec in first + again:  # CHUNK-sized pieces become rows as they arrive
+        key = (rec["restart"], rec["rank"], rec["step"])
+        cache.add(dict(rec), new=key not in keys)
+        keys.add(key)
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    df = cache.frame()
+    expected = metrics.frame({(r["restart"], r["rank"], r["step"]): r for r in first + again}.values())
+    pd.testing.assert_frame_equal(df, expected)
+    assert df[df.step >= 2500]["step_time"].tolist() == pytest.approx([0.018] * 1000)  # the later kept
+    # 6,000 rows: as rows about 100 bytes each; kept as dicts they took over 600 KB more
+    assert held / len(df) < 400, held / len(df)
+    cache.add({**first[0], "loss": 9.0}, new=False)
+    assert len(cache.frame()) == 6000 and cache.frame()["loss"].iloc[0] == 9.0

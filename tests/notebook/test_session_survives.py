@@ -54,6 +54,32 @@ class Kernel:
         assert not error, error
         return ast.literal_eval(out.strip().splitlines()[-1])
 
+    def spawned(self, settle: int | None = None, within: float = 30.0) -> int:
+        """How many worker processes the kernel has spawned that still run; with ``settle``, waits
+        up to ``within`` seconds for that many (closed workers take a moment to exit)."""
+        import psutil
+
+        out, _, error = self.cell("print(__import__('os').getpid())")
+        assert not error, error
+        kernel = psutil.Process(int(out.strip()))
+        deadline = time.time() + within
+        while True:
+            n = sum(
+                1
+                for p in kernel.children(recursive=True)
+                if p.is_running() and "spawn_main" in " ".join(p.cmdline())
+            )
+            if settle is None or n == settle or time.time() > deadline:
+                return n
+            time.sleep(0.5)
+
+    def reconnect(self) -> None:
+        """As a browser tab closed and opened again: this connection ends, a new one starts."""
+        self.kc.stop_channels()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
@@ -88,6 +114,18 @@ def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
         ), err
         assert kernel.pids() == before
 
+        # the browser tab closed during a run and opened again: a new connection to the same kernel
+        # finds the Lab, the run (finished meanwhile) and the remembered inputs
+        kernel.kc.execute("%distlab launch net --data train --strategy AllReduce --steps 3000 -o closed")
+        time.sleep(3.0)
+        kernel.reconnect()
+        out, _, error = kernel.cell("closed.wait(timeout=120)\nprint(repr(closed))")
+        assert not error and "finished: AllReduce on 2 ranks, 3000/3000 steps" in out, (out, error)
+        out, err, error = kernel.cell("%distlab launch net --strategy AllReduce --steps 20 -o again")
+        assert not error and "Traceback" not in err and kernel.pids() == before, (out, err, error)
+        out, _, _ = kernel.cell("print(again.status, again.data_info)")
+        assert out.startswith("finished") and "512 samples" in out, out
+
         # a worker that is gone (its nanny gave up on it, or it was retired) is one line, then comes
         # back (a killed worker process comes back through its nanny by itself)
         out, _, error = kernel.cell(
@@ -100,12 +138,31 @@ def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
         assert out.startswith("distlab: 1 worker(s) of the cluster were lost; restarting them\n"), out
         assert "<Lab 2 workers" in out and len(kernel.pids()) == 2
 
+        # the stop button while a cluster starts: the new one is closed, whole, and the Lab kept
+        spawned, now = kernel.spawned(), kernel.pids()
+        threading.Timer(1.5, kernel.km.interrupt_kernel).start()
+        out, err, error = kernel.cell("%distlab cluster local 1 -o other")
+        assert not error and err == "distlab: %distlab cluster interrupted; the session is as it was\n", (
+            out,
+            err,
+        )
+        assert kernel.pids() == now and kernel.spawned(settle=spawned) == spawned
+        out, _, _ = kernel.cell("print('other' in dir())")
+        assert out.strip() == "False"
+
         # changing clusters and stopping: no Dask log lines in the cells; the old Lab says it closed
         for line in ("%distlab cluster local 1 -o small", "%distlab cluster stop"):
             out, err, error = kernel.cell(line)
             assert not error and err == "", (line, out, err)
         out, _, _ = kernel.cell("print(repr(small), repr(lab))")
         assert out.count("<Lab (closed), ") == 2 and "lab = dl.Lab() starts a new one" in out, out
+
+        # the stop button while a cluster stops: it stops all the same, no worker left behind
+        kernel.cell("%distlab cluster local 1")
+        threading.Timer(0.3, kernel.km.interrupt_kernel).start()
+        out, err, error = kernel.cell("%distlab cluster stop")
+        assert not error and "Traceback" not in out + err and "cluster stopped" in out, (out, err, error)
+        assert kernel.spawned(settle=0) == 0
 
         # distlab's warnings are one distlab: line in the notebook
         _, err, _ = kernel.cell(
