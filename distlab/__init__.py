@@ -25,8 +25,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "data": ("distlab.data", None),
     "CostModel": ("distlab.costmodel", "CostModel"),
     "Prediction": ("distlab.costmodel", "Prediction"),
-    "Lab": ("distlab.launch", "Lab"),
-    "Run": ("distlab.launch", "Run"),
+    "Lab": ("distlab.lab", "Lab"),
+    "Run": ("distlab.runs.run", "Run"),
     "plot": ("distlab.notebook.plots", None),
     "StrategyPicker": ("distlab.notebook.picker", "StrategyPicker"),
 }

@@ -159,7 +159,7 @@ def test_notebook_checkpoints_are_ignored():
 
 @pytest.fixture(scope="module")
 def lab():
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     lab = Lab(workers=2, timeout=20)
     yield lab
@@ -175,7 +175,8 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     import tqdm.auto
     import tqdm.std
 
-    from distlab.launch import calibrate, measure
+    from distlab.calibration import campaign as calibrate
+    from distlab.calibration import measure
 
     bars: list = []
 

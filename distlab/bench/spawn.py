@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
-from distlab.launch import metrics
+from distlab.runs import metrics
 
 
 def job_for_rank(rank: int, world: int, master_addr: str, master_port: int, payload: bytes) -> Any:

@@ -4,7 +4,7 @@ A native AllReduce run (``lab.launch(keras_model, backend="tensorflow")``) is a 
 process per rank under ``MultiWorkerMirroredStrategy``: none of distlab's torch runtime (its
 buckets, hooks, loop) takes part, so the torch-runtime model does not describe it.
 ``lab.calibrate(backend="tensorflow")`` measures TensorFlow's own side under that strategy, on
-the Lab's workers (``launch/tf_calibrate.py``, ``runtime/tf_child.py``'s ``bench``):
+the Lab's workers (``native_tf/calibrate.py``, ``native_tf/child.py``'s ``bench``):
 
 - its all-reduce (TensorFlow's collective ops: a ring on CPUs) at message sizes from 4 KiB to
   16 MiB, fitted as ``alpha * 2(p-1) + beta * 2(p-1)/p * n`` (collectives.py);
@@ -125,7 +125,7 @@ def fit_native(
     keys: dict[str, str],
     tensorflow: str | None = None,
 ) -> NativeParams:
-    """NativeParams from every rank's bench line (tf_child.bench): per size and per step the
+    """NativeParams from every rank's bench line (native_tf/child.py: bench): per size and per step the
     slowest rank's median. ``reference``: (its name, its batch, its gradient bytes); ``keys``:
     a measured model's name -> its compute.model_key."""
     from distlab.costmodel.calibrate import fit_alpha_beta

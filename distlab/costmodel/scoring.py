@@ -1,4 +1,4 @@
-"""How well predictions met measurements: scores of a measured grid's tidy table (``launch/grid.py``
+"""How well predictions met measurements: scores of a measured grid's tidy table (``bench/grid.py``
 measures it), and the score a perfect predictor would get against runs as noisy as these.
 
 ``accuracy``, ``accuracy_by_model``, ``noise_ceiling`` and ``leave_one_world_out`` are pure.

@@ -384,7 +384,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
     def _forecast(self, plan: Any, res: Any) -> Any:
         """An adaptive plan's goodput forecast at the noise scale set; None without one (or for a
         fixed batch)."""
-        from distlab.launch.adaptive import adaptive_forecast
+        from distlab.runs.adaptive import adaptive_forecast
 
         phi = float(self.noise_scale.value or 0.0)
         if phi <= 0 or getattr(plan, "builder", None) != "AdaptiveBatch":

@@ -16,7 +16,7 @@ from distlab.notebook.picker_charts import draw_measured
 from distlab.notebook.ranking import short_label
 
 if TYPE_CHECKING:
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
 
 PROGRESS_EVERY = 0.25  # seconds between step-progress updates: records arrive once per rank per step
 SAME = 1e-3  # two predictions this close (relative) read as the same number
@@ -56,7 +56,7 @@ class PickerLaunch:
         return None
 
     def _start_launch(self) -> threading.Thread:
-        from distlab.launch.cluster import sub_resources
+        from distlab.cluster.local import sub_resources
 
         real = self.lab.resources  # asks the scheduler: outside the lock a record callback may wait on
         with self._lock:
@@ -190,7 +190,7 @@ class PickerLaunch:
 
 
 def _closed_text() -> str:
-    from distlab.launch.lab import CLOSED  # imports dask: only once a Lab is in play
+    from distlab.lab import CLOSED  # imports dask: only once a Lab is in play
 
     return CLOSED
 

@@ -15,7 +15,7 @@ from distlab.errors import DistlabError, LaunchError
 from distlab.profiling.model_profile import DEFAULT_BATCH
 
 if TYPE_CHECKING:
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
 
 
 @dataclasses.dataclass
@@ -90,7 +90,7 @@ class NotebookSession:
         sample = inp.sample_input
         if sample is None and inp.data is not None:
             from distlab.keras_model import as_module
-            from distlab.launch.validate import check_data
+            from distlab.runs.validate import check_data
 
             sample = check_data(inp.data, as_module(model), inp.loss, inp.batch)[0]
         prof = distlab.profile(model, sample_input=sample, batch_size=inp.batch)
@@ -101,8 +101,8 @@ class NotebookSession:
     # -- the cluster ------------------------------------------------------------------------
     def start_lab(self, workers: int | None = None, address: str | None = None) -> Any:
         """Start (or attach) a new Lab, then stop the old one: a failed start keeps the old."""
-        from distlab.launch import Lab
-        from distlab.launch.interrupts import interrupts_held
+        from distlab.cluster.interrupts import interrupts_held
+        from distlab.lab import Lab
 
         with interrupts_held(reraise=False) as pressed:  # the stop button: the new Lab closed, whole
             try:
@@ -291,7 +291,7 @@ class NotebookSession:
 
     def runs_frame(self) -> Any:
         """Every run of this notebook (``lab.runs``' columns), across the Labs it used."""
-        from distlab.launch.report import runs_frame
+        from distlab.runs.report import runs_frame
 
         if self.current_lab is not None:
             self._harvest(self.current_lab)

@@ -1,7 +1,7 @@
 """Rank-side measurements of whole training steps that calibration runs: ``overhead_rank`` runs the
 real training loop on ``LoopCase``s (the training-loop stage), ``loop_pass_rank`` a pass of
 ``LocalCase``s' local steps (and of that stage) at one world size. How many passes and how long
-each lasts is the caller's choice (``launch/measure.py``); the defaults here are the reference
+each lasts is the caller's choice (``calibration/measure.py``); the defaults here are the reference
 models'. The collectives' and compute microbenchmarks are in microbench.py.
 """
 

@@ -76,7 +76,7 @@ def test_an_adaptive_batch_over_parameter_servers_with_adam_says_what_its_noise_
     import warnings
 
     from distlab.costmodel import CostModel
-    from distlab.launch.adaptive import adaptive_extra
+    from distlab.runs.adaptive import adaptive_extra
 
     res = dl.ResourceSpec.local(2)
     prof = dl.profile(dl.zoo.get("mlp"), batch_size=16)

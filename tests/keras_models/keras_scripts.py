@@ -273,7 +273,7 @@ def _children(run_id: str, rank: int | None = None) -> list:
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if (
-            "tf_child.py" in cmd
+            "native_tf/child.py" in cmd
             and f"distlab-tf-{run_id}-" in cmd
             and (rank is None or f"-{run_id}-{rank}-" in cmd)
         ):

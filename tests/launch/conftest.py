@@ -16,13 +16,13 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def spmd_workers(client) -> dict:
-    from distlab.launch.spmd import workers_info
+    from distlab.cluster.spmd import workers_info
 
     return workers_info(client)
 
 
 def _leaks(lab) -> dict:
-    from distlab.launch import spmd
+    from distlab.cluster import spmd
 
     return spmd.active_on_cluster(lab.client)
 
@@ -30,7 +30,7 @@ def _leaks(lab) -> dict:
 @pytest.fixture(scope="module")
 def lab():
     """One 2-worker embedded Lab per test module (starting one costs seconds on 2 cores)."""
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     threads_before = {t.ident for t in threading.enumerate()}
     lab = Lab(workers=2, timeout=20)
@@ -52,7 +52,7 @@ def lab():
 def _wait_for_workers(lab, n: int = 2, within: float = 60) -> None:
     """A killed or restarted worker comes back through its nanny, cold (a nanny that gave up is
     replaced): the Lab makes the cluster whole, as it does before every launch."""
-    from distlab.launch.cluster import heal_local_cluster
+    from distlab.cluster.local import heal_local_cluster
 
     heal_local_cluster(lab._cluster, lab.client, within=within)
     nannies = {name: str(w.status) for name, w in lab._cluster.workers.items()}
@@ -78,7 +78,7 @@ def clean_lab(lab):
 @pytest.fixture
 def load_ignored():
     """For tests of fitting and caching: other programs on a busy CI machine would mark the
-    measurement disturbed, and a disturbed one is never cached (launch/load.py). Load detection
+    measurement disturbed, and a disturbed one is never cached (cluster/load.py). Load detection
     has tests of its own (test_load.py)."""
     from distlab import resources
 

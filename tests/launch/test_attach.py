@@ -16,7 +16,7 @@ import cloudpickle
 import pytest
 
 from distlab.errors import LaunchError
-from distlab.launch.lab import Lab
+from distlab.lab import Lab
 
 DASK = str(Path(sys.executable).with_name("dask"))
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/

@@ -24,7 +24,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert alpha > 0 and beta > 0  # measured here, not the defaults
     # the training-loop stage ran the real loop at world 1 and 2: every reference model under
     # the runtime's main paths (1 + 4 + 3 + 3 + 2 + 4 runs per world, less gossip on one rank)
-    from distlab.launch.calibrate import BUILDERS
+    from distlab.calibration.campaign import BUILDERS
 
     runs = cm.fingerprint["overhead_runs"]
     assert len(runs) == 13 + 17 and {r["world"] for r in runs} == {1, 2}
@@ -56,7 +56,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
 
     # a model to plan for: its own step at both world sizes and two batches; the rest from the cache
     from distlab.costmodel.compute import model_key
-    from distlab.launch.validate import variables_profile
+    from distlab.runs.validate import variables_profile
 
     real, ran, caps = clean_lab.run_ranks, [], []
     monkeypatch.setattr(
@@ -67,7 +67,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     cm = clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8)
     # one call per world size and pass, the world sizes in turn (MODEL_PASSES passes), each
     # with a user's model's cap on steps (higher than the reference models')
-    from distlab.launch.measure import MODEL_MAX_STEPS, MODEL_PASSES
+    from distlab.calibration.measure import MODEL_MAX_STEPS, MODEL_PASSES
     from distlab.runtime.loopbench import LOCAL_MAX_STEPS
 
     assert ran == ["loop_pass_rank"] * 2 * MODEL_PASSES

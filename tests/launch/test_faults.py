@@ -14,8 +14,8 @@ import torch
 from launch_helpers import Blobs, Gate, HeldBlobs, allreduce_strategy
 from polling import poll_for
 
+from distlab.cluster import spmd
 from distlab.errors import DistlabError, LaunchError, StrategyError
-from distlab.launch import spmd
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -107,7 +107,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {here!r})
 from launch_helpers import Gate, HeldBlobs, TinyNet
 import distlab as dl
-from distlab.launch.run import Run
+from distlab.runs.run import Run
 
 if __name__ == "__main__":
     with dl.Lab(2, timeout=60) as lab:
@@ -346,7 +346,7 @@ def test_workers_wake_dasks_timers_seldom_even_after_a_crash(clean_lab):
     # again after a crash (a nanny's own copy of the config is shallow: it used to fall back)
     from dask.utils import parse_timedelta
 
-    from distlab.launch.cluster import heal_local_cluster
+    from distlab.cluster.local import heal_local_cluster
 
     keys = (
         "distributed.admin.tick.interval",

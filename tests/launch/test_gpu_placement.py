@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from distlab.launch.train import _backend
+from distlab.runs.train import _backend
 from distlab.strategy.types import RankSpec, Strategy
 
 
@@ -44,7 +44,7 @@ def _visible() -> str | None:
 def test_workers_beyond_the_gpus_take_them_in_turn_replacements_too():
     from distributed import Client
 
-    from distlab.launch.cluster import SharedGPUCluster
+    from distlab.cluster.local import SharedGPUCluster
 
     with (
         SharedGPUCluster(

@@ -121,7 +121,7 @@ def test_a_strategy_on_fewer_ranks_runs_on_the_first_workers(clean_lab, tiny, bl
 
 
 def test_lab_close_is_a_context_manager():
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     with Lab(workers=1) as lab:
         client = lab.client
@@ -130,7 +130,7 @@ def test_lab_close_is_a_context_manager():
 
 
 def test_attach_with_a_client_leaves_it_open(clean_lab):
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     other = Lab(client=clean_lab.client)
     assert other.resources.addresses == clean_lab.resources.addresses
@@ -139,7 +139,7 @@ def test_attach_with_a_client_leaves_it_open(clean_lab):
 
 
 def test_errors_are_distlab_errors():
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     with pytest.raises(DistlabError, match="workers"):
         Lab(workers=0)
@@ -148,7 +148,7 @@ def test_errors_are_distlab_errors():
 
 
 def test_gpus_without_cuda_is_a_clear_error():
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -177,7 +177,7 @@ def test_a_builder_name_and_synthetic_data(clean_lab, tiny):
 
 
 def test_attach_by_address_runs_on_that_cluster_and_leaves_it_running(clean_lab, tiny, blobs):
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     other = Lab(address=clean_lab.client.scheduler.address)
     try:
@@ -192,7 +192,7 @@ def test_attach_by_address_runs_on_that_cluster_and_leaves_it_running(clean_lab,
 
 
 def test_unreachable_address_is_a_clear_error():
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     with pytest.raises(LaunchError, match="cannot reach the scheduler"):
         Lab(address="tcp://127.0.0.1:9", timeout=2)
@@ -256,7 +256,7 @@ class BNTo1x1(torch.nn.Module):
 
 
 def test_a_batchnorm_model_with_a_1x1_final_map_passes_the_pre_launch_check(clean_lab):
-    from distlab.launch.validate import check_data
+    from distlab.runs.validate import check_data
 
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(

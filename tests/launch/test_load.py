@@ -26,7 +26,7 @@ def _sample(t, busy, total, ticks, ours, names=None):
 
 
 def test_host_load_counts_what_other_programs_used():
-    from distlab.launch.load import host_load
+    from distlab.cluster.load import host_load
 
     # 10 s on 2 CPUs = 2000 ticks: 1500 busy, of which our worker (pid 10) 400, pid 20 900,
     # the rest unattributed
@@ -41,7 +41,7 @@ def test_host_load_counts_what_other_programs_used():
 
 
 def test_host_sample_counts_a_workers_children_as_its_own_and_the_notebooks_children_as_others():
-    from distlab.launch.load import host_sample
+    from distlab.cluster.load import host_sample
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -60,7 +60,7 @@ def test_a_worker_child_that_ran_and_exited_between_samples_is_ours():
     two samples: its CPU time shows in the worker's reaped-children ticks, not as other programs'."""
     import os
 
-    from distlab.launch.load import host_load, host_sample
+    from distlab.cluster.load import host_load, host_sample
 
     before = host_sample([os.getpid()])
     subprocess.run(
@@ -83,7 +83,7 @@ def _hogs(n: int) -> list[subprocess.Popen]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_monitor_sees_one_busy_process_per_core(clean_lab):
-    from distlab.launch.load import LoadMonitor
+    from distlab.cluster.load import LoadMonitor
 
     hogs = _hogs(2)
     try:
@@ -103,7 +103,7 @@ def test_the_monitor_sees_one_busy_process_per_core(clean_lab):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_calibration_beside_busy_processes_warns_and_is_not_cached(clean_lab, tmp_path):
-    from distlab.launch.load import CalibrationWarning
+    from distlab.cluster.load import CalibrationWarning
 
     clean_lab.cache_dir = tmp_path
     hogs = _hogs(2)
@@ -128,7 +128,7 @@ def test_workers_that_joined_or_left_during_a_calibration_are_one_warning_naming
     import dataclasses
     import warnings
 
-    from distlab.launch.load import CalibrationWarning, warn_if_workers_changed
+    from distlab.cluster.load import CalibrationWarning, warn_if_workers_changed
     from distlab.resources import ResourceSpec
 
     before = dataclasses.replace(ResourceSpec.local(2), addresses=("tcp://h:1", "tcp://h:2"))
@@ -148,9 +148,9 @@ def test_workers_that_joined_or_left_during_a_calibration_are_one_warning_naming
 def test_a_model_measured_beside_busy_processes_warns_is_used_and_is_not_cached(clean_lab, tmp_path, tiny):
     from launch_helpers import Blobs
 
+    from distlab.cluster.load import CalibrationWarning
     from distlab.costmodel.compute import model_key
-    from distlab.launch.load import CalibrationWarning
-    from distlab.launch.validate import variables_profile
+    from distlab.runs.validate import variables_profile
 
     clean_lab.cache_dir = tmp_path
     hogs = _hogs(2)

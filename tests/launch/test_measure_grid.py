@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
+from distlab.bench import grid
 from distlab.costmodel import CostModel
-from distlab.launch import grid
 
 MODELS = [["mlp", {"width": 16}], ["wide_deep", {"rows": 200}]]
 
@@ -56,8 +56,8 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     import torch
 
     import distlab as dl
+    from distlab.calibration.measure import measure_training_loop
     from distlab.costmodel.compute import model_key
-    from distlab.launch.measure import measure_training_loop
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))

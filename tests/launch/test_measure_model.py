@@ -31,7 +31,7 @@ def test_a_model_outside_the_zoo_is_measured_once_then_read_from_the_cache(
 ):
     import distlab as dl
     from distlab.costmodel.compute import model_key
-    from distlab.launch.validate import variables_profile
+    from distlab.runs.validate import variables_profile
 
     clean_lab.cache_dir = tmp_path
     clean_lab.cost_model = None

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from distlab.launch import metrics
+from distlab.runs import metrics
 
 
 def _records(steps, world, batch, step_seconds, restart=0, start=0, offset=0):
@@ -62,7 +62,7 @@ def test_warmup_share(n, expected):
 def test_sequence_targets_pass_the_pre_launch_data_check():
     # the language model's targets are one class per position; the check uses the runtime's loss
     import distlab as dl
-    from distlab.launch.validate import check_data
+    from distlab.runs.validate import check_data
 
     model = dl.zoo.get("transformer_lm", layers=1, d_model=32, heads=4, vocab_size=64, seq_len=8)
     check_data(dl.data.synthetic(model, n=16), model, None)

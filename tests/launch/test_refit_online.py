@@ -68,7 +68,7 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
 
 
 def test_runs_that_keep_landing_far_from_their_predictions_are_named_once(clean_lab, tmp_path):
-    from distlab.launch.run import PredictionDriftWarning
+    from distlab.runs.run import PredictionDriftWarning
 
     clean_lab.cache_dir = tmp_path
     data = Blobs()

@@ -13,7 +13,7 @@ from launch_helpers import Blobs, TinyNet
 from polling import poll_for
 
 from distlab.errors import LaunchError
-from distlab.launch.lab import Lab
+from distlab.lab import Lab
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

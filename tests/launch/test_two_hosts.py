@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.launch.emulate import EmulatedHosts, rate_bits
+from distlab.bench.emulate import EmulatedHosts, rate_bits
 
 WHY = EmulatedHosts.available()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"emulated hosts: {WHY}"), pytest.mark.timeout(900)]

@@ -193,7 +193,7 @@ def test_mistakes_lose_nothing(session_shell, capsys):
 
 def test_a_lab_that_fails_to_start_leaves_no_checkpoint_folder():
     from distlab.errors import LaunchError
-    from distlab.launch import Lab
+    from distlab.lab import Lab
 
     pattern = os.path.join(tempfile.gettempdir(), "distlab-ckpt-*")
     before = set(glob.glob(pattern))

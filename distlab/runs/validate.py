@@ -8,8 +8,8 @@ import warnings
 from typing import Any
 
 from distlab.errors import DistlabError, LaunchError, StrategyError, did_you_mean, match_name
-from distlab.launch.report import model_name
 from distlab.resources import ResourceSpec
+from distlab.runs.report import model_name
 from distlab.strategy.types import Strategy
 
 

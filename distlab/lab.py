@@ -16,18 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from distlab.cluster import local as _cluster
+from distlab.cluster import spmd
 from distlab.conventions import optimizer_kind
 from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import LaunchError
-from distlab.launch import cluster as _cluster
-from distlab.launch import prepare, spmd
-from distlab.launch import validate as _v
-from distlab.launch.forecast import forecast_run, refit_after_run
-from distlab.launch.prepare import Prepared, ProfileCache, prepare_launch
-from distlab.launch.replan import replan as _replan
-from distlab.launch.report import runs_frame
-from distlab.launch.run import CANCEL_WITHIN, Forecast, Run
 from distlab.resources import ResourceSpec
+from distlab.runs import prepare
+from distlab.runs import validate as _v
+from distlab.runs.forecast import forecast_run, refit_after_run
+from distlab.runs.prepare import Prepared, ProfileCache, prepare_launch
+from distlab.runs.replan import replan as _replan
+from distlab.runs.report import runs_frame
+from distlab.runs.run import CANCEL_WITHIN, Forecast, Run
 from distlab.strategy.execution import rank_threads
 
 # runs this many in a row all measured more than this factor off their predictions: say so
@@ -114,7 +115,7 @@ class Lab:
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
 
     def _await_workers(self, n: int, how: str) -> None:
-        """An attached Lab starts once ``n`` workers have joined the scheduler (launch/cluster.py)."""
+        """An attached Lab starts once ``n`` workers have joined the scheduler (cluster/local.py)."""
         _cluster.await_workers(self.client, n, self.timeout, how, self._own_client, self._remove_ckpt)
 
     # -- cluster ----------------------------------------------------------------------------------
@@ -343,7 +344,7 @@ class Lab:
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
             )
         if backend == "tensorflow":  # a Keras model in TensorFlow's own multi-worker runtime
-            from distlab.launch.tf_native import launch_native
+            from distlab.native_tf.launch import launch_native
 
             run = launch_native(
                 self,
@@ -368,7 +369,7 @@ class Lab:
         prep = prepare_launch(model, strategy, data, loss, optimizer, batch_size, seed, res, self._profiles)
         model, data, st, b, profile = prep.model, prep.data, prep.strategy, prep.batch, prep.profile
         if self.cost_model is not None:  # predict with the model's own step on these workers
-            from distlab.launch.calibrate import measure_model_lab
+            from distlab.calibration.campaign import measure_model_lab
 
             self.cost_model = measure_model_lab(self, self.cost_model, model, data, loss, b)
         workers = list(res.addresses)[: st.world]
@@ -451,7 +452,7 @@ class Lab:
         """An AdaptiveBatch launch: the controller's table, predicted by ``lab.cost_model`` (the
         default model, refitted by the run's own step times, before a calibration)."""
         from distlab.costmodel import CostModel
-        from distlab.launch.adaptive import adaptive_extra
+        from distlab.runs.adaptive import adaptive_extra
 
         sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
         return adaptive_extra(self.cost_model or CostModel.default(), profile, sub, st, batch, optimizer)
@@ -462,7 +463,7 @@ class Lab:
         return forecast_run(self.cost_model, profile, res, st, optimizer)
 
     def _after_run(self, run: Run) -> None:
-        """(driver thread) Refit the cost model on every run so far (launch/forecast.py)."""
+        """(driver thread) Refit the cost model on every run so far (runs/forecast.py)."""
         if self.cost_model is not None and run.forecast is not None:
             again = "%distlab calibrate --force" if self.via_magics else "lab.calibrate(cache=False)"
             self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs, again)
@@ -474,7 +475,7 @@ class Lab:
 
     @property
     def runs(self) -> Any:
-        """One row per run (``distlab.launch.report.runs_frame``: the columns and what they mean)."""
+        """One row per run (``distlab.runs.report.runs_frame``: the columns and what they mean)."""
         return runs_frame(self._runs)
 
     @property
@@ -503,12 +504,12 @@ class Lab:
         and ``batch_size // 4`` (seconds to a minute per model), and predictions for it use that
         instead of its profile scaled by the contention model (docs/cost-model.md).
         """
+        from distlab.calibration.campaign import calibrate_lab
         from distlab.data import as_dataset
-        from distlab.launch.calibrate import calibrate_lab
 
         self._check_idle()
-        if backend != "torch":  # "tensorflow" (launch/tf_calibrate.py checks it)
-            from distlab.launch.tf_calibrate import calibrate_native
+        if backend != "torch":  # "tensorflow" (native_tf/calibrate.py checks it)
+            from distlab.native_tf.calibrate import calibrate_native
 
             self.cost_model = calibrate_native(
                 self, self.cost_model, models, batch_size, cache, progress, backend
@@ -534,8 +535,8 @@ class Lab:
         ``lab.launch``, ``%distlab simulate``, ``%distlab pick`` and the picker do this for the
         model they plan, so its compute is what a rank measures, not the profile scaled.
         """
+        from distlab.calibration.campaign import measure_model_lab
         from distlab.data import as_dataset
-        from distlab.launch.calibrate import measure_model_lab
 
         model = prepare.as_module(model)
         _v.check_model(model)

@@ -11,7 +11,7 @@ from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_features
 from distlab.errors import CalibrationError, LaunchError
-from distlab.launch.metrics import slowest_median
+from distlab.runs.metrics import slowest_median
 from distlab.runtime.loopbench import LOCAL_MAX_STEPS, LocalCase, LoopCase, loop_pass_rank
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def measure_training_loop(
     Long because its schedule is one loop over shared tables: passes alternate direction over the world
     sizes, and the short cases are planned again after the first pass."""
     import distlab as dl
-    from distlab.launch.cluster import sub_resources
+    from distlab.cluster.local import sub_resources
 
     bar = bar or Progress(0, "", False)
     left = loop_parts(worlds)

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from distlab.launch.run import Run
+    from distlab.runs.run import Run
 
 RUN_COLUMNS = (
     "run_id",

@@ -17,7 +17,7 @@ import pandas as pd
 from distlab.errors import DistlabError
 
 if TYPE_CHECKING:
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
 
 MAX_STEPS = 3000  # measure_grid: the most steps min_seconds makes a run take (3 s of 1 ms steps)
 

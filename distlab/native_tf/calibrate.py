@@ -1,6 +1,6 @@
 """``lab.calibrate(backend="tensorflow")``: TensorFlow's side of the cluster, for native predictions.
 
-One TensorFlow process per worker (``runtime/tf_child.py`` in ``bench`` mode, started and killed by
+One TensorFlow process per worker (``native_tf/child.py`` in ``bench`` mode, started and killed by
 its rank's pinned Dask task, as a native run's are: ``launch/tf_rank.bench_rank_tf``) under
 ``MultiWorkerMirroredStrategy`` measures its all-reduce at ``SIZES``, a reference Keras model's
 step locally and under the strategy, and each Keras model in ``models=`` stepping locally with
@@ -22,7 +22,7 @@ from distlab.files import write_atomic
 
 if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)  # bytes of one all-reduce
 REPEATS, STEPS = 10, 20  # timed all-reduces per size; timed local steps per model and batch
@@ -47,10 +47,10 @@ def _tf_version() -> str:
 def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, list[int]]]:
     """(name, key, model, x, y, batches) per Keras model; one error naming a model that is not one."""
     import distlab as dl
+    from distlab.calibration.campaign import _keras_zoo_data
     from distlab.costmodel.compute import model_key
     from distlab.keras_model import is_keras_model
-    from distlab.launch.calibrate import _keras_zoo_data
-    from distlab.launch.tf_native import arrays
+    from distlab.native_tf.launch import arrays
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise CalibrationError(f"calibrate: batch_size must be an integer >= 1, got {batch_size!r}")
@@ -90,13 +90,13 @@ def calibrate_native(
     docstring)."""
     if backend != "tensorflow":
         raise CalibrationError(f"calibrate: backend must be 'torch' or 'tensorflow', got {backend!r}")
+    from distlab.calibration.campaign import cache_key
+    from distlab.calibration.measure import Progress
+    from distlab.cluster.load import LoadMonitor, warn_disturbed
     from distlab.costmodel import CostModel
     from distlab.costmodel.native import fit_native
     from distlab.keras_model import keras_file
-    from distlab.launch.calibrate import cache_key
-    from distlab.launch.load import LoadMonitor, warn_disturbed
-    from distlab.launch.measure import Progress
-    from distlab.launch.tf_rank import bench_rank_tf
+    from distlab.native_tf.rank import bench_rank_tf
 
     cm = cm if cm is not None else CostModel.default()
     version = _tf_version()

@@ -1,10 +1,10 @@
-"""(worker) One rank of a native TensorFlow run or calibration (launch/tf_native.py): the task that
+"""(worker) One rank of a native TensorFlow run or calibration (native_tf/launch.py): the task that
 ``train_rank_tf`` (and ``bench_rank_tf``) runs on its pinned Dask worker, through the same SPMD
 launcher as torch ranks:
 
 1. picks a free port on its host and publishes ``host:port`` in the run's rendezvous store; reads
    every rank's, so ``TF_CONFIG`` is built from ports the workers chose themselves;
-2. starts ``runtime/tf_child.py`` in a new process session with that ``TF_CONFIG``, reads its
+2. starts ``native_tf/child.py`` in a new process session with that ``TF_CONFIG``, reads its
    per-step JSON records and forwards them as the run's live records;
 3. owns the deadlines: the child must report its first step within ``timeout`` seconds (a peer
    that never starts blocks TensorFlow's strategy constructor with no timeout of its own), and a
@@ -32,7 +32,7 @@ from typing import Any
 from distlab.errors import LaunchError
 from distlab.resources import host_of
 
-CHILD = Path(__file__).resolve().parents[1] / "runtime" / "tf_child.py"
+CHILD = Path(__file__).resolve().with_name("child.py")
 POLL = 0.2  # seconds between checks of the child, the stop flag and the deadline
 
 
@@ -82,7 +82,7 @@ def train_rank_tf(
     missed deadline, a failure) must pass through the finally that kills the child."""
     from distributed import get_worker
 
-    from distlab.launch import spmd
+    from distlab.cluster import spmd
 
     worker = get_worker()
     mode = payload.get("mode", "mirrored")
@@ -191,7 +191,7 @@ def train_rank_tf(
 def _start_child(
     job_dir: Path, config: dict[str, Any], mode: str, threads: int, timeout: float, stderr: Any
 ) -> Any:
-    """``runtime/tf_child.py`` on ``job_dir`` in its own process session (killed whole, TensorFlow's threads
+    """``native_tf/child.py`` on ``job_dir`` in its own process session (killed whole, TensorFlow's threads
     and all)."""
     env = {
         **os.environ,
@@ -230,7 +230,7 @@ def bench_rank_tf(
     run_id: str,
     timeout: float,
 ) -> dict[str, Any]:
-    """(worker) One rank of ``lab.calibrate(backend="tensorflow")``: ``tf_child.py`` in ``bench``
+    """(worker) One rank of ``lab.calibrate(backend="tensorflow")``: ``native_tf/child.py`` in ``bench``
     mode under ``MultiWorkerMirroredStrategy`` (see its ``bench``), killed at ``timeout``; returns its JSON
     line."""
     import numpy as np

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from distlab.launch import cluster as _cluster
-from distlab.launch.run import Forecast
+from distlab.cluster import local as _cluster
+from distlab.runs.run import Forecast
 
 DRIFT_RUNS, DRIFT_RATIO = 2, 1.3
 

@@ -16,7 +16,7 @@ from distlab.errors import LaunchError
 
 if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
     from distlab.profiling.model_profile import ModelProfile
     from distlab.resources import ResourceSpec
     from distlab.strategy.types import Strategy
@@ -149,10 +149,10 @@ def _no_replan(survivors: list[str]) -> Any:
 def native_forecast(cm: CostModel | None, profile: ModelProfile, res: ResourceSpec, st: Strategy) -> Any:
     """The Lab's prediction of a native run (costmodel/native.py), or None before
     ``lab.calibrate(backend="tensorflow")`` and for builders it does not predict."""
+    from distlab.cluster import local as _cluster
     from distlab.costmodel.compute import model_key
     from distlab.costmodel.native import predict_native
-    from distlab.launch import cluster as _cluster
-    from distlab.launch.run import Forecast
+    from distlab.runs.run import Forecast
 
     if cm is None or cm.native is None:
         return None
@@ -191,10 +191,10 @@ def launch_native(
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
     torch launch, then one rank per worker through ``train_rank_tf``."""
     from distlab.data import describe
-    from distlab.launch import validate as _v
-    from distlab.launch.prepare import DEFAULT_BATCH
-    from distlab.launch.prepare import profile_at as _profile
-    from distlab.launch.run import Run
+    from distlab.runs import validate as _v
+    from distlab.runs.prepare import DEFAULT_BATCH
+    from distlab.runs.prepare import profile_at as _profile
+    from distlab.runs.run import Run
     from distlab.strategy.types import Strategy
 
     check_native(model, strategy)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distlab.keras_model import as_module
-from distlab.launch import validate as _v
-from distlab.launch.report import model_name
 from distlab.profiling.model_profile import DEFAULT_BATCH
+from distlab.runs import validate as _v
+from distlab.runs.report import model_name
 from distlab.strategy.types import Strategy
 
 if TYPE_CHECKING:

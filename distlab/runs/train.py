@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from distlab.launch import spmd
+from distlab.cluster import spmd
 
 EMIT_INTERVAL = 0.1  # seconds between live-record events from one rank
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distlab.cluster.interrupts import interrupts_held, sigint_blocked
+from distlab.cluster.spmd import workers_info
 from distlab.errors import LaunchError
-from distlab.launch.interrupts import interrupts_held, sigint_blocked
-from distlab.launch.spmd import workers_info
 from distlab.resources import ResourceSpec, available_cores
 from distlab.runtime.allocator import ENVIRON as MALLOC_ENVIRON
 from distlab.strategy.types import RankSpec
@@ -255,7 +255,7 @@ def _start_cuda_cluster(
     workers: int | None, threads_per_worker: int | None, dashboard_address: Any, security: Any, config: dict
 ) -> Any:
     """One worker per GPU (dask-cuda's ``LocalCUDACluster``); more workers than GPUs share them in
-    turn (``SharedGPUCluster``: ranks on one device then exchange over gloo, see launch/train.py)."""
+    turn (``SharedGPUCluster``: ranks on one device then exchange over gloo, see runs/train.py)."""
     import torch
 
     if not torch.cuda.is_available():

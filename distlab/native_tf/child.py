@@ -1,6 +1,6 @@
-"""(child process) One rank of a native TensorFlow run: ``python tf_child.py JOB_DIR``.
+"""(child process) One rank of a native TensorFlow run: ``python child.py JOB_DIR``.
 
-Started by its rank's pinned Dask task (``distlab.launch.tf_rank``) with ``TF_CONFIG`` set, in
+Started by its rank's pinned Dask task (``distlab.native_tf.rank``) with ``TF_CONFIG`` set, in
 a fresh process: TensorFlow's multi-worker strategy must be created before any other TensorFlow
 op, a process can host one such cluster only, and a peer that never arrives blocks its
 constructor with no timeout, so the task, not this process, owns the deadline and kills it.

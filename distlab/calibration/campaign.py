@@ -12,11 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distlab.costmodel.compute import model_key
-from distlab.costmodel.rows import LocalStep
-from distlab.errors import CalibrationError, LaunchError
-from distlab.files import write_atomic
-from distlab.launch.measure import (
+from distlab.calibration.measure import (
     MODEL_PASSES,
     Progress,
     loop_parts,
@@ -24,7 +20,11 @@ from distlab.launch.measure import (
     measure_training_loop,
     ranks_label,
 )
-from distlab.launch.report import model_name
+from distlab.costmodel.compute import model_key
+from distlab.costmodel.rows import LocalStep
+from distlab.errors import CalibrationError, LaunchError
+from distlab.files import write_atomic
+from distlab.runs.report import model_name
 from distlab.runtime.microbench import (
     COLLECTIVES,
     DEFAULT_SIZES,
@@ -33,7 +33,7 @@ from distlab.runtime.microbench import (
 
 if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
     from distlab.resources import ResourceSpec
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
@@ -91,12 +91,12 @@ def calibrate_lab(
     ``batch_size`` and ``batch_size // 4``, with every rank busy (compute.py), over ``passes``
     passes; a model measured before on this cluster is read from the cache.
 
-    The host's CPU accounting is watched meanwhile (launch/load.py): a calibration during which
+    The host's CPU accounting is watched meanwhile (cluster/load.py): a calibration during which
     other programs used the cores is returned for this session with a ``CalibrationWarning``
     naming them, marked ``fingerprint["disturbed"]``, and never cached.
     """
+    from distlab.cluster.load import LoadMonitor, warn_disturbed, warn_if_workers_changed
     from distlab.costmodel import CostModel
-    from distlab.launch.load import LoadMonitor, warn_disturbed, warn_if_workers_changed
 
     res = lab.resources
     if res.world < 2:
@@ -168,8 +168,8 @@ def measure_model_lab(
     not measured again. Under load from other programs the rows serve this call only, with a
     ``CalibrationWarning``, and are not cached.
     """
+    from distlab.cluster.load import LoadMonitor, warn_disturbed
     from distlab.costmodel import CostModel
-    from distlab.launch.load import LoadMonitor, warn_disturbed
 
     res = lab.resources
     base = cm if cm is not None else CostModel.default()
@@ -266,7 +266,7 @@ def _calibrate_cluster(lab: Lab, res: ResourceSpec, sizes: Any, cases: Sequence[
 
 def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any, Any, tuple[int, ...], Any]]:
     """(key, module, data, batches, loss) for each model to measure; a clear error for anything else."""
-    from distlab.launch.validate import variables_profile
+    from distlab.runs.validate import variables_profile
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise CalibrationError(f"calibrate: batch_size must be an integer >= 1, got {batch_size!r}")

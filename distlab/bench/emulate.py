@@ -8,7 +8,7 @@ over its loopback (fast); traffic between them leaves each namespace through a v
 a ``tbf`` queue holds to ``rate`` — two hosts with a slow link between them. Needs root, ``ip``,
 ``tc`` and ``taskset``; ``EmulatedHosts.available()`` says why not where they are missing.
 
-    with EmulatedHosts(rate="1gbit") as hosts:       # or: python -m distlab.launch.emulate
+    with EmulatedHosts(rate="1gbit") as hosts:       # or: python -m distlab.bench.emulate
         lab = dl.Lab(address=hosts.scheduler)
 
 Everything is torn down on exit, after a failure too: processes (each in its own session,
@@ -280,11 +280,11 @@ class EmulatedHosts:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m distlab.launch.emulate [--rate 1gbit] [--hosts 2] [--workers-per-host 2]``:
+    """``python -m distlab.bench.emulate [--rate 1gbit] [--hosts 2] [--workers-per-host 2]``:
     start the emulated hosts, print the scheduler address, hold them until Ctrl-C."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m distlab.launch.emulate", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m distlab.bench.emulate", description=main.__doc__)
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--workers-per-host", type=int, default=2)

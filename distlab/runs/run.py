@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from distlab.cluster import spmd
 from distlab.errors import DistlabError, DistlabWarning, LaunchError
-from distlab.launch import metrics as _metrics
-from distlab.launch import spmd
-from distlab.launch.report import model_name, run_card, run_row
-from distlab.launch.train import runtime_entry, train_rank
+from distlab.runs import metrics as _metrics
+from distlab.runs.report import model_name, run_card, run_row
+from distlab.runs.train import runtime_entry, train_rank
 
 if TYPE_CHECKING:
-    from distlab.launch.lab import Lab
+    from distlab.lab import Lab
     from distlab.runtime.job import RankJob
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
@@ -74,7 +74,7 @@ class Run:
         native: dict[str, Any] | None = None,
     ) -> None:
         self.id = run_id
-        self.native = native  # a native TensorFlow run's payload (launch/tf_native.py); None: torch
+        self.native = native  # a native TensorFlow run's payload (native_tf/launch.py); None: torch
         self.backend = "tensorflow" if native is not None else "torch"
         self.data_info = data_info  # what it trains on, in one line (name, size, shapes)
         self.loss_info = loss_info  # what it minimises
@@ -237,7 +237,7 @@ class Run:
         TensorFlow child process."""
         if self.native is None:
             return train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0])
-        from distlab.launch.tf_rank import train_rank_tf
+        from distlab.native_tf.rank import train_rank_tf
 
         return train_rank_tf, (self.native, self._topic, restart, self.id, threads[0], job.timeout)
 
@@ -456,7 +456,7 @@ class Run:
 
     @property
     def throughput(self) -> float:
-        """Steady-state samples/s, warm-up excluded (see ``distlab.launch.metrics.throughput``)."""
+        """Steady-state samples/s, warm-up excluded (see ``distlab.runs.metrics.throughput``)."""
         if self._throughput is not None:
             return self._throughput
         tp = _metrics.throughput(self.metrics)
@@ -489,7 +489,7 @@ class Run:
         return self.strategy.world if self.strategy is not None else len(self._workers)
 
     def row(self) -> dict[str, Any]:
-        """This run's row of ``lab.runs`` (launch/report.py: the columns and what they mean)."""
+        """This run's row of ``lab.runs`` (runs/report.py: the columns and what they mean)."""
         return run_row(self, model_name(self._model0))
 
     @property
