@@ -107,6 +107,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {here!r})
 from launch_helpers import Gate, HeldBlobs, TinyNet
 import distlab as dl
+from distlab.cluster import spmd
 from distlab.runs.run import Run
 
 if __name__ == "__main__":
@@ -135,7 +136,7 @@ if __name__ == "__main__":
             run.wait(60, progress=False)
             print("not interrupted", run.status, flush=True)
         except KeyboardInterrupt as exc:
-            active = dl.launch.spmd.active_on_cluster(lab.client)
+            active = spmd.active_on_cluster(lab.client)
             print("interrupted:", exc, "|", run.status, "|", active, flush=True)
 """
 
