@@ -9,15 +9,13 @@ import html
 import itertools
 import shutil
 import tempfile
-import time
 import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distlab.cluster import local as _cluster
-from distlab.cluster import spmd
+from distlab.cluster.cluster import Cluster
 from distlab.conventions import optimizer_kind
 from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import LaunchError
@@ -28,8 +26,7 @@ from distlab.runs.forecast import forecast_run, refit_after_run
 from distlab.runs.prepare import Prepared, ProfileCache, prepare_launch
 from distlab.runs.replan import replan as _replan
 from distlab.runs.report import runs_frame
-from distlab.runs.run import CANCEL_WITHIN, Forecast, Run
-from distlab.strategy.execution import rank_threads
+from distlab.runs.run import CANCEL_WITHIN, Forecast, Run, RunHooks
 
 # runs this many in a row all measured more than this factor off their predictions: say so
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
@@ -64,13 +61,10 @@ class Lab:
         cache_dir: str | Path | None = None,
         checkpoint_dir: str | Path | None = None,
     ) -> None:
-        from distributed import Client
-
         if workers is not None:
             _v.check_positive("workers", workers)
         if sum(x is not None for x in (address, client)) > 1:
             raise LaunchError("Lab: give either address= or client=, not both")
-        self.timeout = timeout
         self._closed = False
         self.via_magics = False  # cards name the %distlab magic instead of the Python call
         self.cost_model: Any = None
@@ -84,39 +78,18 @@ class Lab:
             weakref.finalize(self, shutil.rmtree, str(self.checkpoint_dir), True) if self._own_ckpt else None
         )
         self._runs: list[Run] = []
-        self._note: str | None = None
         self._profiles: ProfileCache = {}
-        self._facts: dict[str, dict[str, Any]] = {}
-        self._cluster = None
-        self._own_client = client is None
-        if client is not None:
-            self.client = client
-        elif address is not None:
-            try:
-                self.client = Client(address, security=security, timeout=timeout)
-            except OSError as exc:
-                if self._remove_ckpt is not None:
-                    self._remove_ckpt()
-                raise LaunchError(
-                    f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and "
-                    "that it runs"
-                ) from None
-        if client is not None or address is not None:
-            self._await_workers(workers or 1, f"address={address!r}" if address else "client=...")
-        else:
-            self._cluster, self.client = _cluster.start_local(
-                workers,
-                gpus=gpus,
-                threads_per_worker=threads_per_worker,
-                dashboard=dashboard,
-                security=security,
-                on_fail=self._remove_ckpt,
-            )
-        self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
-
-    def _await_workers(self, n: int, how: str) -> None:
-        """An attached Lab starts once ``n`` workers have joined the scheduler (cluster/local.py)."""
-        _cluster.await_workers(self.client, n, self.timeout, how, self._own_client, self._remove_ckpt)
+        self.cluster = Cluster(
+            workers,
+            address=address,
+            client=client,
+            gpus=gpus,
+            security=security,
+            threads_per_worker=threads_per_worker,
+            dashboard=dashboard,
+            timeout=timeout,
+            on_fail=self._remove_ckpt,
+        )
 
     # -- cluster ----------------------------------------------------------------------------------
     @property
@@ -133,10 +106,24 @@ class Lab:
             raise LaunchError(CLOSED)
 
     @property
+    def client(self) -> Any:
+        """The Dask client of the Lab's cluster (``lab.cluster``)."""
+        return self.cluster.client
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any rendezvous, collective or wait for workers may take (``Lab(timeout=)``)."""
+        return self.cluster.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self.cluster.timeout = seconds
+
+    @property
     def resources(self) -> ResourceSpec:
         """The live cluster: one rank per worker, ranks ordered by (host, worker address)."""
         self._check_open()
-        return _cluster.resources_of(self.client, self._facts)
+        return self.cluster.resources
 
     @property
     def workers(self) -> list[str]:
@@ -153,14 +140,9 @@ class Lab:
                 run.cancel()
             except Exception:  # noqa: BLE001 - ranks that ignore the stop end with their workers below
                 pass
-        with _cluster.interrupts_held(reraise=False):  # an interrupt here left half a cluster
-            if self._own_client:
-                self.client.close()
-            if self._cluster is not None:
-                _cluster.close_quietly(self._cluster)
-                self._cluster = None
+        self.cluster.close()
         for run in unsettled:  # their drivers see the client gone and settle them as cancelled
-            run._done.wait(CANCEL_WITHIN)
+            run.join(CANCEL_WITHIN)
         if self._remove_ckpt is not None:
             self._remove_ckpt()
 
@@ -186,38 +168,7 @@ class Lab:
         for each ``distlab.runtime.progress.tick(what)`` rank 0 makes.
         """
         self._check_idle()
-        res = self.resources
-        workers = list(res.addresses)[: world or res.world]
-        if world is not None and world > len(workers):
-            raise LaunchError(f"world: {world} ranks asked, the Lab has {len(workers)} workers")
-        run_id = uuid.uuid4().hex[:8]
-        topic = spmd.progress_topic(run_id)
-        if on_tick is not None:
-            self.client.subscribe_topic(topic, lambda event: on_tick(str(event[1].get("tick", ""))))
-        group = spmd.start_ranks(
-            self.client,
-            workers,
-            fn,
-            args,
-            run_id=run_id,
-            threads=self._threads(res, workers),
-            timeout=timeout or self.timeout,
-            key_prefix="distlab-spmd",
-        )
-        try:
-            return group.wait(timeout)
-        except spmd.RankFailure as exc:
-            raise LaunchError(f"run_ranks({getattr(fn, '__name__', 'fn')}): {exc.summary()}") from None
-        except spmd.WorkerLost as exc:
-            now = len(spmd.workers_info(self.client))
-            raise LaunchError(
-                f"run_ranks({getattr(fn, '__name__', 'fn')}): {exc} while its ranks ran; the Lab has {now} "
-                "worker(s) now: call it again (lab.resources shows them)"
-            ) from None
-        finally:
-            group.close()
-            if on_tick is not None:
-                self.client.unsubscribe_topic(topic)
+        return self.cluster.run_ranks(fn, *args, world=world, timeout=timeout, on_tick=on_tick)
 
     def scale(self, n: int, timeout: float | None = None) -> ResourceSpec:
         """Resize the embedded cluster to ``n`` workers; returns ``lab.resources``.
@@ -232,19 +183,11 @@ class Lab:
         self._check_open()
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise LaunchError(f"lab.scale({n!r}): a Lab needs at least 1 worker (lab.close() stops it)")
-        if self._cluster is None:
-            raise LaunchError(
-                "lab.scale: this Lab is attached to a cluster it did not start; scale that cluster with its "
-                "own tool (dask-jobqueue's cluster.scale(n), your Kubernetes deployment, more `dask worker` "
-                "processes): the Lab uses the workers it finds"
-            )
+        if self.cluster.local is None:
+            self.cluster.scale(n, 0)  # an attached cluster: the error that says what scales it
         limit = float(timeout or self.timeout)
         paused = [r for r in self._runs if not r.done and r.pause(limit)]
-        self._cluster.scale(n)
-        deadline = time.monotonic() + limit
-        while len(spmd.workers_info(self.client)) != n and time.monotonic() < deadline:
-            time.sleep(0.2)
-        have = len(spmd.workers_info(self.client))
+        have = self.cluster.scale(n, limit)
         workers = list(self.resources.addresses)
         for run in paused:
             run.resume_on(workers)
@@ -255,10 +198,6 @@ class Lab:
                 + "; try again, or a longer timeout="
             )
         return self.resources
-
-    def _threads(self, res: ResourceSpec, workers: list[str]) -> list[int]:
-        sub = _cluster.sub_resources(res, workers)
-        return [rank_threads(len(sub.ranks_on(r.host)), sub.cores.get(r.host, 1)) for r in sub.ranks]
 
     def _check_idle(self) -> None:
         """Open, no run in flight, and the embedded cluster whole again (a worker lost to a crash comes
@@ -276,14 +215,13 @@ class Lab:
     def lost_workers(self) -> int:
         """How many of the embedded cluster's workers are not running now (killed, crashed; 0 for
         an attached cluster): ``heal()``, or the next launch, restarts them."""
-        return _cluster.lost_workers(self._cluster, self.client) if not self._closed else 0
+        return self.cluster.lost_workers if not self._closed else 0
 
     def heal(self) -> int:
         """Restart the embedded cluster's lost workers and wait for them; returns how many were lost."""
         self._check_open()
         lost = self.lost_workers
-        if self._cluster is not None:
-            _cluster.heal_local_cluster(self._cluster, self.client, within=self.timeout)
+        self.cluster.heal()
         return lost
 
     # -- launching ------------------------------------------------------------------------------------
@@ -346,8 +284,11 @@ class Lab:
         if backend == "tensorflow":  # a Keras model in TensorFlow's own multi-worker runtime
             from distlab.native_tf.launch import launch_native
 
+            self._check_idle()
             run = launch_native(
-                self,
+                self.cluster,
+                self.cost_model,
+                self._hooks(),
                 model,
                 strategy,
                 steps=steps,
@@ -361,6 +302,8 @@ class Lab:
                 optimizer_info=conv.optimizer_info,
                 metrics=conv.metrics,
             )
+            self._runs.append(run)
+            run.start()
             return run.wait() if block else run
         if backend != "torch":
             raise LaunchError(f"backend: {backend!r} is not one of 'torch', 'tensorflow'")
@@ -369,10 +312,12 @@ class Lab:
         prep = prepare_launch(model, strategy, data, loss, optimizer, batch_size, seed, res, self._profiles)
         model, data, st, b, profile = prep.model, prep.data, prep.strategy, prep.batch, prep.profile
         if self.cost_model is not None:  # predict with the model's own step on these workers
-            from distlab.calibration.campaign import measure_model_lab
+            from distlab.calibration.campaign import measure_model
 
-            self.cost_model = measure_model_lab(self, self.cost_model, model, data, loss, b)
-        workers = list(res.addresses)[: st.world]
+            self.cost_model = measure_model(
+                self.cluster, self.cache_dir, self.cost_model, model, data, loss, b
+            )
+        workers = self.cluster.first(st.world, res)
         run_id = self._next_run_id()
         if elastic and checkpoint_every is None:
             checkpoint_every = max(10, steps // 10)
@@ -406,7 +351,7 @@ class Lab:
         run = self._new_run(prep, job, workers, elastic)
         run.optimizer_info = conv.optimizer_info
         self._runs.append(run)
-        run._start()
+        run.start()
         if block:
             run.wait()
         return run
@@ -422,23 +367,23 @@ class Lab:
         res, model, st, b, profile = self.resources, prep.model, prep.strategy, prep.batch, prep.profile
 
         def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
-            sub = _cluster.sub_resources(self.resources, survivors)
+            sub = self.resources.of_workers(survivors)
             new = _replan(st, model, sub, profile)
             extra = (
                 self._adaptive_extra(profile(b), sub, new, b, optimizer_kind(job.optimizer))
                 if job.extra.get("adaptive")
                 else {}
             )
-            return new, self._threads(self.resources, survivors), extra
+            return new, self.cluster.threads_for(survivors), extra
 
         return Run(
-            self,
+            self._hooks(),
             job.run_id,
             model,
             st,
             job,
             workers,
-            self._threads(res, workers),
+            self.cluster.threads_for(workers, res),
             elastic=elastic,
             replan=replan,
             forecast=self._forecast(profile(b), res, st, optimizer_kind(job.optimizer)),
@@ -454,7 +399,7 @@ class Lab:
         from distlab.costmodel import CostModel
         from distlab.runs.adaptive import adaptive_extra
 
-        sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
+        sub = res.first(st.world)
         return adaptive_extra(self.cost_model or CostModel.default(), profile, sub, st, batch, optimizer)
 
     def _forecast(
@@ -462,15 +407,17 @@ class Lab:
     ) -> Forecast | None:
         return forecast_run(self.cost_model, profile, res, st, optimizer)
 
-    def _after_run(self, run: Run) -> None:
-        """(driver thread) Refit the cost model on every run so far (runs/forecast.py)."""
-        if self.cost_model is not None and run.forecast is not None:
-            again = "%distlab calibrate --force" if self.via_magics else "lab.calibrate(cache=False)"
-            self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs, again)
-            self._note = note or self._note
+    def _hooks(self) -> RunHooks:
+        """What this Lab's runs get from it (runs/run.py)."""
+        return RunHooks(self.client, self._next_run_id, self._after_run, self.calibrate_call())
 
-    def _take_note(self) -> str | None:
-        note, self._note = self._note, None
+    def _after_run(self, run: Run) -> str | None:
+        """(driver thread) Refit the cost model on every run so far (runs/forecast.py); the note
+        the run's ``wait`` shows when runs keep landing far from their predictions."""
+        if self.cost_model is None or run.forecast is None:
+            return None
+        again = "%distlab calibrate --force" if self.via_magics else "lab.calibrate(cache=False)"
+        self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs, again)
         return note
 
     @property
@@ -504,7 +451,7 @@ class Lab:
         and ``batch_size // 4`` (seconds to a minute per model), and predictions for it use that
         instead of its profile scaled by the contention model (docs/cost-model.md).
         """
-        from distlab.calibration.campaign import calibrate_lab
+        from distlab.calibration.campaign import calibrate_cluster
         from distlab.data import as_dataset
 
         self._check_idle()
@@ -512,7 +459,7 @@ class Lab:
             from distlab.native_tf.calibrate import calibrate_native
 
             self.cost_model = calibrate_native(
-                self, self.cost_model, models, batch_size, cache, progress, backend
+                self.cluster, self.cache_dir, self.cost_model, models, batch_size, cache, progress, backend
             )
             return self.cost_model
         models = [
@@ -521,8 +468,14 @@ class Lab:
             else m
             for i, m in enumerate(models)
         ]
-        self.cost_model = calibrate_lab(
-            self, sizes=sizes, cache=cache, progress=progress, models=models, batch_size=batch_size
+        self.cost_model = calibrate_cluster(
+            self.cluster,
+            self.cache_dir,
+            sizes=sizes,
+            cache=cache,
+            progress=progress,
+            models=models,
+            batch_size=batch_size,
         )
         return self.cost_model
 
@@ -535,15 +488,16 @@ class Lab:
         ``lab.launch``, ``%distlab simulate``, ``%distlab pick`` and the picker do this for the
         model they plan, so its compute is what a rank measures, not the profile scaled.
         """
-        from distlab.calibration.campaign import measure_model_lab
+        from distlab.calibration.campaign import measure_model
         from distlab.data import as_dataset
 
         model = prepare.as_module(model)
         _v.check_model(model)
         _v.check_loss(loss)
         self._check_idle()
-        self.cost_model = measure_model_lab(
-            self,
+        self.cost_model = measure_model(
+            self.cluster,
+            self.cache_dir,
             self.cost_model,
             model,
             as_dataset(data),
@@ -558,7 +512,7 @@ class Lab:
         if self._closed:
             return f"<Lab (closed), {len(self._runs)} runs: lab = dl.Lab() starts a new one>"
         if lost := self.lost_workers:
-            return f"<Lab {_cluster.lost_text(self._cluster, lost)}, {len(self._runs)} runs>"
+            return f"<Lab {self.cluster.lost_text(lost)}, {len(self._runs)} runs>"
         res = self.resources
         return f"<Lab {res.world} workers on {res.num_hosts} host(s), {len(self._runs)} runs>"
 
@@ -566,7 +520,7 @@ class Lab:
         if self._closed:
             return f"<p><b>Lab</b> (closed): {len(self._runs)} runs. {html.escape(CLOSED)}</p>"
         if lost := self.lost_workers:
-            text = _cluster.lost_text(self._cluster, lost)
+            text = self.cluster.lost_text(lost)
             return f"<p><b>Lab</b>: {html.escape(text)}, {len(self._runs)} runs.</p>"
         res = self.resources
         rows = "".join(
@@ -582,10 +536,3 @@ class Lab:
             "model "
             f"{cm}</p><table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
         )
-
-
-def _warm_torch() -> bool:
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-
-    return True

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,32 @@ class ResourceSpec:
         return cls(
             ranks=tuple(ranks), cores={**threads, **measured}, addresses=tuple(addresses), memory=memory
         )
+
+    # -- parts of a live cluster -----------------------------------------------------------------
+    def of_workers(self, addresses: Sequence[str]) -> ResourceSpec:
+        """The part of this spec made of the workers at ``addresses`` (ranks renumbered in that
+        order): what a run on those workers has."""
+        index = {a: i for i, a in enumerate(self.addresses)}
+        missing = [a for a in addresses if a not in index]
+        if missing:
+            raise ResourceError(
+                f"of_workers: {missing[0]!r} is not a worker of this cluster ({len(index)} are)"
+            )
+        ranks = tuple(
+            RankSpec(rank=j, host=self.ranks[index[a]].host, device=self.ranks[index[a]].device)
+            for j, a in enumerate(addresses)
+        )
+        hosts = {r.host for r in ranks}
+        return ResourceSpec(
+            ranks=ranks,
+            links=dict(self.links),
+            cores={h: c for h, c in self.cores.items() if h in hosts},
+            addresses=tuple(addresses),
+        )
+
+    def first(self, k: int) -> ResourceSpec:
+        """The first ``k`` workers: what a ``k``-rank run, measurement or calibration uses."""
+        return self.of_workers(self.addresses[:k])
 
     # -- what-if variants ------------------------------------------------------------------------
     def with_links(self, intra: Link | None = None, inter: Link | None = None) -> ResourceSpec:

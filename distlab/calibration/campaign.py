@@ -32,8 +32,8 @@ from distlab.runtime.microbench import (
 )
 
 if TYPE_CHECKING:
+    from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
-    from distlab.lab import Lab
     from distlab.resources import ResourceSpec
 
 CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
@@ -75,8 +75,9 @@ def cache_key(resources: Any, sizes: Any) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def calibrate_lab(
-    lab: Any,
+def calibrate_cluster(
+    cluster: Cluster,
+    cache_dir: Path,
     sizes: Any = None,
     cache: bool = True,
     progress: bool = True,
@@ -84,7 +85,8 @@ def calibrate_lab(
     batch_size: int = MODEL_BATCH,
     passes: int = MODEL_PASSES,
 ) -> Any:
-    """Run the microbenchmarks on ``lab`` (or read the cached result) and fit a CostModel.
+    """Run the microbenchmarks on ``cluster`` (or read the result cached in ``cache_dir``) and fit
+    a CostModel.
 
     ``models``: nn.Modules, or ``(module, dataset)`` / ``(module, dataset, loss)`` tuples, whose
     own step is measured at every world size the Lab allows, at per-replica batches
@@ -98,13 +100,13 @@ def calibrate_lab(
     from distlab.cluster.load import LoadMonitor, warn_disturbed, warn_if_workers_changed
     from distlab.costmodel import CostModel
 
-    res = lab.resources
+    res = cluster.resources
     if res.world < 2:
         raise CalibrationError(
             f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
         )
     targets = _model_cases(models, batch_size)
-    path = Path(lab.cache_dir) / f"calibration-{cache_key(res, sizes)}.json"
+    path = Path(cache_dir) / f"calibration-{cache_key(res, sizes)}.json"
     cm = None
     if cache and path.exists():
         try:
@@ -118,16 +120,16 @@ def calibrate_lab(
     cases = _reference_cases() if cm is None else []
     parts = (_cluster_parts(res, cases) if cm is None else 0) + (passes * len(worlds) if todo else 0)
     bar = Progress(parts, f"calibrating {res.world} ranks", progress)
-    monitor = LoadMonitor(lab.client).start()
+    monitor = LoadMonitor(cluster.client).start()
     try:
         if cm is None:
-            cm = _calibrate_cluster(lab, res, sizes, cases, bar)
+            cm = _measure_collectives(cluster, res, sizes, cases, bar)
         if todo:
-            cm = cm.with_compute(measure_models(lab, todo, worlds, passes, bar=bar))
+            cm = cm.with_compute(measure_models(cluster, todo, worlds, passes, bar=bar))
     finally:
         bar.close()
     loads = monitor.stop()
-    warn_if_workers_changed(res, lab.resources)
+    warn_if_workers_changed(res, cluster.resources)
     disturbed = warn_disturbed(
         "calibrate",
         loads,
@@ -151,8 +153,9 @@ def calibrate_lab(
 QUICK_PASSES = 2  # a model's step measured before a launch or a simulation: seconds, not a minute
 
 
-def measure_model_lab(
-    lab: Lab,
+def measure_model(
+    cluster: Cluster,
+    cache_dir: Path,
     cm: CostModel,
     model: Any,
     data: Any = None,
@@ -161,23 +164,23 @@ def measure_model_lab(
     passes: int = QUICK_PASSES,
     progress: bool = True,
 ) -> Any:
-    """``cm`` (or the default model) plus ``model``'s own local step on ``lab``'s workers, alone and
+    """``cm`` (or the default model) plus ``model``'s own local step on ``cluster``'s workers, alone and
     with every rank busy at each world size, at ``batch_size`` and a quarter of it.
 
-    Cached per model (its variables) and cluster in ``lab.cache_dir``: a model measured before is
+    Cached per model (its variables) and cluster in ``cache_dir``: a model measured before is
     not measured again. Under load from other programs the rows serve this call only, with a
     ``CalibrationWarning``, and are not cached.
     """
     from distlab.cluster.load import LoadMonitor, warn_disturbed
     from distlab.costmodel import CostModel
 
-    res = lab.resources
+    res = cluster.resources
     base = cm if cm is not None else CostModel.default()
     targets = _model_cases([(model, data, loss)], batch_size)
     key = targets[0][0]
     if _measured(base, key, res):
         return base
-    path = Path(lab.cache_dir) / f"local-steps-{cache_key(res, None)}.json"
+    path = Path(cache_dir) / f"local-steps-{cache_key(res, None)}.json"
     cached = _read_rows(path)
     batches = set(targets[0][3])
     mine = [r for r in cached if r["key"] == key and int(r["batch"]) in batches]
@@ -186,9 +189,9 @@ def measure_model_lab(
     worlds = range(1, res.world + 1)
     desc = f"measuring {model_name(model)}'s step on {res.world} ranks"
     bar = Progress(passes * len(worlds), desc, progress)
-    monitor = LoadMonitor(lab.client).start()
+    monitor = LoadMonitor(cluster.client).start()
     try:
-        rows = measure_models(lab, targets, worlds, passes, bar=bar)
+        rows = measure_models(cluster, targets, worlds, passes, bar=bar)
     finally:
         bar.close()
     disturbed = warn_disturbed(
@@ -232,7 +235,9 @@ def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
     return 1 + len(cases) + loop_parts(_reference_worlds(res))
 
 
-def _calibrate_cluster(lab: Lab, res: ResourceSpec, sizes: Any, cases: Sequence[Any], bar: Progress) -> Any:
+def _measure_collectives(
+    cluster: Cluster, res: ResourceSpec, sizes: Any, cases: Sequence[Any], bar: Progress
+) -> Any:
     """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
     import distlab as dl
     from distlab.costmodel import CostModel
@@ -240,13 +245,13 @@ def _calibrate_cluster(lab: Lab, res: ResourceSpec, sizes: Any, cases: Sequence[
     worlds = list(range(2, res.world + 1))
     bar.start(f"collectives at {ranks_label(worlds)}")
     try:
-        out = lab.run_ranks(
+        out = cluster.run_ranks(
             microbench_worlds,
             list(sizes) if sizes else None,
             worlds,
             CALIBRATION_BUDGET,
-            lab.timeout,
-            timeout=CALIBRATION_BUDGET + 2 * lab.timeout,
+            cluster.timeout,
+            timeout=CALIBRATION_BUDGET + 2 * cluster.timeout,
             on_tick=bar.ticks(len(worlds) * len(sizes or DEFAULT_SIZES) * len(COLLECTIVES)),
         )
     except LaunchError as exc:
@@ -259,7 +264,7 @@ def _calibrate_cluster(lab: Lab, res: ResourceSpec, sizes: Any, cases: Sequence[
         profiles.append(dl.profile(_where_ranks_compute(m, res), batch_size=b))
         bar.done()
     # the reference models compute as measured beside the loop: what remains is the runtime's
-    cm = measure_training_loop(lab, cm, res, cases, profiles, _reference_worlds(res), bar=bar)
+    cm = measure_training_loop(cluster, cm, res, cases, profiles, _reference_worlds(res), bar=bar)
     reference = {model_key(p) for p in profiles}
     return cm.without_compute(reference)  # kept in the fingerprint: they describe no user's model
 
@@ -283,7 +288,7 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
         from distlab.keras_model import as_module, unwrap
 
         if data is None:
-            data = _keras_zoo_data(unwrap(module), max(256, 4 * max(batches)))
+            data = keras_zoo_data(unwrap(module), max(256, 4 * max(batches)))
         module = as_module(module)  # a Keras 3 model: as the torch runtime runs it
         if not hasattr(module, "named_parameters"):
             raise CalibrationError(
@@ -296,7 +301,7 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
     return out
 
 
-def _keras_zoo_data(model: Any, n: int) -> Any:
+def keras_zoo_data(model: Any, n: int) -> Any:
     """Synthetic data of a Keras zoo model, from its specs (None for another Keras model)."""
     from distlab.data import from_spec
     from distlab.zoo import keras_specs

@@ -15,6 +15,7 @@ from distlab.runs.metrics import slowest_median
 from distlab.runtime.loopbench import LOCAL_MAX_STEPS, LocalCase, LoopCase, loop_pass_rank
 
 if TYPE_CHECKING:
+    from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
     from distlab.profiling.model_profile import ModelProfile
 
@@ -85,7 +86,7 @@ def reference_fit_rows(profiles: Sequence[Any], local: Sequence[LocalStep]) -> l
 
 
 def measure_models(
-    lab: Any,
+    cluster: Cluster,
     targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]],
     worlds: Any,
     passes: int = MODEL_PASSES,
@@ -96,7 +97,7 @@ def measure_models(
     world sizes in turn pass after pass (each pass in the other direction), so a slow minute
     of the machine hits every world size a little; each row the median of its steps over the passes.
     ``bar`` advances once a call (``passes * len(worlds)`` in all)."""
-    res = lab.resources
+    res = cluster.resources
     bar = bar or Progress(0, "", False)
     worlds = sorted(set(worlds))
     names = ", ".join(dict.fromkeys(type(m).__name__ for _, m, _, _, _ in targets))
@@ -105,15 +106,15 @@ def measure_models(
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     for turn in range(passes):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
-            threads = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
+            threads = cluster.threads_for(cluster.first(k, res), res)  # as a k-rank run gets
             bar.start(f"local step of {names} at {ranks_label([k])}, pass {turn + 1} of {passes}")
             try:
-                per_rank = lab.run_ranks(
+                per_rank = cluster.run_ranks(
                     loop_pass_rank,
                     cases,
                     threads,
                     [],
-                    lab.timeout,
+                    cluster.timeout,
                     LOCAL_SECONDS,
                     MODEL_MAX_STEPS,
                     res.gpus,
@@ -165,7 +166,7 @@ def loop_parts(worlds: Sequence[int]) -> int:
 
 
 def measure_training_loop(
-    lab: Any,
+    cluster: Cluster,
     cm: Any,
     res: Any,
     cases: Sequence[Any],
@@ -182,14 +183,13 @@ def measure_training_loop(
     Long because its schedule is one loop over shared tables: passes alternate direction over the world
     sizes, and the short cases are planned again after the first pass."""
     import distlab as dl
-    from distlab.cluster.local import sub_resources
 
     bar = bar or Progress(0, "", False)
     left = loop_parts(worlds)
     plans, subs, threads = {}, {}, {}
     for k in worlds:
-        subs[k] = sub_resources(res, list(res.addresses)[:k])
-        threads[k] = lab._threads(res, list(res.addresses)[:k])  # as a k-rank run gets
+        subs[k] = res.first(k)
+        threads[k] = cluster.threads_for(cluster.first(k, res), res)  # as a k-rank run gets
         plans[k] = [
             (j, dl.strategy.build(builder, p, subs[k], batch_size=b))
             for j, (p, (_, _, b, builders)) in enumerate(zip(profiles, cases))
@@ -225,12 +225,12 @@ def measure_training_loop(
                 model, data, batch, _ = cases[j]
                 jobs.append(LoopCase(model, strategy, data, batch, reps[k][i][0], 1))  # one pass now
             try:
-                per_rank = lab.run_ranks(
+                per_rank = cluster.run_ranks(
                     loop_pass_rank,
                     [LocalCase(*cases[j][:3]) for j in models],
                     threads[k],
                     jobs,
-                    lab.timeout,
+                    cluster.timeout,
                     0.0,
                     LOCAL_MAX_STEPS,
                     res.gpus,

@@ -15,7 +15,6 @@ from distlab.cluster.spmd import workers_info
 from distlab.errors import LaunchError
 from distlab.resources import ResourceSpec, available_cores
 from distlab.runtime.allocator import ENVIRON as MALLOC_ENVIRON
-from distlab.strategy.types import RankSpec
 
 # Read when the worker processes start (the nanny hands them the config), so scoping is enough.
 WORKER_CONFIG = {
@@ -321,22 +320,6 @@ class _Snapshot:
 
     def scheduler_info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {"workers": self._workers}
-
-
-def sub_resources(res: ResourceSpec, addresses: list[str]) -> ResourceSpec:
-    """The part of ``res`` made of the workers in ``addresses`` (ranks renumbered in that order)."""
-    index = {a: i for i, a in enumerate(res.addresses)}
-    ranks = tuple(
-        RankSpec(rank=j, host=res.ranks[index[a]].host, device=res.ranks[index[a]].device)
-        for j, a in enumerate(addresses)
-    )
-    hosts = {r.host for r in ranks}
-    return ResourceSpec(
-        ranks=ranks,
-        links=dict(res.links),
-        cores={h: c for h, c in res.cores.items() if h in hosts},
-        addresses=tuple(addresses),
-    )
 
 
 def unguarded_script() -> bool:

@@ -21,8 +21,8 @@ from distlab.errors import CalibrationError, LaunchError
 from distlab.files import write_atomic
 
 if TYPE_CHECKING:
+    from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
-    from distlab.lab import Lab
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)  # bytes of one all-reduce
 REPEATS, STEPS = 10, 20  # timed all-reduces per size; timed local steps per model and batch
@@ -47,7 +47,7 @@ def _tf_version() -> str:
 def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, list[int]]]:
     """(name, key, model, x, y, batches) per Keras model; one error naming a model that is not one."""
     import distlab as dl
-    from distlab.calibration.campaign import _keras_zoo_data
+    from distlab.calibration.campaign import keras_zoo_data
     from distlab.costmodel.compute import model_key
     from distlab.keras_model import is_keras_model
     from distlab.native_tf.launch import arrays
@@ -64,7 +64,7 @@ def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, 
                 "TensorFlow runs Keras models: pass Keras models (or (keras_model, (x, y)) pairs)"
             )
         if data is None:
-            data = _keras_zoo_data(model, DATA_ROWS)
+            data = keras_zoo_data(model, DATA_ROWS)
         if data is None:
             raise CalibrationError(
                 f"calibrate(backend='tensorflow'): models[{i}] ({model.name}) needs data: pass (model, (x, "
@@ -78,7 +78,8 @@ def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, 
 
 
 def calibrate_native(
-    lab: Lab,
+    cluster: Cluster,
+    cache_dir: Path,
     cm: CostModel | None,
     models: Any = (),
     batch_size: int = 32,
@@ -86,8 +87,8 @@ def calibrate_native(
     progress: bool = True,
     backend: str = "tensorflow",
 ) -> Any:
-    """``cm`` (the default model when None) plus ``NativeParams`` measured on ``lab`` (see module
-    docstring)."""
+    """``cm`` (the default model when None) plus ``NativeParams`` measured on ``cluster``, cached in
+    ``cache_dir`` (see module docstring)."""
     if backend != "tensorflow":
         raise CalibrationError(f"calibrate: backend must be 'torch' or 'tensorflow', got {backend!r}")
     from distlab.calibration.campaign import cache_key
@@ -101,13 +102,13 @@ def calibrate_native(
     cm = cm if cm is not None else CostModel.default()
     version = _tf_version()
     cases = _cases(models or (), batch_size)
-    res = lab.resources
+    res = cluster.resources
     if res.world < 2:
         raise CalibrationError(
             f"calibrate(backend='tensorflow'): the Lab has {res.world} worker; collectives need 2 or more "
             "(Lab(workers=2))"
         )
-    path = Path(lab.cache_dir) / f"native-{cache_key(res, None)}-tf{version}.json"
+    path = Path(cache_dir) / f"native-{cache_key(res, None)}-tf{version}.json"
     cached = _read_cached(path) if cache else None
     todo = [c for c in cases if cached is None or not all(b in cached.local.get(c[1], {}) for b in c[5])]
     if cached is not None and not todo:
@@ -121,7 +122,7 @@ def calibrate_native(
         "models": [(REFERENCE[0], [REFERENCE[1]])] + [(name, batches) for name, _, _, _, _, batches in todo],
     }
     # a TensorFlow start (~10 s), the sizes, and a compiled step per model and batch
-    deadline = 60.0 + 15.0 * sum(len(c[5]) for c in todo) + lab.timeout
+    deadline = 60.0 + 15.0 * sum(len(c[5]) for c in todo) + cluster.timeout
     payload = {
         "job": cloudpickle.dumps(job),
         "deadline": deadline,
@@ -129,10 +130,10 @@ def calibrate_native(
     }
     bar = Progress(1, f"calibrating TensorFlow on {res.world} ranks", progress)
     bar.start(f"all-reduce and {len(todo) + 1} model step(s) under MultiWorkerMirroredStrategy")
-    monitor = LoadMonitor(lab.client).start()
+    monitor = LoadMonitor(cluster.client).start()
     try:
-        out = lab.run_ranks(
-            bench_rank_tf, payload, uuid.uuid4().hex[:8], lab.timeout, timeout=deadline + lab.timeout
+        out = cluster.run_ranks(
+            bench_rank_tf, payload, uuid.uuid4().hex[:8], cluster.timeout, timeout=deadline + cluster.timeout
         )
     except LaunchError as exc:
         raise CalibrationError(f"calibrate(backend='tensorflow'): {exc}") from None

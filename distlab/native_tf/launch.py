@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 from distlab.errors import LaunchError
 
 if TYPE_CHECKING:
+    from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
-    from distlab.lab import Lab
     from distlab.profiling.model_profile import ModelProfile
     from distlab.resources import ResourceSpec
+    from distlab.runs.run import RunHooks
     from distlab.strategy.types import Strategy
 
 # the builders TensorFlow runs natively, and as what: MultiWorkerMirroredStrategy, ParameterServerStrategy
@@ -149,14 +150,13 @@ def _no_replan(survivors: list[str]) -> Any:
 def native_forecast(cm: CostModel | None, profile: ModelProfile, res: ResourceSpec, st: Strategy) -> Any:
     """The Lab's prediction of a native run (costmodel/native.py), or None before
     ``lab.calibrate(backend="tensorflow")`` and for builders it does not predict."""
-    from distlab.cluster import local as _cluster
     from distlab.costmodel.compute import model_key
     from distlab.costmodel.native import predict_native
     from distlab.runs.run import Forecast
 
     if cm is None or cm.native is None:
         return None
-    sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
+    sub = res.first(st.world)
     p = predict_native(cm.native, cm.without_refit(), profile, sub, st)
     return Forecast(p, p, profile, sub, model_key(profile)) if p is not None else None
 
@@ -173,7 +173,9 @@ def _native_optimizer(optimizer: Any, info: str, st: Strategy) -> tuple[Any, str
 
 
 def launch_native(
-    lab: Lab,
+    cluster: Cluster,
+    cost_model: CostModel | None,
+    hooks: RunHooks,
     model: Any,
     strategy: Any,
     *,
@@ -189,7 +191,8 @@ def launch_native(
     metrics: tuple[Any, ...] = (),
 ) -> Any:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
-    torch launch, then one rank per worker through ``train_rank_tf``."""
+    torch launch; the Run (not started: the Lab starts it) drives one rank per worker through
+    ``train_rank_tf``."""
     from distlab.data import describe
     from distlab.runs import validate as _v
     from distlab.runs.prepare import DEFAULT_BATCH
@@ -200,14 +203,12 @@ def launch_native(
     check_native(model, strategy)
     if data is None:
         raise LaunchError("backend='tensorflow': data is required: an (inputs, targets) pair of arrays")
-    lab._check_idle()
-    res = lab.resources
+    res = cluster.resources
     b = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
     x, y = arrays(data)
     prof = _profile(model, b, x[:b])
     st, _ = _v.resolve_strategy(strategy, model, res, lambda n=None: prof, batch_size=b)
-    if st.world > res.world:
-        raise LaunchError(f"strategy: planned for {st.world} ranks but the Lab has {res.world} workers")
+    _v.check_world_fits(st, res.world)
     check_native(model, st)
     optimizer, optimizer_info = _native_optimizer(optimizer, optimizer_info, st)
     payload = native_payload(
@@ -224,21 +225,21 @@ def launch_native(
         shapes={v.name: v.shape for v in prof.variables},
         metrics=metrics,
     )
-    workers = list(res.addresses)[: st.world]
-    run_id = lab._next_run_id()
-    job = _native_job(st, steps, b, seed, float(timeout or lab.timeout), run_id)
+    workers = cluster.first(st.world, res)
+    run_id = hooks.new_id()
+    job = _native_job(st, steps, b, seed, float(timeout or cluster.timeout), run_id)
     job.extra["metrics"] = metrics
     run = Run(
-        lab,
+        hooks,
         run_id,
         model,
         st,
         job,
         workers,
-        lab._threads(res, workers),
+        cluster.threads_for(workers, res),
         elastic=False,
         replan=_no_replan,
-        forecast=native_forecast(lab.cost_model, prof, res, st),
+        forecast=native_forecast(cost_model, prof, res, st),
         data_info=describe(data) + " (as arrays, in each TensorFlow process)",
         loss_info=getattr(loss, "__name__", None)
         or getattr(loss, "name", None)
@@ -246,8 +247,6 @@ def launch_native(
         native=payload,
     )
     run.optimizer_info = optimizer_info
-    lab._runs.append(run)
-    run._start()
     return run
 
 

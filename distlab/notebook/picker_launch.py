@@ -56,12 +56,10 @@ class PickerLaunch:
         return None
 
     def _start_launch(self) -> threading.Thread:
-        from distlab.cluster.local import sub_resources
-
         real = self.lab.resources  # asks the scheduler: outside the lock a record callback may wait on
         with self._lock:
             k = min(self.world, real.world)
-            res = sub_resources(real, list(real.addresses)[:k])
+            res = real.first(k)
             strategy = self._build(self.builder.value, res, self.options())
             shown = self._cm if self._cm is not None else self.current_cost_model()
             before = float(shown.predict(self.profile, res, strategy).throughput)

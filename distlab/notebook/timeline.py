@@ -54,7 +54,7 @@ def spans(run: Any, steps: int | None = None) -> list[dict[str, Any]]:
     rank, step, track and start/end in seconds on rank 0's clock, no two overlapping on one track."""
     events = run.trace_events
     if not events:
-        how = "launch it with trace=True" if not run._job.extra.get("trace") else "it recorded no step yet"
+        how = "launch it with trace=True" if not run.traced else "it recorded no step yet"
         raise LaunchError(f"run {run.id}: no trace ({how})")
     restart = max(e["restart"] for e in events)
     events = [e for e in events if e["restart"] == restart]
@@ -138,7 +138,7 @@ def chrome_trace(run: Any, predicted: bool = True) -> dict[str, Any]:
     measured = spans(run)
     from distlab.resources import host_of
 
-    hosts = {r: host_of(w) for r, w in enumerate(run._workers)}
+    hosts = {r: host_of(w) for r, w in enumerate(run.workers)}
     events: list[dict[str, Any]] = []
     for r in sorted({e["rank"] for e in measured}):
         events.append(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from distlab.cluster import local as _cluster
 from distlab.runs.run import Forecast
 
 DRIFT_RUNS, DRIFT_RATIO = 2, 1.3
@@ -22,7 +21,7 @@ def forecast_run(
     from distlab.costmodel.compute import model_key
 
     try:
-        sub = _cluster.sub_resources(res, list(res.addresses)[: st.world])
+        sub = res.first(st.world)
         return Forecast(
             cost_model.predict(profile, sub, st, optimizer=optimizer),
             cost_model.without_refit().predict(profile, sub, st, optimizer=optimizer),

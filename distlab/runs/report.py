@@ -90,7 +90,7 @@ def _no_prediction(run: Run) -> str:
             "none: TensorFlow's collectives were not calibrated at launch; "
             'lab.calibrate(backend="tensorflow", models=[model]) measures them'
         )
-    how = run.lab.calibrate_call()
+    how = run.calibrate_call
     return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
 
 

@@ -22,7 +22,6 @@ from distlab.runs.report import model_name, run_card, run_row
 from distlab.runs.train import runtime_entry, train_rank
 
 if TYPE_CHECKING:
-    from distlab.lab import Lab
     from distlab.runtime.job import RankJob
 
 STATUSES = ("pending", "running", "finished", "failed", "cancelled")
@@ -48,6 +47,19 @@ class Forecast:
     optimizer: str | None = None  # what the run's optimizer costs like ("sgd", "momentum", "adam")
 
 
+@dataclasses.dataclass(frozen=True)
+class RunHooks:
+    """What a Run gets from the Lab that launches it (it knows no Lab): the Dask ``client`` its
+    ranks and records go through, ``on_finish(run)`` called once it finished (the Lab refits its
+    cost model and returns a note for the user, or None), ``calibrate_call`` (how the user
+    calibrates: the card names it) and ``new_id()`` (the next run id, unique in the process)."""
+
+    client: Any
+    new_id: Callable[[], str]
+    on_finish: Callable[[Run], str | None] | None = None
+    calibrate_call: str = "lab.calibrate()"
+
+
 class Run:
     """A launched training job: status, live records, measured throughput, the trained model.
 
@@ -58,7 +70,7 @@ class Run:
 
     def __init__(
         self,
-        lab: Lab,
+        hooks: RunHooks,
         run_id: str,
         model: Any,
         strategy: Any,
@@ -80,7 +92,9 @@ class Run:
         self.loss_info = loss_info  # what it minimises
         self.optimizer_info = ""  # what steps it, and where that came from (distlab.conventions)
         self.var_name = "run"  # the notebook variable the card names (%distlab launch -o NAME)
-        self.lab = lab
+        self.calibrate_call = hooks.calibrate_call  # what calibrates its Lab, as the user types it
+        self.drift_note: str | None = None  # what on_finish said after it finished (a drift, once)
+        self._client, self._on_finish = hooks.client, hooks.on_finish
         self.strategy = strategy
         self.steps = job.steps
         self.batch_size = job.batch_size or strategy.batch.per_replica
@@ -125,8 +139,9 @@ class Run:
         self._runtime = runtime_entry()  # (run_rank, latest checkpoint, load checkpoint)
         self._thread = threading.Thread(target=self._drive, name=f"distlab-run-{run_id}", daemon=True)
 
-    def _start(self) -> None:
-        self.lab.client.subscribe_topic(self._topic, self._on_event)
+    def start(self) -> None:
+        """Start driving the run (its ranks start on their workers); ``Lab.launch`` calls it."""
+        self._client.subscribe_topic(self._topic, self._on_event)
         self._thread.start()
 
     # -- live records --------------------------------------------------------------------------
@@ -158,7 +173,7 @@ class Run:
 
     # -- the driver ------------------------------------------------------------------------------
     def _drive(self) -> None:
-        client = self.lab.client
+        client = self._client
         workers, threads, job = list(self._workers), list(self._threads), self._job
         restart = 0
         try:
@@ -297,7 +312,7 @@ class Run:
         restarted = self._group.restarted if self._group is not None else set()
         deadline = time.monotonic() + (LOST_WORKER_GRACE if self.elastic else 0.0)
         while True:
-            alive = set(spmd.workers_info(self.lab.client))
+            alive = set(spmd.workers_info(self._client))
             lost = [w for w in workers if w not in alive and w not in restarted]
             if lost or time.monotonic() > deadline:
                 return lost
@@ -353,7 +368,8 @@ class Run:
             self.checkpoint = str(path) if path else None
         self._status = "finished"
         try:
-            self.lab._after_run(self)
+            if self._on_finish is not None:
+                self.drift_note = self._on_finish(self)
         except Exception:  # noqa: BLE001 - a refit is a bonus, never a reason to fail a finished run
             pass
 
@@ -365,6 +381,20 @@ class Run:
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the run to end, without raising its error; whether it did."""
+        return self._done.wait(timeout)
+
+    @property
+    def workers(self) -> list[str]:
+        """The worker addresses its ranks run on, rank order (the survivors after a restart)."""
+        return list(self._workers)
+
+    @property
+    def traced(self) -> bool:
+        """Launched with ``trace=True``: every rank records its timeline."""
+        return bool(self._job.extra.get("trace"))
 
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers.
@@ -395,7 +425,7 @@ class Run:
             self.view.join()
         if self._status == "failed" and self.error is not None:
             raise self.error
-        note = self.lab._take_note()
+        note, self.drift_note = self.drift_note, None
         if note:
             import warnings
 

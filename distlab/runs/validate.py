@@ -102,6 +102,11 @@ def check_strategy_fits(st: Strategy, model: Any, available: int, optimizer: Any
         scaling.check_optimizer(
             optimizer([p for p in model.parameters() if p.requires_grad]), st.batch.lr_scaling
         )
+    check_world_fits(st, available)
+
+
+def check_world_fits(st: Strategy, available: int) -> None:
+    """The strategy's ranks fit the ``available`` workers (both routes ask)."""
     if st.world > available:
         raise LaunchError(
             f"strategy: planned for {st.world} ranks but the Lab has {available} workers; "

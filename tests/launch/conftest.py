@@ -54,8 +54,8 @@ def _wait_for_workers(lab, n: int = 2, within: float = 60) -> None:
     replaced): the Lab makes the cluster whole, as it does before every launch."""
     from distlab.cluster.local import heal_local_cluster
 
-    heal_local_cluster(lab._cluster, lab.client, within=within)
-    nannies = {name: str(w.status) for name, w in lab._cluster.workers.items()}
+    heal_local_cluster(lab.cluster.local, lab.client, within=within)
+    nannies = {name: str(w.status) for name, w in lab.cluster.local.workers.items()}
     assert len(spmd_workers(lab.client)) == n, (
         f"the cluster has {len(spmd_workers(lab.client))} workers, not {n}; nannies: {nannies}"
     )
@@ -71,7 +71,7 @@ def clean_lab(lab):
     while _leaks(lab) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _leaks(lab) == {}, "ranks still training 10 s after the test ended"
-    for run in lab._runs:
+    for run in lab.history:
         assert run.done, f"run {run.id} still {run.status} after the test"
 
 

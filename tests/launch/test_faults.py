@@ -246,15 +246,15 @@ def test_a_killed_worker_without_elastic_fails_the_run(clean_lab, tiny, tmp_path
 def test_a_worker_whose_nanny_gave_up_is_replaced_before_the_next_launch(clean_lab, tiny, blobs, how):
     # a nanny closes for good when its worker process fails to start again; SpecCluster closes and
     # forgets one whose worker stays away past lost-worker-timeout (15 s), keeping its spec (CI)
-    name = list(clean_lab._cluster.workers)[-1]
-    nanny = clean_lab._cluster.workers[name]
-    clean_lab._cluster.sync(nanny.close)
+    name = list(clean_lab.cluster.local.workers)[-1]
+    nanny = clean_lab.cluster.local.workers[name]
+    clean_lab.cluster.local.sync(nanny.close)
     if how == "dropped by the cluster":
-        del clean_lab._cluster.workers[name]
+        del clean_lab.cluster.local.workers[name]
     poll_for(lambda: len(spmd.workers_info(clean_lab.client)) == 1, 30, "the cluster to have 1 worker")
     run = clean_lab.launch(tiny, strategy="AllReduce", steps=3, data=blobs, elastic=False)
     assert run.wait(60).status == "finished" and run.world == 2
-    assert len(clean_lab.workers) == 2 and nanny not in clean_lab._cluster.workers.values()
+    assert len(clean_lab.workers) == 2 and nanny not in clean_lab.cluster.local.workers.values()
     # the replacement is configured like the others: non-daemonic (ranks may start DataLoader workers)
     daemonic = clean_lab.client.run(lambda: __import__("multiprocessing").current_process().daemon)
     assert set(daemonic.values()) == {False}
@@ -368,7 +368,7 @@ def test_workers_wake_dasks_timers_seldom_even_after_a_crash(clean_lab):
     os.kill(pid, 9)
     deadline, got = time.monotonic() + 60, {}
     while time.monotonic() < deadline:  # until the nanny's new worker process has joined
-        heal_local_cluster(clean_lab._cluster, clean_lab.client, within=30)
+        heal_local_cluster(clean_lab.cluster.local, clean_lab.client, within=30)
         try:
             got = config()
         except Exception:  # noqa: BLE001 - the scheduler has not yet seen the dead worker go
