@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import ResourceError
-from distlab.strategy.types import RankSpec
 
 NODE_KEYS = ("address", "gpus", "cpus", "chief", "network_bandwidth", "ssh_config")
 
@@ -52,6 +51,18 @@ class NodeSpec:
     chief: bool = False
     network_bandwidth: float | None = None  # Gbit/s, as in the YAML
     ssh_config: str | None = None
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank: the host it runs on and its device (``cpu:0``, ``gpu:1``)."""
+
+    rank: int
+    host: str
+    device: str = "cpu:0"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "device": self.device}
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import networkx as nx
 import numpy as np
 
 from distlab.errors import DistlabError
-
-if TYPE_CHECKING:
-    from distlab.strategy.types import Strategy
 
 # Convention (distlab.glossary "topology"): weights[i, j] is the weight of the edge i -> j, self
 # loops on the diagonal. Rank j's combine step is x_j <- sum_i weights[i, j] * x_i, so columns
@@ -319,14 +316,3 @@ def get(name: str, n: int, dynamic: bool = False, **options: Any) -> Topology | 
     if dynamic and isinstance(topo, Topology):
         return one_peer(topo)
     return topo
-
-
-def for_strategy(strategy: Strategy) -> Topology | TopologySchedule:
-    """The topology a strategy's gossip settings name, over its ranks (hosts from ``strategy.ranks``)."""
-    g = strategy.gossip
-    if g is None:
-        raise DistlabError(f"strategy {strategy.name}: has no gossip settings")
-    n = len(strategy.ranks)
-    if g.topology == "hierarchical":
-        return hierarchical(n, hosts=[r.host for r in strategy.ranks])
-    return get(g.topology, n, dynamic=bool(g.dynamic) and g.topology not in DYNAMIC)

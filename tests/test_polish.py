@@ -191,7 +191,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
             return super().update(n)
 
     calls: list[tuple[str, float]] = []
-    real = lab.run_ranks
+    real = lab.cluster.run_ranks
 
     def spy(fn, *args, **kwargs):
         began = time.monotonic()
@@ -203,7 +203,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     spans: list[tuple[float, float]] = []
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
-    monkeypatch.setattr(lab, "run_ranks", spy)
+    monkeypatch.setattr(lab.cluster, "run_ranks", spy)
     lab.cache_dir = tmp_path
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))

@@ -144,3 +144,86 @@ def test_every_cost_param_has_its_own_line_of_documentation():
         )
     ]
     assert not undocumented, f"document these CostParams fields: {undocumented}"
+
+
+# Import rules between distlab's rooms (a top-level package or module each); docs/design.md says why.
+# The facade `distlab/__init__.py` is not a room others climb to: `import distlab as dl` inside a
+# function reaches the public names, and IPython needs its %load_ext entry point there.
+FACADE = "distlab/__init__"
+# the display hooks a Run keeps (Run.plot, Run.live, Run.timeline, Run.save_trace), as dask's
+# Cluster keeps _repr_html_ and _widget
+DISPLAY_HOOKS = {
+    ("distlab.runs.run", "distlab.notebook.live"),
+    ("distlab.runs.run", "distlab.notebook.timeline"),
+}
+# what each lower room may not import (the rooms above it)
+ABOVE = {
+    "cluster/": {"lab.py", "runs/", "calibration/", "native_tf/", "notebook/", "bench/", "cli.py"},
+    "runs/": {"lab.py", "calibration/", "native_tf/", "notebook/", "bench/", "cli.py"},
+    "calibration/": {"lab.py", "native_tf/", "notebook/", "bench/", "cli.py"},
+    "native_tf/": {"lab.py", "notebook/", "bench/", "cli.py"},
+    "lab.py": {"notebook/", "bench/", "cli.py"},
+    "runtime/": {"lab.py", "runs/", "cluster/", "calibration/", "native_tf/", "notebook/", "costmodel/"},
+    "costmodel/": {"lab.py", "runs/", "cluster/", "calibration/", "native_tf/", "notebook/", "runtime/"},
+    "resources.py": {"strategy/", "topology.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
+    "topology.py": {"strategy/", "resources.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
+}
+
+
+def _imports() -> list[tuple[str, str, str]]:
+    """(importing module, imported module, imported name) for every import of distlab's own."""
+    out = []
+    for path in (ROOT / "distlab").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("distlab"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    known = (ROOT / sub.replace(".", "/")).is_dir() or (
+                        ROOT / f"{sub.replace('.', '/')}.py"
+                    ).exists()
+                    out.append((module, sub if known else node.module, alias.name))
+            elif isinstance(node, ast.Import):
+                out += [(module, a.name, "") for a in node.names if a.name.startswith("distlab")]
+    return out
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return FACADE
+    return parts[1] + ("/" if (ROOT / "distlab" / parts[1]).is_dir() else ".py")
+
+
+def test_imports_keep_the_layers_no_circle_spans_two_rooms_and_no_private_name_crosses_a_file():
+    edges: dict[str, set[str]] = {}
+    wrong, private = [], []
+    for src, dst, name in _imports():
+        a, b = _room(src), _room(dst)
+        if name.startswith("_") and not name.startswith("__") and src != dst:
+            private.append(f"{src} imports {dst}.{name}")
+        if a == b or b == FACADE or (src, dst) in DISPLAY_HOOKS or a == FACADE:
+            continue
+        edges.setdefault(a, set()).add(b)
+        if b in ABOVE.get(a, ()):
+            wrong.append(f"{src} imports {dst} (a {a} module may not import {b})")
+    assert not wrong, wrong
+    assert not private, private
+    # no circle between rooms: a depth-first search finds no edge back to a room on its path
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(room: str, path: list[str]) -> None:
+        state[room] = 1
+        for nxt in sorted(edges.get(room, ())):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[room] = 2
+
+    for room in sorted(edges):
+        if room not in state:
+            visit(room, [room])
+    assert not circles, circles

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distlab.allocator import ENVIRON as MALLOC_ENVIRON
 from distlab.cluster.interrupts import interrupts_held, sigint_blocked
 from distlab.cluster.spmd import workers_info
 from distlab.errors import LaunchError
 from distlab.resources import ResourceSpec, available_cores
-from distlab.runtime.allocator import ENVIRON as MALLOC_ENVIRON
 
 # Read when the worker processes start (the nanny hands them the config), so scoping is enough.
 WORKER_CONFIG = {
@@ -32,7 +32,7 @@ WORKER_CONFIG = {
     "distributed.admin.tick.limit": "10s",  # a loop blocked this long is logged
     "distributed.worker.memory.monitor-interval": "2s",
     "distributed.admin.system-monitor.interval": "2s",
-    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 makes torch on CPU ~2x slower (runtime/allocator.py)
+    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 makes torch on CPU ~2x slower (allocator.py)
     "distributed.nanny.pre-spawn-environ": {
         **MALLOC_ENVIRON,
         "OMP_NUM_THREADS": 1,  # ranks set torch's thread count themselves

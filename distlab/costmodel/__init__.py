@@ -1,4 +1,12 @@
-"""Calibrated, vectorised cost model of data-parallel step time: predict, rank and sweep strategies."""
+"""Calibrated, vectorised cost model of data-parallel step time: predict, rank and sweep strategies.
+
+``model`` is ``CostModel`` (predict, rank, refit), ``params`` its calibrated figures, ``prediction``
+what it returns; ``compile`` turns a strategy into arrays and ``evaluate`` prices many at once;
+``collectives``, ``compute``, ``contention`` and ``degree`` the terms; ``calibrate``, ``fit`` and
+``refit`` fit the figures to measurements (``distlab/calibration`` takes them); ``rows`` the typed
+measurement rows, ``scoring`` how well predictions met runs, ``whatif`` other clusters,
+``native`` TensorFlow's own runtime.
+"""
 
 from distlab.costmodel.model import CostModel
 from distlab.costmodel.params import CostParams

@@ -49,9 +49,9 @@ def strategy_in_degree(strategy: Strategy) -> float:
     if strategy.gossip is None or strategy.world <= 1:
         return gossip_in_degree("exp2", strategy.world, False)
     try:
-        from distlab import topology as topo_mod
+        from distlab.strategy.execution import for_strategy
 
-        return _in_degree(topo_mod.for_strategy(strategy))
+        return _in_degree(for_strategy(strategy))
     except Exception:
         g = strategy.gossip
         return gossip_in_degree(g.topology, strategy.world, g.dynamic)

@@ -245,9 +245,17 @@ def launch_native(
         or getattr(loss, "name", None)
         or ("Keras sparse categorical cross-entropy from logits (the default for integer targets)"),
         native=payload,
+        rank_call=_rank_call,
     )
     run.optimizer_info = optimizer_info
     return run
+
+
+def _rank_call(run: Any, job: Any, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
+    """Each rank's task of a native run: a TensorFlow child process (native_tf/rank.py)."""
+    from distlab.native_tf.rank import train_rank_tf
+
+    return train_rank_tf, (run.native, run.topic, restart, run.id, threads[0], job.timeout)
 
 
 def _native_job(st: Any, steps: int, batch: int, seed: int, timeout: float, run_id: str) -> Any:

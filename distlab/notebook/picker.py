@@ -19,7 +19,7 @@ import ipywidgets as w
 
 from distlab.errors import DistlabError
 from distlab.notebook.figures import FigureView
-from distlab.notebook.picker_launch import PickerLaunch, _closed_text, _workers
+from distlab.notebook.picker_launch import PickerLaunch, closed_text, workers_of
 from distlab.notebook.ranking import short_label
 from distlab.strategy.types import COMPRESSORS
 
@@ -51,7 +51,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
 
     Adaptive strategies (AdaptiveBatch) also show goodput: the configuration their controller
     would choose at the gradient noise scale in the "noise scale" box (``noise_scale=``, or
-    "measure" on the model's data: ``distlab.adaptive.measure.measure_noise_scale``).
+    "measure" on the model's data: ``distlab.runtime.noise_probe.measure_noise_scale``).
     """
 
     def __init__(
@@ -329,7 +329,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self.prediction = p = self._cm.predict(self.profile, res, self.value)
             self._plan_line = (
                 f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
-                f"step {p.step_time * 1e3:,.1f} ms on {_workers(res.world)}{self._where(res)}"
+                f"step {p.step_time * 1e3:,.1f} ms on {workers_of(res.world)}{self._where(res)}"
                 f" <span style='color:#888'>({html.escape(p.basis_text())})</span>"
                 + "".join(f"<br><span style='color:#b35900'>{html.escape(n)}</span>" for n in p.notes)
             ) + self._goodput_line(self.value, res)
@@ -442,7 +442,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
         with self._lock:
             closed = self._lab_closed()
             self.launch_button.disabled = self.lab is None or closed or self._in_flight
-            shut = RED.format(html.escape(f"distlab: {_closed_text()}")) if closed else ""
+            shut = RED.format(html.escape(f"distlab: {closed_text()}")) if closed else ""
             lines = [self._error_line, self._plan_line, self._run_line, shut]
             self.status.value = "<br>".join(line for line in lines if line)
 
@@ -486,7 +486,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
 
     def _on_measure(self, _button: Any = None) -> Any:
         """Measure the model's gradient noise scale on its data (in this process) and use it."""
-        from distlab.adaptive.measure import measure_noise_scale
+        from distlab.runtime.noise_probe import measure_noise_scale
 
         with self._reporting("measure"):
             if self.model is None or self.data is None:

@@ -64,7 +64,7 @@ class PickerLaunch:
             shown = self._cm if self._cm is not None else self.current_cost_model()
             before = float(shown.predict(self.profile, res, strategy).throughput)
             refitted = self.current_cost_model() is not shown
-            where = _workers(k) + (f" (of the cluster's {real.world})" if k < real.world else "")
+            where = workers_of(k) + (f" (of the cluster's {real.world})" if k < real.world else "")
             whatif = self._what_if(real, k)
             self._run_line = f"launching <b>{html.escape(strategy.name)}</b> on {where} ...{whatif}"
             args = (strategy, int(self.steps.value), where, before, refitted, whatif)
@@ -96,7 +96,7 @@ class PickerLaunch:
         )
         return (
             f"<br>the what-if ({wanted}) is not this cluster: Launch runs on the real cluster's "
-            f"{_workers(k)} and is measured against the Lab's prediction for them"
+            f"{workers_of(k)} and is measured against the Lab's prediction for them"
         )
 
     def _launch_and_wait(
@@ -187,7 +187,7 @@ class PickerLaunch:
             self._refresh(rank=True)  # the Lab refitted its cost model on this run
 
 
-def _closed_text() -> str:
+def closed_text() -> str:
     from distlab.lab import CLOSED  # imports dask: only once a Lab is in play
 
     return CLOSED
@@ -202,5 +202,5 @@ def _why(refitted: bool, measured: bool) -> str:
     return "the Lab predicts from its own profile of the model"
 
 
-def _workers(n: int) -> str:
+def workers_of(n: int) -> str:
     return f"{n} worker" + ("" if n == 1 else "s")

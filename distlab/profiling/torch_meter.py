@@ -104,7 +104,7 @@ class ModuleAttribution:
     def _post(self, name: str) -> Callable[..., None]:
         def hook(mod: nn.Module, args: Any, output: Any) -> None:
             _, start = self.stack.pop()
-            tensors = [t for t in _flat_tensors(output)]
+            tensors = [t for t in flat_tensors(output)]
             self.outputs_bytes[name] += sum(t.numel() * t.element_size() for t in tensors)
             if self.track_nodes:
                 self._claim([t.grad_fn for t in tensors if t.grad_fn is not None], name, start)
@@ -136,13 +136,13 @@ class ModuleAttribution:
         return ROOT
 
 
-def _flat_tensors(x: Any) -> list[torch.Tensor]:
+def flat_tensors(x: Any) -> list[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, dict):
         x = list(x.values())
     if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _flat_tensors(item)]
+        return [t for item in x for t in flat_tensors(item)]
     return []
 
 

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from distlab.allocator import tune_allocator
 from distlab.errors import ProfileError
 from distlab.profiling.model_profile import DEFAULT_BATCH, LayerProfile, ModelProfile, VariableProfile
 from distlab.profiling.torch_inputs import Batch, diagnose, dtype_name, make_batcher
-from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, _flat_tensors
+from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, flat_tensors
 from distlab.resources import available_cores, cpu_sample, disturbed_by, foreign_load
-from distlab.runtime.allocator import tune_allocator
 
 STEP_SECONDS = 1.5  # plain steps at batch_size stop once stable or after this long (at least MIN_STEPS)
 FIT_SECONDS = 0.75  # the same for the second batch of the compute fit
@@ -60,7 +60,7 @@ def profile(
     of ones on every trainable output.
 
     The profile is taken as a rank computes: under the glibc malloc thresholds every rank runs
-    with (``runtime/allocator.py``; set in this process too), and, when this process runs
+    with (``allocator.py``; set in this process too), and, when this process runs
     several threads, the step is also timed on one thread (``meta["thread_steps"]``), so
     ``meta["thread_efficiency"]`` ``e`` says how this model's step scales with threads
     (``seconds(t) = step_time (T / t) ** e``; a rank gets fewer threads when ranks share the
@@ -123,7 +123,7 @@ def profile(
             f"profile: {type(model).__name__} has no trainable parameters, so there is nothing to "
             "distribute; pass a model with parameters (requires_grad=True)"
         )
-    tune_allocator()  # glibc's thresholds as every rank runs with them (runtime/allocator.py)
+    tune_allocator()  # glibc's thresholds as every rank runs with them (allocator.py)
     started, cpu = time.perf_counter(), cpu_sample()
     with _preserved(model):
         prof = _TorchProfiler(model, sample_input, batch_size, repeats, warmup, micro_batch, seed).run()
@@ -204,7 +204,7 @@ class _TorchProfiler:
         output is one tensor of class scores (cross-entropy over its last dimension, as the runtime
         trains it on integer targets: over a vocabulary of thousands it is a real share of the
         step), else a ones gradient each."""
-        outs = [t for t in _flat_tensors(out) if t.requires_grad and t.is_floating_point()]
+        outs = [t for t in flat_tensors(out) if t.requires_grad and t.is_floating_point()]
         if not outs:
             raise ProfileError(
                 f"forward: the output of {type(self.model).__name__} does not depend on its trainable "

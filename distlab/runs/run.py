@@ -84,9 +84,11 @@ class Run:
         data_info: str = "",
         loss_info: str = "",
         native: dict[str, Any] | None = None,
+        rank_call: Callable[[Run, RankJob, int, list[int]], tuple[Any, tuple[Any, ...]]] | None = None,
     ) -> None:
         self.id = run_id
         self.native = native  # a native TensorFlow run's payload (native_tf/launch.py); None: torch
+        self._route_call = rank_call  # another route's rank task (native_tf/launch.py); None: torch
         self.backend = "tensorflow" if native is not None else "torch"
         self.data_info = data_info  # what it trains on, in one line (name, size, shapes)
         self.loss_info = loss_info  # what it minimises
@@ -248,13 +250,16 @@ class Run:
             self._done.set()
 
     def _rank_call(self, job: RankJob, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
-        """The function each rank's task runs and its arguments: distlab's runtime, or a native
-        TensorFlow child process."""
-        if self.native is None:
-            return train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0])
-        from distlab.native_tf.rank import train_rank_tf
+        """The function each rank's task runs and its arguments: distlab's runtime, or the route's
+        (``rank_call``: a native TensorFlow child process)."""
+        if self._route_call is not None:
+            return self._route_call(self, job, restart, threads)
+        return train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0])
 
-        return train_rank_tf, (self.native, self._topic, restart, self.id, threads[0], job.timeout)
+    @property
+    def topic(self) -> str:
+        """The Dask event topic its ranks send their step records on."""
+        return self._topic
 
     def _complete(self, results: list[dict[str, Any]]) -> bool:
         """Every step ran (a stop asked for near the end may come too late to matter)."""

@@ -28,7 +28,7 @@ def resolve_topology(strategy: Any, given: Any = None) -> Any:
         raise StrategyError(
             f"strategy {strategy.name}: has gossip variables but no gossip settings; set strategy.gossip"
         )
-    from distlab.topology import for_strategy
+    from distlab.strategy.execution import for_strategy
 
     return for_strategy(strategy)
 

@@ -137,7 +137,7 @@ def loop_pass_rank(
     """
     from datetime import timedelta
 
-    from distlab.runtime.allocator import tune_allocator
+    from distlab.allocator import tune_allocator
     from distlab.runtime.process_group import process_group
 
     tune_allocator()

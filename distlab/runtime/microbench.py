@@ -268,7 +268,7 @@ def microbench_worlds(
     """
     from datetime import timedelta
 
-    from distlab.runtime.allocator import tune_allocator
+    from distlab.allocator import tune_allocator
     from distlab.runtime.process_group import process_group
 
     tune_allocator()  # compute rows under the allocator settings ranks train with

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from distlab.allocator import tune_allocator
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
 from distlab.runtime.adaptive import BatchState
-from distlab.runtime.allocator import tune_allocator
 from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
 from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer

@@ -10,7 +10,9 @@ model prices it (no second copy of a rule in either).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
+from distlab.errors import DistlabError
 from distlab.strategy.types import Strategy
 
 BUCKET_BYTES = 4 * 2**20  # the all-reduce bucket cap of distlab's kernel
@@ -60,3 +62,17 @@ def bucket_layout(
         buckets[hit[0]].append(i)
         open_[key] = (hit[0], hit[1] + int(nbytes))
     return buckets
+
+
+def for_strategy(strategy: Strategy) -> Any:
+    """The topology (a ``Topology`` or ``TopologySchedule``) a strategy's gossip settings name, over
+    its ranks (hosts from ``strategy.ranks``)."""
+    from distlab import topology  # numpy and networkx only when gossip is planned
+
+    g = strategy.gossip
+    if g is None:
+        raise DistlabError(f"strategy {strategy.name}: has no gossip settings")
+    n = len(strategy.ranks)
+    if g.topology == "hierarchical":
+        return topology.hierarchical(n, hosts=[r.host for r in strategy.ranks])
+    return topology.get(g.topology, n, dynamic=bool(g.dynamic) and g.topology not in topology.DYNAMIC)

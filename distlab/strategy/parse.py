@@ -1,4 +1,6 @@
-"""Strategies from JSON, checked: a ``Strategy`` out, or one ``StrategyError`` naming the field."""
+"""Strategies from JSON, checked: a ``Strategy`` out, or one ``StrategyError`` naming the field.
+
+Long because the format's every field is read and checked here, in the order it is written."""
 
 from __future__ import annotations
 
@@ -253,6 +255,7 @@ def _check_sync(s: Sync, path: str, st: Strategy, var: Any, groups: dict[int, tu
 
 def _check_gossip(st: Strategy) -> None:
     from distlab import topology
+    from distlab.strategy.execution import for_strategy
 
     g = st.gossip
     if g is None:
@@ -268,7 +271,7 @@ def _check_gossip(st: Strategy) -> None:
     if len(st.ranks) > 512:
         return  # building an n x n matrix to check it is not worth it at this size
     try:
-        topology.for_strategy(st)
+        for_strategy(st)
     except DistlabError as exc:
         raise _fail("gossip.topology", str(exc)) from None
 

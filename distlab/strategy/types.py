@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distlab.resources import RankSpec  # a rank's host and device: a resource fact (re-exported)
+
 if TYPE_CHECKING:
     from distlab.profiling.model_profile import ModelProfile
 
@@ -81,18 +83,6 @@ class VariablePlan:
         else:
             d["sync"] = self.sync.to_dict() if self.sync else None
         return d
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """One rank: the host it runs on and its device (``cpu:0``, ``gpu:1``)."""
-
-    rank: int
-    host: str
-    device: str = "cpu:0"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "host": self.host, "device": self.device}
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ import pytest
 
 import distlab as dl
 from distlab.adaptive import optimal_batch, statistical_efficiency
-from distlab.adaptive.controller import MIN_UPDATES, Bounds, GoodputController
+from distlab.adaptive.controller import MIN_UPDATES, GoodputController
 from distlab.errors import StrategyError
+from distlab.strategy.builders.adaptive_batch import Bounds
 
 A, B, PHI, WORLD = 0.05, 2e-4, 64.0, 2  # step time a + b M; the optimum sqrt(a phi / b) = 126.5
 

@@ -327,7 +327,7 @@ def test_a_model_that_is_not_a_module_is_refused(clean_lab):
 def test_workers_train_with_glibcs_own_malloc_thresholds(clean_lab):
     # Dask's MALLOC_TRIM_THRESHOLD_=65536 turns off glibc's dynamic mmap threshold: every tensor
     # over 128 KiB is mapped and unmapped each step (a convnet step measured 215 ms against 89 ms)
-    from distlab.runtime.allocator import ENVIRON, tune_allocator
+    from distlab.allocator import ENVIRON, tune_allocator
 
     env = clean_lab.client.run(
         lambda: {

@@ -563,8 +563,8 @@ def noise_body(rank: int, world: int, addr: str, port: int, modes: list[tuple], 
 def adaptive_body(rank: int, world: int, addr: str, port: int, steps: int, n: int) -> list[dict]:
     """An adaptive run on the noisy quadratic (rate 0, phi = 64) with a controller table whose
     goodput optimum is a global batch of about 128; returns this rank's records."""
-    from distlab.adaptive.controller import Bounds
     from distlab.runtime.trainer import run_rank
+    from distlab.strategy.builders.adaptive_batch import Bounds
     from distlab.strategy.types import BatchConfig
 
     w, data = noisy_quadratic(n=n)

@@ -178,7 +178,7 @@ def test_gossip_options(recsys, two_nodes):
     dyn = dl.strategy.build("Gossip", recsys, two_nodes, topology="one_peer_exp2")
     assert dyn.gossip.dynamic is True
     hier = dl.strategy.build("Gossip", recsys, two_nodes, topology="hierarchical")
-    assert dl.topology.for_strategy(hier).period == 2
+    assert dl.strategy.execution.for_strategy(hier).period == 2
 
 
 def test_gossip_refuses_one_rank(recsys):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distlab.errors import StrategyError
@@ -39,8 +41,6 @@ def build_adaptive_batch(
     ``max_batch_size``; the learning rate follows ``lr_scaling`` (AdaScale by default). Extra
     options go to the base builder. ``batch_size`` and ``accumulation`` are where it starts.
     """
-    from distlab.adaptive.controller import Bounds
-
     if base == "AdaptiveBatch":
         raise StrategyError("AdaptiveBatch: base cannot be AdaptiveBatch itself")
     if lr_scaling not in LR_SCALING:
@@ -64,8 +64,6 @@ def build_adaptive_batch(
 def adaptive_bounds(strategy: Strategy) -> Any:
     """The controller's bounds of an AdaptiveBatch strategy, from its recorded options and its
     starting batch (None: not an adaptive strategy, its batch is fixed)."""
-    from distlab.adaptive.controller import Bounds
-
     if strategy.builder != "AdaptiveBatch":
         return None
     o, b = strategy.options, strategy.batch.per_replica
@@ -73,3 +71,44 @@ def adaptive_bounds(strategy: Strategy) -> Any:
     return Bounds(
         (int(lo), int(hi)), int(o.get("max_accumulation", MAX_ACCUMULATION)), o.get("max_batch_size")
     )
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the controller may choose: per-replica batches ``per_replica`` (lo, hi), micro-batches
+    per step up to ``max_accumulation``, a global batch of at most ``max_global`` samples."""
+
+    per_replica: tuple[int, int]
+    max_accumulation: int = 1
+    max_global: int | None = None
+
+    def check(self, world: int, where: str = "AdaptiveBatch") -> Bounds:
+        lo, hi = self.per_replica
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise StrategyError(
+                f"{where}: local_bsz_bounds must be two integers 1 <= lo <= hi, got {self.per_replica!r}"
+            )
+        if not isinstance(self.max_accumulation, int) or self.max_accumulation < 1:
+            raise StrategyError(
+                f"{where}: max_accumulation must be an integer >= 1, got {self.max_accumulation!r}"
+            )
+        if self.max_global is not None and self.max_global < lo * world:
+            raise StrategyError(
+                f"{where}: max_batch_size {self.max_global} excludes every batch: the smallest is "
+                f"local_bsz_bounds[0] x {world} ranks = {lo * world}; raise max_batch_size or lower "
+                "local_bsz_bounds"
+            )
+        return self
+
+    def configurations(self, world: int) -> list[tuple[int, int]]:
+        """Every allowed (per-replica batch, accumulation): powers of two within the bounds, and the
+        bounds."""
+        lo, hi = self.per_replica
+        sizes = sorted({lo, hi, *(2**i for i in range(int(math.log2(hi)) + 1) if lo <= 2**i <= hi)})
+        out = [
+            (b, k)
+            for b in sizes
+            for k in range(1, self.max_accumulation + 1)
+            if self.max_global is None or b * k * world <= self.max_global
+        ]
+        return out

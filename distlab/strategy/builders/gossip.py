@@ -34,6 +34,7 @@ def build_gossip(
     they are all-gathered. Dynamic topologies (``one_peer_exp2``, ``hierarchical``) imply ``dynamic``.
     """
     from distlab import topology as topo  # numpy/networkx only when gossip is planned
+    from distlab.strategy.execution import for_strategy
 
     if resources.world < 2:
         raise StrategyError("Gossip: needs at least 2 ranks (got 1); use AllReduce or PS")
@@ -46,7 +47,7 @@ def build_gossip(
     config = GossipConfig(topology, dynamic or topology in topo.DYNAMIC, mode)
     probe = assemble("Gossip", profile, resources, [], gossip=config)
     try:
-        topo.for_strategy(probe)
+        for_strategy(probe)
     except DistlabError as exc:
         raise StrategyError(f"Gossip: topology: {exc}") from None
     chosen = pick_servers("Gossip", resources, servers) if sparse == "ps" else []

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import distlab as dl
-from distlab.adaptive.measure import measure_noise_scale
 from distlab.adaptive.quadratic import Quadratic, noisy_quadratic, quadratic_loss
 from distlab.errors import DistlabError
 from distlab.runs.adaptive import adaptive_forecast
+from distlab.runtime.noise_probe import measure_noise_scale
 
 
 def noisy_model(d: int = 64, s2: float = 1.0, dist: float = 1.0, n: int = 8192):
