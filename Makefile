@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(BIN)/distlab demo --out out
 
 test: $(STAMP) browser-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # Debian's Chromium for the real-browser test; skipped (and the test skips) where apt cannot install it.
 browser-deps:
