@@ -64,18 +64,18 @@ class FrameCache:
     def _build(self) -> None:
         import pandas as pd
 
-        if self._pending or self._built is None:
+        if self._pending:  # (an empty frame is never kept: its float columns would turn ranks into 0.0)
             chunk = frame(self._pending)
             self._built = chunk if self._built is None else pd.concat([self._built, chunk], ignore_index=True)
             self._pending = []
-        if self.stale:
+        if self.stale and self._built is not None:
             self._built = self._built.drop_duplicates(self.KEY, keep="last").reset_index(drop=True)
             self.stale = False
 
     def frame(self) -> Any:
         if self._sorted is None:
             self._build()
-            self._sorted = frame_sorted(self._built)
+            self._sorted = frame_sorted(self._built if self._built is not None else frame([]))
         return self._sorted.copy()  # the caller's to change
 
 

@@ -49,7 +49,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     cached = list(tmp_path.glob("calibration-*.json"))
     assert len(cached) == 1
     calls = []
-    monkeypatch.setattr(clean_lab, "run_ranks", lambda *a, **k: calls.append(a) or [])
+    monkeypatch.setattr(clean_lab.cluster, "run_ranks", lambda *a, **k: calls.append(a) or [])
     again = clean_lab.calibrate(progress=False)
     assert calls == [] and again.params == cm.params  # read from the cache, nothing ran
     monkeypatch.undo()
@@ -58,9 +58,9 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     from distlab.costmodel.compute import model_key
     from distlab.runs.validate import variables_profile
 
-    real, ran, caps = clean_lab.run_ranks, [], []
+    real, ran, caps = clean_lab.cluster.run_ranks, [], []
     monkeypatch.setattr(
-        clean_lab,
+        clean_lab.cluster,
         "run_ranks",
         lambda fn, *a, **k: ran.append(fn.__name__) or caps.append(a[5]) or real(fn, *a, **k),
     )

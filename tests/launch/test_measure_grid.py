@@ -65,18 +65,18 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab):
     cases = [(model, data, 4, ("AllReduce", "PS"))]
     profiles = [dl.profile(model, batch_size=4)]
     calls = []
-    run_ranks = lab.run_ranks
+    run_ranks = lab.cluster.run_ranks
 
     def spy(fn, local, threads, jobs, *args, **kw):  # the real call, noted with what it returned
         out = run_ranks(fn, local, threads, jobs, *args, **kw)
         calls.append((kw.get("world"), len(local), [j[5] for j in jobs], out))
         return out
 
-    lab.run_ranks = spy
+    lab.cluster.run_ranks = spy
     try:
-        cm = measure_training_loop(lab, CostModel.default(), lab.resources, cases, profiles, [1, 2])
+        cm = measure_training_loop(lab.cluster, CostModel.default(), lab.resources, cases, profiles, [1, 2])
     finally:
-        del lab.run_ranks
+        del lab.cluster.run_ranks
     # short cases: three passes, one per call, world sizes 1, 2 then 2, 1 then 1, 2; each call
     # first takes the model's local step, then one pass of each case
     assert [c[0] for c in calls] == [1, 2, 2, 1, 1, 2]

@@ -52,7 +52,7 @@ def test_a_model_outside_the_zoo_is_measured_once_then_read_from_the_cache(
 
     clean_lab.cost_model = None  # a new session on this cluster: read from the cache, nothing runs
     calls = []
-    monkeypatch.setattr(clean_lab, "run_ranks", lambda *a, **k: calls.append(a) or [])
+    monkeypatch.setattr(clean_lab.cluster, "run_ranks", lambda *a, **k: calls.append(a) or [])
     again = clean_lab.measure_model(GRULM(), batch_size=8, progress=False)
     assert calls == [] and again.compute.to_rows() == cm.compute.to_rows()
 

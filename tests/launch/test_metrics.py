@@ -124,3 +124,12 @@ def test_the_frame_cache_keeps_rows_not_records_and_a_resent_record_replaces_its
     assert held / len(df) < 400, held / len(df)
     cache.add({**first[0], "loss": 9.0}, new=False)
     assert len(cache.frame()) == 6000 and cache.frame()["loss"].iloc[0] == 9.0
+
+
+def test_a_frame_asked_for_before_the_first_record_keeps_ranks_and_steps_integers():
+    cache = metrics.FrameCache()
+    assert len(cache.frame()) == 0  # a live view asks before any record arrived
+    for rec in _records(3, 2, 16, lambda s: 0.1):
+        cache.add(rec)
+    df = cache.frame()
+    assert df["rank"].tolist() == [0, 1] * 3 and str(df["rank"].dtype).startswith("int")
