@@ -183,8 +183,7 @@ class Lab:
         self._check_open()
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise LaunchError(f"lab.scale({n!r}): a Lab needs at least 1 worker (lab.close() stops it)")
-        if self.cluster.local is None:
-            self.cluster.scale(n, 0)  # an attached cluster: the error that says what scales it
+        self.cluster.check_scalable()  # before any run pauses
         limit = float(timeout or self.timeout)
         paused = [r for r in self._runs if not r.done and r.pause(limit)]
         have = self.cluster.scale(n, limit)

@@ -137,16 +137,19 @@ class Cluster:
             if on_tick is not None:
                 self.client.unsubscribe_topic(topic)
 
-    def scale(self, n: int, within: float) -> int:
-        """Resize the embedded cluster to ``n`` workers and wait up to ``within`` seconds for them;
-        returns how many it has then. An attached cluster is one ``LaunchError``: its own tool
-        scales it."""
+    def check_scalable(self) -> None:
+        """An attached cluster is one ``LaunchError``: its own tool scales it."""
         if self.local is None:
             raise LaunchError(
                 "lab.scale: this Lab is attached to a cluster it did not start; scale that cluster with its "
                 "own tool (dask-jobqueue's cluster.scale(n), your Kubernetes deployment, more `dask worker` "
                 "processes): the Lab uses the workers it finds"
             )
+
+    def scale(self, n: int, within: float) -> int:
+        """Resize the embedded cluster to ``n`` workers and wait up to ``within`` seconds for them;
+        returns how many it has then (``check_scalable`` first)."""
+        self.check_scalable()
         self.local.scale(n)
         deadline = time.monotonic() + within
         while len(spmd.workers_info(self.client)) != n and time.monotonic() < deadline:
