@@ -61,3 +61,16 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     if not near:
         return ""
     return "; did you mean " + " or ".join(repr(by_norm[n]) for n in near) + "?"
+
+
+def check_positive(
+    name: str, value: object, error: type[Exception] = DistlabError, *, optional: bool = False
+) -> int | None:
+    """The one positive-integer check: ``value`` when it is an integer >= 1 (a bool is not one),
+    None when it is None and ``optional``; else one ``error``: "``name`` must be an integer >= 1,
+    got ``value``" (``name`` says where: ``"steps"``, ``"calibrate: batch_size"``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{name} must be an integer >= 1, got {value!r}")
+    return value

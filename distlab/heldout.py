@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, check_positive
 
 NAMES: tuple[str, ...] = (
     "gru_lm",
@@ -326,8 +326,7 @@ def build(name: str, *, seed: int = 0, n: int = 512) -> HeldOut:
         builder = _BUILDERS[name]
     except KeyError:
         raise DistlabError(f"heldout.build: no model {name!r}; available: {', '.join(NAMES)}") from None
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise DistlabError(f"heldout.build({name!r}): n must be an integer >= 1, got {n!r}")
+    check_positive(f"heldout.build({name!r}): n", n)
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

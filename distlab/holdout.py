@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, check_positive
 from distlab.heldout import HeldOut
 
 NAMES: tuple[str, ...] = ("patch_attention", "dlrm_mix", "mixer", "sepconv")
@@ -183,8 +183,7 @@ def build(name: str, *, seed: int = 0, n: int = 512) -> HeldOut:
     """Held-out model ``name`` (initialised from ``seed``) with ``n`` synthetic samples."""
     if name not in _BUILDERS:
         raise DistlabError(f"holdout.build: no model {name!r}; available: {', '.join(NAMES)}")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise DistlabError(f"holdout.build({name!r}): n must be an integer >= 1, got {n!r}")
+    check_positive(f"holdout.build({name!r}): n", n)
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

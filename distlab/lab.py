@@ -16,23 +16,41 @@ from pathlib import Path
 from typing import Any
 
 from distlab.cluster.cluster import Cluster
-from distlab.conventions import optimizer_kind
 from distlab.conventions import resolve as resolve_conventions
-from distlab.errors import LaunchError
+from distlab.errors import CalibrationError, DistlabError, LaunchError
+from distlab.native_tf.route import NativeRoute
 from distlab.resources import ResourceSpec
 from distlab.runs import prepare
 from distlab.runs import validate as _v
-from distlab.runs.forecast import forecast_run, refit_after_run
-from distlab.runs.prepare import Prepared, ProfileCache, prepare_launch
-from distlab.runs.replan import replan as _replan
+from distlab.runs.forecast import refit_after_run
+from distlab.runs.prepare import ProfileCache
 from distlab.runs.report import runs_frame
-from distlab.runs.run import CANCEL_WITHIN, Forecast, Run, RunHooks
+from distlab.runs.route import LabSide, LaunchRequest, Route
+from distlab.runs.run import CANCEL_WITHIN, Run, RunHooks
+from distlab.torch_route import TorchRoute
 
-# runs this many in a row all measured more than this factor off their predictions: say so
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
 
 
 _RUN_NUMBERS = itertools.count(1)  # run ids: r1, r2, ... across every Lab of this process
+
+
+def next_run_id() -> str:
+    """A run's id: its number in this process (unique across a notebook's Labs) and a random
+    suffix (its rendezvous keys' prefix)."""
+    return f"r{next(_RUN_NUMBERS)}-{uuid.uuid4().hex[:6]}"
+
+
+ROUTES: dict[str, Route] = {r.name: r for r in (TorchRoute(), NativeRoute())}  # by ``backend=``
+
+
+def _route(backend: str, error: type[DistlabError]) -> Route:
+    """The route ``backend`` names: the one place a launch or calibration asks which runtime."""
+    if backend not in ROUTES:
+        if error is CalibrationError:
+            raise CalibrationError(f"calibrate: backend must be 'torch' or 'tensorflow', got {backend!r}")
+        raise error(f"backend: {backend!r} is not one of 'torch', 'tensorflow'")
+    return ROUTES[backend]
 
 
 class Lab:
@@ -268,147 +286,55 @@ class Lab:
         ``run.save_trace(path)``; runtime/trace.py).
         """
         # Long because its signature and docstring are the launch's reference; the body is the
-        # launch's steps in order, the work in prepare.py and Run
-        from distlab.runtime.job import RankJob
-
+        # checks every route shares, then the route's launch (runs/route.py)
         steps = _v.check_positive("steps", steps)
         batch_size = _v.check_positive("batch_size", batch_size, optional=True)
+        route = _route(backend, LaunchError)
         conv = resolve_conventions(model, loss, optimizer, backend, lr)
-        loss, optimizer = conv.loss, conv.optimizer
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
-        if trace and backend == "tensorflow":
+        if trace and not route.traced:
             raise LaunchError(
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
             )
-        if backend == "tensorflow":  # a Keras model in TensorFlow's own multi-worker runtime
-            from distlab.native_tf.launch import launch_native
-
-            self._check_idle()
-            run = launch_native(
-                self.cluster,
-                self.cost_model,
-                self._hooks(),
-                model,
-                strategy,
-                steps=steps,
-                data=data,
-                loss=loss,
-                optimizer=optimizer,
-                batch_size=batch_size,
-                shuffle=shuffle,
-                seed=seed,
-                timeout=timeout,
-                optimizer_info=conv.optimizer_info,
-                metrics=conv.metrics,
-            )
-            self._runs.append(run)
-            run.start()
-            return run.wait() if block else run
-        if backend != "torch":
-            raise LaunchError(f"backend: {backend!r} is not one of 'torch', 'tensorflow'")
         self._check_idle()
-        res = self.resources
-        prep = prepare_launch(model, strategy, data, loss, optimizer, batch_size, seed, res, self._profiles)
-        model, data, st, b, profile = prep.model, prep.data, prep.strategy, prep.batch, prep.profile
-        if self.cost_model is not None:  # predict with the model's own step on these workers
-            from distlab.calibration.campaign import measure_model
-
-            self.cost_model = measure_model(
-                self.cluster, self.cache_dir, self.cost_model, model, data, loss, b
-            )
-        workers = self.cluster.first(st.world, res)
-        run_id = self._next_run_id()
-        if elastic and checkpoint_every is None:
-            checkpoint_every = max(10, steps // 10)
-        job = RankJob(
-            rank=0,
-            world=st.world,
-            master_addr="",
-            master_port=0,
-            strategy=st,
-            model=model,
-            steps=steps,
-            data=data,
-            loss=loss,
-            optimizer=optimizer,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            checkpoint_dir=str(self.checkpoint_dir / run_id) if checkpoint_every else None,
-            checkpoint_every=checkpoint_every,
-            timeout=float(timeout or self.timeout),
-            run_id=run_id,
-            # torch's DDP reducer where it applies (strategy/execution.py; the cost model prices it)
-            extra={
-                "ddp": True,
-                "trace": bool(trace),
-                "metrics": conv.metrics,
-                **self._adaptive_extra(profile(b), res, st, b, optimizer_kind(optimizer)),
-            },
+        request = LaunchRequest(
+            model,
+            strategy,
+            steps,
+            data,
+            conv.loss,
+            conv.optimizer,
+            batch_size,
+            shuffle,
+            seed,
+            checkpoint_every,
+            elastic,
+            timeout,
+            bool(trace),
+            conv.optimizer_info,
+            conv.metrics,
         )
-
-        run = self._new_run(prep, job, workers, elastic)
-        run.optimizer_info = conv.optimizer_info
+        run, self.cost_model = route.launch(self._side(), request)
         self._runs.append(run)
         run.start()
         if block:
             run.wait()
         return run
 
-    def _next_run_id(self) -> str:
-        """A run's id: its number in this process (unique across a notebook's Labs) and a random
-        suffix (its rendezvous keys' prefix)."""
-        return f"r{next(_RUN_NUMBERS)}-{uuid.uuid4().hex[:6]}"
-
-    def _new_run(self, prep: Prepared, job: Any, workers: list[str], elastic: bool) -> Run:
-        """The Run of a prepared launch: its forecast, and how it replans on the workers that
-        survive a loss (``elastic``)."""
-        res, model, st, b, profile = self.resources, prep.model, prep.strategy, prep.batch, prep.profile
-
-        def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
-            sub = self.resources.of_workers(survivors)
-            new = _replan(st, model, sub, profile)
-            extra = (
-                self._adaptive_extra(profile(b), sub, new, b, optimizer_kind(job.optimizer))
-                if job.extra.get("adaptive")
-                else {}
-            )
-            return new, self.cluster.threads_for(survivors), extra
-
-        return Run(
+    def _side(self) -> LabSide:
+        """What a route may use of this Lab (runs/route.py)."""
+        return LabSide(
+            self.cluster,
             self._hooks(),
-            job.run_id,
-            model,
-            st,
-            job,
-            workers,
-            self.cluster.threads_for(workers, res),
-            elastic=elastic,
-            replan=replan,
-            forecast=self._forecast(profile(b), res, st, optimizer_kind(job.optimizer)),
-            data_info=prep.data_info,
-            loss_info=prep.loss_info,
+            lambda: self.cost_model,
+            self.cache_dir,
+            self.checkpoint_dir,
+            self._profiles,
         )
-
-    def _adaptive_extra(
-        self, profile: Any, res: ResourceSpec, st: Any, batch: int, optimizer: str | None = None
-    ) -> dict[str, Any]:
-        """An AdaptiveBatch launch: the controller's table, predicted by ``lab.cost_model`` (the
-        default model, refitted by the run's own step times, before a calibration)."""
-        from distlab.costmodel import CostModel
-        from distlab.runs.adaptive import adaptive_extra
-
-        sub = res.first(st.world)
-        return adaptive_extra(self.cost_model or CostModel.default(), profile, sub, st, batch, optimizer)
-
-    def _forecast(
-        self, profile: Any, res: ResourceSpec, st: Any, optimizer: str | None = None
-    ) -> Forecast | None:
-        return forecast_run(self.cost_model, profile, res, st, optimizer)
 
     def _hooks(self) -> RunHooks:
         """What this Lab's runs get from it (runs/run.py)."""
-        return RunHooks(self.client, self._next_run_id, self._after_run, self.calibrate_call())
+        return RunHooks(self.client, next_run_id, self._after_run, self.calibrate_call())
 
     def _after_run(self, run: Run) -> str | None:
         """(driver thread) Refit the cost model on every run so far (runs/forecast.py); the note
@@ -450,31 +376,10 @@ class Lab:
         and ``batch_size // 4`` (seconds to a minute per model), and predictions for it use that
         instead of its profile scaled by the contention model (docs/cost-model.md).
         """
-        from distlab.calibration.campaign import calibrate_cluster
-        from distlab.data import as_dataset
-
+        route = _route(backend, CalibrationError)
         self._check_idle()
-        if backend != "torch":  # "tensorflow" (native_tf/calibrate.py checks it)
-            from distlab.native_tf.calibrate import calibrate_native
-
-            self.cost_model = calibrate_native(
-                self.cluster, self.cache_dir, self.cost_model, models, batch_size, cache, progress, backend
-            )
-            return self.cost_model
-        models = [
-            (m[0], as_dataset(m[1], f"models[{i}] data"), *m[2:])
-            if isinstance(m, tuple) and len(m) > 1
-            else m
-            for i, m in enumerate(models)
-        ]
-        self.cost_model = calibrate_cluster(
-            self.cluster,
-            self.cache_dir,
-            sizes=sizes,
-            cache=cache,
-            progress=progress,
-            models=models,
-            batch_size=batch_size,
+        self.cost_model = route.calibrate(
+            self._side(), sizes=sizes, cache=cache, progress=progress, models=models, batch_size=batch_size
         )
         return self.cost_model
 

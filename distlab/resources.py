@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distlab.errors import ResourceError
+from distlab.errors import ResourceError, check_positive
 
 NODE_KEYS = ("address", "gpus", "cpus", "chief", "network_bandwidth", "ssh_config")
 
@@ -193,8 +193,7 @@ class ResourceSpec:
     @classmethod
     def local(cls, workers: int = 2) -> ResourceSpec:
         """This machine over loopback: ``workers`` CPU ranks on host 127.0.0.1, cores counted."""
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ResourceError(f"workers: must be a positive integer, got {workers!r}")
+        check_positive("workers", workers, ResourceError)
         host = "127.0.0.1"
         return cls(
             ranks=tuple(RankSpec(i, host, f"cpu:{i}") for i in range(workers)),
@@ -292,12 +291,10 @@ class ResourceSpec:
         ``per_host=k``: k ranks per host, adding hosts (``host-2``, ...) when more are needed.
         Devices keep their kind (gpu or cpu); worker addresses are dropped.
         """
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ResourceError(f"with_world: n must be a positive integer, got {n!r}")
+        check_positive("with_world: n", n, ResourceError)
         hosts = list(self.hosts) or ["127.0.0.1"]
         if per_host is not None:
-            if not isinstance(per_host, int) or per_host < 1:
-                raise ResourceError(f"with_world: per_host must be a positive integer, got {per_host!r}")
+            check_positive("with_world: per_host", per_host, ResourceError)
             n_hosts = math.ceil(n / per_host)
             hosts += [f"host-{i}" for i in range(len(hosts), n_hosts)]
             counts = [min(per_host, n - i * per_host) for i in range(n_hosts)]

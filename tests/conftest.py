@@ -1,12 +1,8 @@
-"""Fixtures shared across test folders."""
-
-import sys
-from pathlib import Path
+"""Fixtures shared across test folders. Helpers shared across folders are modules of the ``tests``
+package (``from tests.polling import poll_for``); a folder's own helpers sit beside its tests."""
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests' own helpers (polling.py) import by name
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def test_log_axes_read_as_numbers_and_the_timeline_colours_differ():
 
 
 def test_run_ids_are_unique_across_a_notebooks_labs():
-    from distlab.lab import Lab
+    from distlab.lab import next_run_id
 
-    first, second = Lab._next_run_id(None), Lab._next_run_id(None)  # what any two Labs hand out
+    first, second = next_run_id(), next_run_id()  # what any two Labs hand out
     assert first.split("-")[0] != second.split("-")[0]

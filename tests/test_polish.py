@@ -72,7 +72,7 @@ def test_execute_notebook_runs_a_notebook_in_its_own_kernel_when_installed(ran, 
     ours = _write_notebook(tmp_path / "ours.ipynb", "distlab")
     other = _write_notebook(tmp_path / "other.ipynb", "julia-1.9")
     bare = _write_notebook(tmp_path / "bare.ipynb", None)
-    monkeypatch.setattr(run, "_installed_kernels", lambda: {"python3", "distlab"})
+    monkeypatch.setattr(run, "installed_kernels", lambda: {"python3", "distlab"})
     run.execute_notebook(ours, tmp_path / "out.ipynb", progress=False)
     run.execute_notebook(ours, tmp_path / "out.ipynb", kernel="python3", progress=False)  # explicit: it wins
     run.execute_notebook(other, tmp_path / "out.ipynb", progress=False)
@@ -80,7 +80,7 @@ def test_execute_notebook_runs_a_notebook_in_its_own_kernel_when_installed(ran, 
     assert [c["kernel_name"] for c in ran] == ["distlab", "python3", "python3", "python3"]
     assert not any("extra_arguments" in c for c in ran)
     # without the distlab kernel installed, python3 loads the extension as that kernel would
-    monkeypatch.setattr(run, "_installed_kernels", lambda: {"python3"})
+    monkeypatch.setattr(run, "installed_kernels", lambda: {"python3"})
     run.execute_notebook(ours, tmp_path / "out.ipynb", progress=False)
     assert ran[-1]["kernel_name"] == "python3" and ran[-1]["extra_arguments"] == ["--ext", "distlab"]
 
@@ -95,10 +95,10 @@ def test_a_distlab_notebook_has_the_magics_without_loading_them(tmp_path, monkey
 
     probe = "print(sorted(get_ipython().magics_manager.magics['line']).count('distlab'))"
     src = _write_notebook(tmp_path / "probe.ipynb", "distlab", probe)
-    kernels = ["distlab"] if "distlab" in run._installed_kernels() else []  # the kernel itself, if installed
+    kernels = ["distlab"] if "distlab" in run.installed_kernels() else []  # the kernel itself, if installed
     for kernel in [*kernels, "python3 --ext distlab"]:
         if kernel != "distlab":
-            monkeypatch.setattr(run, "_installed_kernels", lambda: {"python3"})
+            monkeypatch.setattr(run, "installed_kernels", lambda: {"python3"})
         out = run.execute_notebook(src, tmp_path / "out.ipynb", progress=False)
         text = "".join(o.get("text", "") for o in nbformat.read(out, as_version=4).cells[0].outputs)
         assert text == "1\n", f"{kernel}: {text!r}"
@@ -213,7 +213,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     end = time.monotonic()
 
     (bar,) = bars
-    references = len(calibrate._reference_cases())
+    references = len(calibrate.reference_cases())
     loop_calls = sum(name == "loop_pass_rank" for name, _ in calls) - 2 * measure.MODEL_PASSES
     # the total known up front: the collectives' call, each reference model's profile, at most
     # OVERHEAD_PASSES training-loop calls at each of world sizes 1 and 2, then the model's passes

@@ -158,13 +158,41 @@ DISPLAY_HOOKS = {
 }
 # what each lower room may not import (the rooms above it)
 ABOVE = {
-    "cluster/": {"lab.py", "runs/", "calibration/", "native_tf/", "notebook/", "bench/", "cli.py"},
-    "runs/": {"lab.py", "calibration/", "native_tf/", "notebook/", "bench/", "cli.py"},
-    "calibration/": {"lab.py", "native_tf/", "notebook/", "bench/", "cli.py"},
+    "cluster/": {
+        "lab.py",
+        "runs/",
+        "calibration/",
+        "native_tf/",
+        "torch_route.py",
+        "notebook/",
+        "bench/",
+        "cli.py",
+    },
+    "runs/": {"lab.py", "calibration/", "native_tf/", "torch_route.py", "notebook/", "bench/", "cli.py"},
+    "calibration/": {"lab.py", "native_tf/", "torch_route.py", "notebook/", "bench/", "cli.py"},
     "native_tf/": {"lab.py", "notebook/", "bench/", "cli.py"},
+    "torch_route.py": {"lab.py", "notebook/", "bench/", "cli.py"},
     "lab.py": {"notebook/", "bench/", "cli.py"},
-    "runtime/": {"lab.py", "runs/", "cluster/", "calibration/", "native_tf/", "notebook/", "costmodel/"},
-    "costmodel/": {"lab.py", "runs/", "cluster/", "calibration/", "native_tf/", "notebook/", "runtime/"},
+    "runtime/": {
+        "lab.py",
+        "runs/",
+        "cluster/",
+        "calibration/",
+        "native_tf/",
+        "torch_route.py",
+        "notebook/",
+        "costmodel/",
+    },
+    "costmodel/": {
+        "lab.py",
+        "runs/",
+        "cluster/",
+        "calibration/",
+        "native_tf/",
+        "torch_route.py",
+        "notebook/",
+        "runtime/",
+    },
     "resources.py": {"strategy/", "topology.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
     "topology.py": {"strategy/", "resources.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
 }
@@ -227,3 +255,47 @@ def test_imports_keep_the_layers_no_circle_spans_two_rooms_and_no_private_name_c
         if room not in state:
             visit(room, [room])
     assert not circles, circles
+
+
+def _private_attributes() -> tuple[dict[str, set[str]], list[tuple[str, int, str, str]]]:
+    """Per file, the private attributes and methods distlab's own classes define there
+    (``self._x = ...``, ``def _x``); and every ``obj._x`` read whose ``obj`` is not ``self`` or
+    ``cls`` (file, line, the object as written, the name)."""
+    defined: dict[str, set[str]] = {}
+    reads = []
+    for path in (ROOT / "distlab").rglob("*.py"):
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        own = defined.setdefault(rel, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in ast.walk(node):
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith(
+                        "_"
+                    ):
+                        own.add(item.name)
+                    if isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name):
+                        if item.value.id in ("self", "cls") and isinstance(item.ctx, ast.Store):
+                            own.add(item.attr)
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not node.attr.endswith("_")  # IPython's display protocol (_repr_html_) is public
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                reads.append((rel, node.lineno, ast.unparse(node.value), node.attr))
+    return defined, reads
+
+
+def test_no_code_reaches_into_another_files_objects_private_attributes():
+    """A private attribute or method of a distlab class is read only in the file that defines it
+    (a third-party library's private names, which distlab does not define, are not checked here)."""
+    defined, reads = _private_attributes()
+    everywhere = set().union(*defined.values())
+    crossing = [
+        f"{rel}:{line} reads {obj}.{name}"
+        for rel, line, obj, name in reads
+        if name in everywhere and name not in defined[rel]
+    ]
+    assert not crossing, crossing

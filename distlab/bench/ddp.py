@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from distlab.runtime.data import RankBatches
-from distlab.runtime.job import RankJob
+from distlab.runtime.job import RankJob, RunOptions
 from distlab.strategy.types import Strategy
 
 
@@ -71,12 +71,13 @@ def interleaved_body(
     steps: int,
     warmup: int,
     repeats: int,
-    extra: dict[str, dict[str, Any]] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, list[dict[str, float]]]:
     """Run every program once per round, alternating the order each round (``distlab.bench.interleave``).
 
     A program is a ``Strategy`` (run through ``run_rank``) or ``None`` (the plain DDP loop).
-    Every rank returns its own figures; rank 0's are the ones to report.
+    Every rank returns its own figures; rank 0's are the ones to report. ``options`` maps a
+    program's name to its ``RunOptions`` fields (``{"distlab_ddp_path": {"ddp": True}}``).
     """
     import copy
 
@@ -109,7 +110,7 @@ def interleaved_body(
                     batch_size=batch,
                     run_id=f"{name}-{i}",
                     timeout=120.0,
-                    extra=dict((extra or {}).get(name, {})),
+                    options=RunOptions(**(options or {}).get(name, {})),
                 )
                 out[name].append(distlab_run(job, warmup))
     return out

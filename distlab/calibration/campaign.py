@@ -22,7 +22,7 @@ from distlab.calibration.measure import (
 )
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
-from distlab.errors import CalibrationError, LaunchError
+from distlab.errors import CalibrationError, LaunchError, check_positive
 from distlab.files import write_atomic
 from distlab.runs.report import model_name
 from distlab.runtime.microbench import (
@@ -117,7 +117,7 @@ def calibrate_cluster(
     if cm is not None and not todo:
         return cm
     worlds = range(1, res.world + 1)
-    cases = _reference_cases() if cm is None else []
+    cases = reference_cases() if cm is None else []
     parts = (_cluster_parts(res, cases) if cm is None else 0) + (passes * len(worlds) if todo else 0)
     bar = Progress(parts, f"calibrating {res.world} ranks", progress)
     monitor = LoadMonitor(cluster.client).start()
@@ -273,8 +273,7 @@ def _model_cases(models: Sequence[Any], batch_size: int) -> list[tuple[str, Any,
     """(key, module, data, batches, loss) for each model to measure; a clear error for anything else."""
     from distlab.runs.validate import variables_profile
 
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise CalibrationError(f"calibrate: batch_size must be an integer >= 1, got {batch_size!r}")
+    check_positive("calibrate: batch_size", batch_size, CalibrationError)
     if models is None:
         models = ()
     if not isinstance(models, (list, tuple)):
@@ -357,7 +356,7 @@ def _reference(layers: int, width: int = OVERHEAD_WIDTH) -> Any:
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 10))
 
 
-def _reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
+def reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
     """(model, data, per-replica batch, builders) of the training-loop stage."""
     import torch
 

@@ -83,6 +83,20 @@ class CostModel:
         return cls()
 
     # -- compilation cache ------------------------------------------------------------
+    def _replace(self, **changes: Any) -> CostModel:
+        """A new model with ``changes`` to its constructor's arguments (the rest copied): the one
+        copy constructor ``refit``, ``with_*`` and ``without_*`` go through (this model is unchanged;
+        its caches are not shared)."""
+        args: dict[str, Any] = {
+            "params": self.params,
+            "fingerprint": dict(self.fingerprint),
+            "throughput_fit": self.throughput_fit,
+            "compute_runs": self.compute.to_rows(),
+            "refits": self.refits,
+            "native": self.native,
+        }
+        return type(self)(**{**args, **changes})
+
     def compile(self, profile: ModelProfile, strategy: Strategy) -> CompiledStrategy:
         """The strategy as numbers, cached per (profile, strategy) identity."""
         key = (id(profile), id(strategy), self.params.bucket_bytes, self.params.ddp)
@@ -192,11 +206,13 @@ class CostModel:
         optimizer: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Raw simulator output for many strategies: arrays of shape (S,) per quantity."""
-        return self._evaluate([self.compile(profile, s) for s in strategies], resources, optimizer)
+        return self.evaluate_compiled([self.compile(profile, s) for s in strategies], resources, optimizer)
 
-    def _evaluate(
+    def evaluate_compiled(
         self, items: Sequence[CompiledStrategy], resources: ResourceSpec | None, optimizer: str | None = None
     ) -> dict[str, np.ndarray]:
+        """Raw simulator output for compiled strategies (``compile``), of one model or several,
+        in one vectorised pass: arrays of shape (S,) per quantity, each model's refit applied."""
         key = tuple(map(id, items))  # the batch holds the items, so their ids stay theirs
         batch = self._batches.get(key)
         if batch is None:
@@ -246,7 +262,7 @@ class CostModel:
         efficiency). ``optimizer``: the run's (a name or ``"sgd"``/``"momentum"``/``"adam"``;
         ``distlab.conventions.optimizer_kind`` maps a factory); None is the launch default, Adam."""
         c = self.compile(profile, strategy)
-        out = self._evaluate([c], resources, optimizer)
+        out = self.evaluate_compiled([c], resources, optimizer)
         gb = c.per_replica * c.accum * c.world
         eff = good = None
         if noise_scale is not None:
@@ -328,7 +344,7 @@ class CostModel:
         cands = list(candidates)
         items = [self.compile(profile, s) for s in cands]
         if items:
-            out = self._evaluate(items, resources, optimizer)
+            out = self.evaluate_compiled(items, resources, optimizer)
         else:
             out = {
                 k: np.zeros(0) for k in ("throughput", "step_time", "compute", "comm", "optimizer", "world")
@@ -398,25 +414,12 @@ class CostModel:
         model refitted once with them. Pure: this model is unchanged.
         """
         fresh = fit_corrections(runs, prior=prior, halflife=halflife)
-        return type(self)(
-            self.params,
-            dict(self.fingerprint),
-            self.throughput_fit,
-            self.compute.to_rows(),
-            {**self.refits, **fresh},
-            native=self.native,
-        )
+        return self._replace(refits={**self.refits, **fresh})
 
     def without_refit(self) -> CostModel:
         """This model without its refit corrections: the predictions a run's row should record for
         ``refit``."""
-        return type(self)(
-            self.params,
-            dict(self.fingerprint),
-            self.throughput_fit,
-            self.compute.to_rows(),
-            native=self.native,
-        )
+        return self._replace(refits=None)
 
     # -- calibration ------------------------------------------------------------------
     @classmethod
@@ -436,14 +439,7 @@ class CostModel:
         the runs are kept, in their stored form, in ``fingerprint["overhead_runs"]``."""
         params = fit_overhead(self.params, runs)
         stored = [r.to_dict() if isinstance(r, LoopRun) else r for r in runs]
-        return type(self)(
-            params,
-            {**self.fingerprint, "overhead_runs": stored},
-            self.throughput_fit,
-            self.compute.to_rows(),
-            self.refits,
-            native=self.native,
-        )
+        return self._replace(params=params, fingerprint={**self.fingerprint, "overhead_runs": stored})
 
     def with_compute(self, runs: Sequence[LocalStep | Mapping[str, Any]]) -> CostModel:
         """This model plus measured local steps (compute.py); a new row replaces one for the same model,
@@ -455,44 +451,20 @@ class CostModel:
             for r in self.compute.to_rows()
             if (r["key"], int(r["ranks"]), r.get("cores"), int(r["batch"])) not in fresh
         ]
-        return type(self)(
-            self.params,
-            dict(self.fingerprint),
-            self.throughput_fit,
-            kept + new,
-            self.refits,
-            native=self.native,
-        )
+        return self._replace(compute_runs=kept + new)
 
     def without_compute(self, keys: Any) -> CostModel:
         """This model less the measured local steps of the models ``keys`` (compute.model_key)."""
         drop = set(keys)
-        rows = [r for r in self.compute.to_rows() if r["key"] not in drop]
-        return type(self)(
-            self.params, dict(self.fingerprint), self.throughput_fit, rows, self.refits, native=self.native
-        )
+        return self._replace(compute_runs=[r for r in self.compute.to_rows() if r["key"] not in drop])
 
     def with_native(self, native: NativeParams) -> CostModel:
         """This model plus TensorFlow's figures (native.py; ``lab.calibrate(backend="tensorflow")``)."""
-        return type(self)(
-            self.params,
-            dict(self.fingerprint),
-            self.throughput_fit,
-            self.compute.to_rows(),
-            self.refits,
-            native,
-        )
+        return self._replace(native=native)
 
     def with_params(self, params: CostParams, **fingerprint: Any) -> CostModel:
         """This model with other params (the fingerprint gains ``fingerprint``'s entries)."""
-        return type(self)(
-            params,
-            {**self.fingerprint, **fingerprint},
-            self.throughput_fit,
-            self.compute.to_rows(),
-            self.refits,
-            native=self.native,
-        )
+        return self._replace(params=params, fingerprint={**self.fingerprint, **fingerprint})
 
     @classmethod
     def fit(cls, measurements: Any) -> CostModel:

@@ -114,9 +114,9 @@ class CostParams:
     comm_oversubscription: float = 0.0
     """Added to both scales per unit of ranks beyond a host's cores."""
     bucket_bytes: int = BUCKET_BYTES
-    """The all-reduce bucket cap the runtime uses (``RankJob.extra['bucket_bytes']``)."""
+    """The all-reduce bucket cap the runtime uses (``RunOptions.bucket_bytes``)."""
     ddp: bool = False
-    """Price pure all-reduce strategies as torch's DDP reducer buckets them (``RankJob.extra['ddp']``),
+    """Price pure all-reduce strategies as torch's DDP reducer buckets them (``RunOptions.ddp``),
     ignoring the strategy's group ids; False prices distlab's own buckets."""
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 import pandas as pd
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, check_positive
 
 
 def accuracy(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
@@ -91,12 +91,8 @@ def noise_ceiling(
     issue's targets). Optimistic for the predictor: measured medians lie further apart than
     the truths they estimate, and configurations doing the same work are not tied.
     """
-    if not isinstance(draws, int) or draws < 1:
-        raise DistlabError(f"noise_ceiling: draws={draws!r}; expected an integer >= 1")
-    if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
-        raise DistlabError(
-            f"noise_ceiling: repeats={repeats!r}; expected an integer >= 1, or None (as measured)"
-        )
+    check_positive("noise_ceiling: draws", draws)
+    check_positive("noise_ceiling: repeats (None: as measured)", repeats, optional=True)
     keys = ["model", "strategy", "world", "batch"]
     runs = df[keys + ["measured_throughput"]].assign(
         log=np.log(df["measured_throughput"].to_numpy(dtype=float))

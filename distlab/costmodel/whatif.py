@@ -13,6 +13,7 @@ from distlab.costmodel.collectives import COLLECTIVES
 from distlab.costmodel.contention import time_slicing
 from distlab.costmodel.degree import gossip_in_degree
 from distlab.costmodel.evaluate import Batch, Env, evaluate
+from distlab.errors import check_positive
 from distlab.profiling.model_profile import ModelProfile
 from distlab.resources import ResourceSpec
 from distlab.strategy.types import Strategy
@@ -113,8 +114,7 @@ def hosts_like(resources: ResourceSpec, hosts: int, per_host: int) -> ResourceSp
     from distlab.errors import ResourceError
 
     for name, v in (("hosts", hosts), ("per_host", per_host)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ResourceError(f"what-if: {name} must be a positive integer, got {v!r}")
+        check_positive(f"what-if: {name}", v, ResourceError)
     per = [len(resources.ranks_on(h)) for h in resources.hosts]
     if hosts == len(per) and all(n == per_host for n in per):
         return resources

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distlab.errors import CalibrationError, LaunchError
+from distlab.errors import CalibrationError, LaunchError, check_positive
 from distlab.files import write_atomic
 
 if TYPE_CHECKING:
@@ -52,8 +52,7 @@ def _cases(models: Any, batch_size: int) -> list[tuple[str, str, Any, Any, Any, 
     from distlab.keras_model import is_keras_model
     from distlab.native_tf.launch import arrays
 
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise CalibrationError(f"calibrate: batch_size must be an integer >= 1, got {batch_size!r}")
+    check_positive("calibrate: batch_size", batch_size, CalibrationError)
     batches = sorted({batch_size, max(1, batch_size // 4)})
     out = []
     for i, item in enumerate(models if isinstance(models, (list, tuple)) else [models]):
@@ -85,12 +84,9 @@ def calibrate_native(
     batch_size: int = 32,
     cache: bool = True,
     progress: bool = True,
-    backend: str = "tensorflow",
 ) -> Any:
     """``cm`` (the default model when None) plus ``NativeParams`` measured on ``cluster``, cached in
     ``cache_dir`` (see module docstring)."""
-    if backend != "tensorflow":
-        raise CalibrationError(f"calibrate: backend must be 'torch' or 'tensorflow', got {backend!r}")
     from distlab.calibration.campaign import cache_key
     from distlab.calibration.measure import Progress
     from distlab.cluster.load import LoadMonitor, warn_disturbed

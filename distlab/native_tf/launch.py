@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from distlab.errors import LaunchError
 
 if TYPE_CHECKING:
-    from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
     from distlab.profiling.model_profile import ModelProfile
     from distlab.resources import ResourceSpec
-    from distlab.runs.run import RunHooks
+    from distlab.runs.route import LabSide, LaunchRequest, Route
+    from distlab.runs.run import Run
     from distlab.strategy.types import Strategy
 
 # the builders TensorFlow runs natively, and as what: MultiWorkerMirroredStrategy, ParameterServerStrategy
@@ -172,27 +172,10 @@ def _native_optimizer(optimizer: Any, info: str, st: Strategy) -> tuple[Any, str
     return optimizer, info
 
 
-def launch_native(
-    cluster: Cluster,
-    cost_model: CostModel | None,
-    hooks: RunHooks,
-    model: Any,
-    strategy: Any,
-    *,
-    steps: int,
-    data: Any,
-    loss: Any,
-    optimizer: Any,
-    batch_size: int | None,
-    shuffle: bool,
-    seed: int,
-    timeout: float | None,
-    optimizer_info: str = "",
-    metrics: tuple[Any, ...] = (),
-) -> Any:
+def launch_native(lab: LabSide, request: LaunchRequest, route: Route) -> Run:
     """(client) ``lab.launch(..., backend="tensorflow")``: checks, profile and prediction as for a
     torch launch; the Run (not started: the Lab starts it) drives one rank per worker through
-    ``train_rank_tf``."""
+    ``route.rank_call`` (``train_rank_tf``)."""
     from distlab.data import describe
     from distlab.runs import validate as _v
     from distlab.runs.prepare import DEFAULT_BATCH
@@ -200,68 +183,63 @@ def launch_native(
     from distlab.runs.run import Run
     from distlab.strategy.types import Strategy
 
-    check_native(model, strategy)
-    if data is None:
+    r, cluster = request, lab.cluster
+    check_native(r.model, r.strategy)
+    if r.data is None:
         raise LaunchError("backend='tensorflow': data is required: an (inputs, targets) pair of arrays")
     res = cluster.resources
-    b = batch_size or (strategy.batch.per_replica if isinstance(strategy, Strategy) else DEFAULT_BATCH)
-    x, y = arrays(data)
-    prof = _profile(model, b, x[:b])
-    st, _ = _v.resolve_strategy(strategy, model, res, lambda n=None: prof, batch_size=b)
+    b = r.batch_size or (r.strategy.batch.per_replica if isinstance(r.strategy, Strategy) else DEFAULT_BATCH)
+    x, y = arrays(r.data)
+    prof = _profile(r.model, b, x[:b])
+    st, _ = _v.resolve_strategy(r.strategy, r.model, res, lambda n=None: prof, batch_size=b)
     _v.check_world_fits(st, res.world)
-    check_native(model, st)
-    optimizer, optimizer_info = _native_optimizer(optimizer, optimizer_info, st)
+    check_native(r.model, st)
+    optimizer, optimizer_info = _native_optimizer(r.optimizer, r.optimizer_info, st)
     payload = native_payload(
-        model,
+        r.model,
         x,
         y,
         st,
-        loss,
+        r.loss,
         optimizer,
-        steps=steps,
+        steps=r.steps,
         batch=b,
-        seed=seed,
-        shuffle=shuffle,
+        seed=r.seed,
+        shuffle=r.shuffle,
         shapes={v.name: v.shape for v in prof.variables},
-        metrics=metrics,
+        metrics=r.metrics,
     )
     workers = cluster.first(st.world, res)
-    run_id = hooks.new_id()
-    job = _native_job(st, steps, b, seed, float(timeout or cluster.timeout), run_id)
-    job.extra["metrics"] = metrics
+    run_id = lab.hooks.new_id()
+    job = _native_job(st, r.steps, b, r.seed, float(r.timeout or cluster.timeout), run_id, r.metrics)
     run = Run(
-        hooks,
+        lab.hooks,
         run_id,
-        model,
+        r.model,
         st,
         job,
         workers,
         cluster.threads_for(workers, res),
+        route=route,
         elastic=False,
         replan=_no_replan,
-        forecast=native_forecast(cost_model, prof, res, st),
-        data_info=describe(data) + " (as arrays, in each TensorFlow process)",
-        loss_info=getattr(loss, "__name__", None)
-        or getattr(loss, "name", None)
+        forecast=route.forecast(lab.cost_model(), prof, res, st),
+        data_info=describe(r.data) + " (as arrays, in each TensorFlow process)",
+        loss_info=getattr(r.loss, "__name__", None)
+        or getattr(r.loss, "name", None)
         or ("Keras sparse categorical cross-entropy from logits (the default for integer targets)"),
-        native=payload,
-        rank_call=_rank_call,
+        payload=payload,
     )
     run.optimizer_info = optimizer_info
     return run
 
 
-def _rank_call(run: Any, job: Any, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
-    """Each rank's task of a native run: a TensorFlow child process (native_tf/rank.py)."""
-    from distlab.native_tf.rank import train_rank_tf
-
-    return train_rank_tf, (run.native, run.topic, restart, run.id, threads[0], job.timeout)
-
-
-def _native_job(st: Any, steps: int, batch: int, seed: int, timeout: float, run_id: str) -> Any:
+def _native_job(
+    st: Any, steps: int, batch: int, seed: int, timeout: float, run_id: str, metrics: tuple[Any, ...]
+) -> Any:
     """The RankJob a native run's Run drives: its strategy, steps and deadline (the model and
-    data travel in the payload)."""
-    from distlab.runtime.job import RankJob
+    data travel in the payload; the metrics name the run's columns)."""
+    from distlab.runtime.job import RankJob, RunOptions
 
     return RankJob(
         rank=0,
@@ -276,4 +254,5 @@ def _native_job(st: Any, steps: int, batch: int, seed: int, timeout: float, run_
         seed=seed,
         timeout=timeout,
         run_id=run_id,
+        options=RunOptions(metrics=metrics),
     )

@@ -38,7 +38,7 @@ def execute_notebook(
     extra: dict[str, Any] = {}
     if kernel is None:
         wanted = notebook_kernel(src)
-        kernel = wanted if wanted in _installed_kernels() else KERNEL
+        kernel = wanted if wanted in installed_kernels() else KERNEL
         if wanted == EXTENSION_KERNEL and kernel != wanted:
             extra["extra_arguments"] = list(EXTENSION_ARGS)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,8 @@ def notebook_kernel(path: str | Path) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _installed_kernels() -> set[str]:
+def installed_kernels() -> set[str]:
+    """The names of the Jupyter kernels installed here (a notebook asks for one of them)."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     return set(KernelSpecManager().find_kernel_specs())

@@ -23,11 +23,10 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
 from distlab.conventions import is_keras_loss_name
-from distlab.errors import DistlabError, DistlabWarning, did_you_mean, match_name
+from distlab.errors import DistlabError, DistlabWarning, check_positive, did_you_mean, match_name
 from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
 
 WIDTH = 88  # %distlab help fits this many columns
-MODEL_OPTIONS = "[--data VAR] [--sample-input VAR] [--loss VAR|NAME] [--batch-size N]"
 # notebook names that are IPython's, not the user's: never suggested
 _IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 
@@ -79,8 +78,7 @@ def _model_options(p: _Parser) -> None:
 
 
 def _positive(name: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise UsageError(f"{name}: must be positive, got {value}")
+    check_positive(name, value, UsageError, optional=True)
 
 
 @magics_class

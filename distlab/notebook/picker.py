@@ -309,6 +309,11 @@ class StrategyPicker(PickerLaunch, w.VBox):
             getattr(self, c).disabled = c not in accepted
         return opts
 
+    @property
+    def shown_cost_model(self) -> Any:
+        """The cost model of what the picker shows now (None before its first drawing)."""
+        return self._cm
+
     def current_cost_model(self) -> Any:
         """What predictions use: the Lab's cost model (what ``lab.launch`` predicts with and
         ``lab.runs`` records) when it has one, else the one passed in (or the default)."""

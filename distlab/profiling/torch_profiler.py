@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from distlab.allocator import tune_allocator
-from distlab.errors import ProfileError
+from distlab.errors import ProfileError, check_positive
 from distlab.profiling.model_profile import DEFAULT_BATCH, LayerProfile, ModelProfile, VariableProfile
 from distlab.profiling.torch_inputs import Batch, diagnose, dtype_name, make_batcher
 from distlab.profiling.torch_meter import ROOT, LayerMeter, ModuleAttribution, flat_tensors
@@ -116,8 +116,7 @@ def profile(
     for label, value, low in (("batch_size", batch_size, 1), ("repeats", repeats, 1), ("warmup", warmup, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ProfileError(f"profile: {label} must be an integer >= {low}, got {value!r}")
-    if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
-        raise ProfileError(f"profile: micro_batch must be an integer >= 1, got {micro_batch!r}")
+    check_positive("profile: micro_batch", micro_batch, ProfileError, optional=True)
     if not any(p.requires_grad for p in model.parameters()):
         raise ProfileError(
             f"profile: {type(model).__name__} has no trainable parameters, so there is nothing to "

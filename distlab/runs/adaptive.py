@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from distlab.strategy.types import Strategy
 
 
-def adaptive_extra(
+def adaptive_options(
     cm: CostModel,
     profile: ModelProfile,
     resources: ResourceSpec,
@@ -25,7 +25,7 @@ def adaptive_extra(
     batch: int,
     optimizer: str | None = None,
 ) -> dict[str, Any]:
-    """``RankJob.extra`` entries of a launch of ``st``: for an AdaptiveBatch strategy, the base
+    """``RunOptions`` fields of a launch of ``st`` (runtime/job.py): for an AdaptiveBatch strategy, the base
     batch and the cost model's predicted seconds per step of every configuration its bounds
     allow (``[[per_replica, accumulation, seconds], ...]``); nothing for a fixed batch."""
     bounds = adaptive_bounds(st)
@@ -41,7 +41,7 @@ def adaptive_extra(
             + ("no measured noise at all" if len(on_servers) == len(st.variables) else "the others' noise")
             + "; optimizer='sgd' (or a replicated strategy) measures every variable",
             DistlabWarning,
-            stacklevel=4,
+            stacklevel=5,  # lab.launch's caller (via the route's launch)
         )
     configs = bounds.configurations(st.world)
     plans = [dataclasses.replace(st, batch=BatchConfig(b, k, st.batch.lr_scaling)) for b, k in configs]
@@ -76,7 +76,7 @@ def adaptive_forecast(
     from distlab.adaptive.goodput import statistical_efficiency
 
     base = st.batch.per_replica
-    extra = adaptive_extra(cm, profile, resources, st, base)
+    extra = adaptive_options(cm, profile, resources, st, base)
     if not extra:
         return None
     table = {(int(b), int(k)): s for b, k, s in extra["adaptive"]["table"]}

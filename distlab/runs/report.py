@@ -83,15 +83,7 @@ def _no_prediction(run: Run) -> str:
     """Why a run has no prediction, and the call that gives the next one."""
     if run.forecast is not None:
         return ""
-    if run.native is not None:
-        if run.strategy.builder in ("PS", "PartitionedPS"):
-            return "none: native parameter-server runs (asynchronous rounds) are not predicted"
-        return (
-            "none: TensorFlow's collectives were not calibrated at launch; "
-            'lab.calibrate(backend="tensorflow", models=[model]) measures them'
-        )
-    how = run.calibrate_call
-    return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
+    return run.route.no_prediction(run)
 
 
 def _prediction_text(run: Run, pred: float) -> str:

@@ -5,7 +5,6 @@ views over its records share that state; its row and card are in report.py, its 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import threading
@@ -13,18 +12,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from distlab.cluster import spmd
 from distlab.errors import DistlabError, DistlabWarning, LaunchError
 from distlab.runs import metrics as _metrics
 from distlab.runs.report import model_name, run_card, run_row
-from distlab.runs.train import runtime_entry, train_rank
+from distlab.runs.train import runtime_entry
 
 if TYPE_CHECKING:
+    from distlab.runs.route import Route
     from distlab.runtime.job import RankJob
 
-STATUSES = ("pending", "running", "finished", "failed", "cancelled")
 LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worker after a rank saw it
 CANCEL_WITHIN = 10.0  # seconds: every rank stops within this after cancel()
 
@@ -83,13 +80,13 @@ class Run:
         forecast: Forecast | None = None,
         data_info: str = "",
         loss_info: str = "",
-        native: dict[str, Any] | None = None,
-        rank_call: Callable[[Run, RankJob, int, list[int]], tuple[Any, tuple[Any, ...]]] | None = None,
+        route: Route,
+        payload: Any = None,
     ) -> None:
         self.id = run_id
-        self.native = native  # a native TensorFlow run's payload (native_tf/launch.py); None: torch
-        self._route_call = rank_call  # another route's rank task (native_tf/launch.py); None: torch
-        self.backend = "tensorflow" if native is not None else "torch"
+        self.route = route  # how its ranks run, its trained model loads, its prediction is made
+        self.backend = route.name  # "torch" or "tensorflow"
+        self.payload = payload  # what the route's ranks read besides the job (a native run's files)
         self.data_info = data_info  # what it trains on, in one line (name, size, shapes)
         self.loss_info = loss_info  # what it minimises
         self.optimizer_info = ""  # what steps it, and where that came from (distlab.conventions)
@@ -250,11 +247,8 @@ class Run:
             self._done.set()
 
     def _rank_call(self, job: RankJob, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
-        """The function each rank's task runs and its arguments: distlab's runtime, or the route's
-        (``rank_call``: a native TensorFlow child process)."""
-        if self._route_call is not None:
-            return self._route_call(self, job, restart, threads)
-        return train_rank, (cloudpickle.dumps(job), self._topic, restart, self._runtime[0])
+        """The function each rank's task runs and its arguments: its route's (runs/route.py)."""
+        return self.route.rank_call(self, job, restart, threads)
 
     @property
     def topic(self) -> str:
@@ -333,13 +327,13 @@ class Run:
             state = load(path)
             start_step = int(state.get("step", 0))
             offset = int(state.get("samples", start_step * (job.batch_size or self.batch_size) * job.world))
-        strategy, threads, extra = self._replan(workers)
+        strategy, threads, options = self._replan(workers)
         self.strategy = strategy
         new = dataclasses.replace(
             job,
             world=len(workers),
             strategy=strategy,
-            extra={**job.extra, **extra},
+            options=dataclasses.replace(job.options, **options),
             start_step=start_step,
             sample_offset=offset,
             resume_from=str(path) if path is not None else None,
@@ -399,7 +393,7 @@ class Run:
     @property
     def traced(self) -> bool:
         """Launched with ``trace=True``: every rank records its timeline."""
-        return bool(self._job.extra.get("trace"))
+        return self._job.options.trace
 
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers.
@@ -505,18 +499,7 @@ class Run:
         if self._model is None:
             if self._state_dict is None:
                 raise LaunchError(f"run {self.id}: no trained model ({self.status}); wait() for it to finish")
-            if isinstance(self._state_dict, list):  # a native TensorFlow run: rank 0's Keras weights
-                import keras
-
-                clone = keras.models.clone_model(self._model0)
-                clone.set_weights(self._state_dict)
-                self._model = clone
-                return clone
-            m = copy.deepcopy(self._model0)
-            m.load_state_dict(self._state_dict)
-            from distlab.keras_model import unwrap
-
-            self._model = unwrap(m)  # a Keras model launched comes back as a Keras model
+            self._model = self.route.trained_model(self._model0, self._state_dict)
         return self._model
 
     @property
@@ -531,7 +514,7 @@ class Run:
     def step_metrics(self) -> tuple[Any, ...]:
         """The metrics each step reports beside the loss (a compiled Keras model's; columns of
         ``run.metrics``; distlab.step_metrics)."""
-        return tuple(self._job.extra.get("metrics") or ())
+        return tuple(self._job.options.metrics)
 
     @property
     def metric_names(self) -> list[str]:
@@ -541,7 +524,7 @@ class Run:
     def step_table(self) -> dict[tuple[int, int], float] | None:
         """An adaptive run's predicted seconds per step of each (per-replica batch, accumulation)
         its controller may choose, for the current world (None for a fixed batch)."""
-        table = (self._job.extra.get("adaptive") or {}).get("table")
+        table = (self._job.options.adaptive or {}).get("table")
         return {(int(b), int(k)): float(s) for b, k, s in table} if table else None
 
     def plot(self) -> Any:

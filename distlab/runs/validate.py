@@ -7,6 +7,7 @@ import os
 import warnings
 from typing import Any
 
+from distlab import errors
 from distlab.errors import DistlabError, LaunchError, StrategyError, did_you_mean, match_name
 from distlab.resources import ResourceSpec
 from distlab.runs.report import model_name
@@ -14,11 +15,8 @@ from distlab.strategy.types import Strategy
 
 
 def check_positive(name: str, value: Any, *, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise LaunchError(f"{name}: must be a positive integer, got {value!r}")
-    return value
+    """A launch's positive integer (errors.check_positive, as a ``LaunchError``)."""
+    return errors.check_positive(name, value, LaunchError, optional=optional)
 
 
 def check_model(model: Any) -> None:

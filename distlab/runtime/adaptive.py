@@ -20,7 +20,7 @@ class BatchState:
     """What one optimizer step reads and how its rate is scaled; identical on every rank.
 
     ``base`` is the batch the optimizer's learning rate is set for (the starting per-replica
-    batch unless ``RankJob.extra["base_batch"]``); the scale of a step is its global batch over it.
+    batch unless ``RankJob.options.base_batch``); the scale of a step is its global batch over it.
     ``controller`` (adaptive runs): a ``GoodputController`` consulted when a step crosses an
     epoch boundary of ``data``; rank 0 decides, every rank applies the same decision.
     """
@@ -38,9 +38,9 @@ class BatchState:
         for opt in optimizers:
             scaling.check_optimizer(opt, self.rule)
         batch = job.batch_size or job.strategy.batch.per_replica
-        self.base = int(job.extra.get("base_batch") or batch)
+        self.base = int(job.options.base_batch or batch)
         self.controller = controller
-        self.progress = float(job.extra.get("progress", 0.0))
+        self.progress = float(job.options.progress)
         self.configure(batch, job.strategy.batch.accumulation)
         if noise is not None:
             noise.use_optimizers(*optimizers)

@@ -84,6 +84,11 @@ class Bucket:
                 u.param.grad = g
         self._work = self._wire = None
 
+    def in_flight(self) -> tuple[Any, Any] | None:
+        """The all-reduce launched and not finished (its work handle, its wire tensor); None when
+        none is (one rank, or finished)."""
+        return (self._work, self._wire) if self._work is not None else None
+
 
 def build_buckets(
     units: list[SyncUnit],

@@ -6,7 +6,69 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from distlab.strategy.execution import BUCKET_BYTES
 from distlab.strategy.types import Strategy
+
+SPARSE_EXCHANGES = ("packed", "per_table")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the runtime runs a job, beyond its strategy (the Lab's routes fill it; the defaults are
+    the runtime's own when a job is built by hand)."""
+
+    ddp: bool = False
+    """Run a pure all-reduce strategy with torch's DDP reducer instead of distlab's buckets
+    (strategy/execution.py; the cost model prices it). A DDP-wrapped group stays open after a
+    failure, so its peers then wait for the job's ``timeout``."""
+
+    bucket_bytes: int = BUCKET_BYTES
+    """The cap of one all-reduce bucket, in bytes (strategy/execution.py's, 4 MiB: DDP's
+    ``bucket_cap_mb`` in bytes)."""
+
+    noise_scale: bool = False
+    """Measure the gradient noise scale (runtime/noise.py), as an adaptive or AdaScale run does
+    anyway; each step's record gains its estimate."""
+
+    adaptive: dict[str, Any] | None = None
+    """The goodput controller's table, ``{"table": [[per_replica, accumulation, seconds], ...]}``
+    (runs/adaptive.py): the batch is re-chosen at epoch boundaries. None: a fixed batch."""
+
+    base_batch: int | None = None
+    """The per-replica batch the learning rate was set for (adaptive/scaling.py); None: the job's
+    ``batch_size``."""
+
+    progress: float = 0.0
+    """Scale-invariant samples already trained (an adaptive run resumed after a restart)."""
+
+    metrics: tuple[Any, ...] = ()
+    """``distlab.step_metrics.StepMetric``s: each step's record gains a column per metric,
+    measured on the rank's batch before the update."""
+
+    trace: bool = False
+    """Record each rank's timeline of compute and communication (runtime/trace.py)."""
+
+    sparse_exchange: str = "packed"
+    """How sparse gradients travel: ``"packed"`` (every table in one exchange) or
+    ``"per_table"``."""
+
+    def __post_init__(self) -> None:
+        from distlab.errors import LaunchError
+
+        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
+            raise LaunchError(
+                f"RunOptions.bucket_bytes: a positive number of bytes, got {self.bucket_bytes!r}"
+            )
+        if self.sparse_exchange not in SPARSE_EXCHANGES:
+            raise LaunchError(
+                f"RunOptions.sparse_exchange: {self.sparse_exchange!r}; expected 'packed' (the default) or "
+                "'per_table'"
+            )
+        if self.base_batch is not None and (not isinstance(self.base_batch, int) or self.base_batch < 1):
+            raise LaunchError(f"RunOptions.base_batch: a positive integer or None, got {self.base_batch!r}")
+        if self.adaptive is not None and not isinstance(self.adaptive.get("table"), list):
+            raise LaunchError("RunOptions.adaptive: {'table': [[per_replica, accumulation, seconds], ...]}")
+        object.__setattr__(self, "metrics", tuple(self.metrics))
 
 
 @dataclass
@@ -22,7 +84,7 @@ class RankJob:
     ``G = batch_size * accumulation * world``; rank r reads its ``accumulation`` contiguous
     micro-batches of ``batch_size`` (runtime/data.py), and syncs its gradients once, after the
     last. The optimizer's rate is scaled by ``strategy.batch.lr_scaling`` around each step
-    (adaptive/scaling.py; the base batch is ``batch_size`` unless ``extra["base_batch"]``).
+    (adaptive/scaling.py; the base batch is ``batch_size`` unless ``options.base_batch``).
     ``sample_offset`` is the data position (global samples already seen) at step ``start_step``:
     step t reads ``[sample_offset + (t - start_step)*G, ... + G)``, so an elastic resume on a
     new world keeps its position in samples (pass the checkpoint's ``samples``). Positions
@@ -31,15 +93,7 @@ class RankJob:
 
     ``topology`` optionally overrides ``distlab.topology.get(strategy.gossip.topology, world)``
     for gossip (an object with ``.weights``, ``.in_neighbors(r)``, ``.out_neighbors(r)`` and,
-    when dynamic, ``.at(step)``). ``extra`` keys the runtime reads: ``ddp`` (default False; True
-    runs a pure all-reduce strategy with torch's DDP reducer instead of distlab's buckets; note
-    that a DDP-wrapped group stays open after a failure, so peers then wait for ``timeout``),
-    ``bucket_bytes`` (all-reduce bucket cap, default 4 MiB), ``noise_scale`` (True: measure the
-    gradient noise scale, as AdaScale does anyway; runtime/noise.py), ``adaptive`` (the goodput
-    controller's table ``{"table": [[per_replica, accumulation, seconds], ...]}``: the batch is
-    re-chosen at epoch boundaries), ``base_batch``, ``progress`` (scale-invariant samples so far),
-    ``metrics`` (``distlab.step_metrics.StepMetric``s: each step's record gains a column per
-    metric, on the rank's batch before the update), ``trace``.
+    when dynamic, ``.at(step)``). ``options``: how the runtime runs it (``RunOptions``).
     ``run_id`` must be unique per rendezvous store (it prefixes the store's keys).
     """
 
@@ -65,7 +119,7 @@ class RankJob:
     threads: int | None = None  # torch intra-op threads in this rank (Dask forces 1)
     device: str = "cpu"  # "cpu" or "cuda:N"
     run_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    options: RunOptions = field(default_factory=lambda: RunOptions())
     topology: Any = None  # gossip topology object; default: distlab.topology.get(...)
 
 

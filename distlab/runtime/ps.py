@@ -42,6 +42,10 @@ class DenseReduce:
             self.u.target.grad = self._buf.view(self.u.target.shape)
         self._buf = self._work = None
 
+    def in_flight(self) -> tuple[Any, Any] | None:
+        """The reduce launched and not finished (its work handle, its tensor); None when none is."""
+        return (self._work, self._buf) if self._work is not None else None
+
 
 def gather_sparse_to_servers(
     units: Sequence[SyncUnit], world: int, rank: int, wait: Callable[[Any], None]

@@ -141,11 +141,12 @@ class Synchronizer:
 
     def _trace_task(self, t: Any) -> None:
         """The span of a gradient task just launched: a bucket's all-reduce or a PS reduce to its server."""
-        work = getattr(t, "_work", None)
-        if work is None:
+        flight = t.in_flight() if hasattr(t, "in_flight") else None
+        if flight is None:
             return
+        work, buf = flight
         if isinstance(t, DenseReduce):
-            buf, server = t._buf, t.u.sync.server
+            server = t.u.sync.server
             self.tracer.collective(
                 work, f"PS push {t.u.label} to rank {server}", "ps", bytes=_nbytes(buf), peers=[server]
             )
@@ -155,7 +156,7 @@ class Synchronizer:
                 work,
                 f"all-reduce bucket {t.key}",
                 "allreduce",
-                bytes=_nbytes(t._wire),
+                bytes=_nbytes(buf),
                 peers=[r for r in range(self.world) if r != self.rank],
                 variables=names[:8],
             )

@@ -15,7 +15,6 @@ from distlab.allocator import tune_allocator
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
 from distlab.runtime.adaptive import BatchState
-from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES
 from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer
 from distlab.runtime.gossip import resolve_topology
@@ -127,24 +126,24 @@ def _is_comm_error(exc: BaseException) -> bool:
 
 def measures_noise(job: RankJob) -> bool:
     """The run measures its gradient noise scale: AdaScale and the goodput controller need it,
-    ``extra["noise_scale"]`` asks for it."""
+    ``options.noise_scale`` asks for it."""
     return (
         job.strategy.batch.lr_scaling == "adascale"
-        or bool(job.extra.get("noise_scale", False))
-        or job.extra.get("adaptive") is not None
+        or job.options.noise_scale
+        or job.options.adaptive is not None
     )
 
 
 def _controller(job: RankJob) -> Any:
-    """The goodput controller of an adaptive run: ``extra["adaptive"]`` holds the predicted
+    """The goodput controller of an adaptive run: ``options.adaptive`` holds the predicted
     seconds per step of every allowed (per-replica batch, accumulation), as ``[[b, k, s], ...]``."""
-    spec = job.extra.get("adaptive")
+    spec = job.options.adaptive
     if spec is None:
         return None
     from distlab.adaptive.controller import GoodputController
 
     table = {(int(b), int(k)): float(s) for b, k, s in spec["table"]}
-    base = int(job.extra.get("base_batch") or job.batch_size or job.strategy.batch.per_replica)
+    base = int(job.options.base_batch or job.batch_size or job.strategy.batch.per_replica)
     return GoodputController(table, job.world, base)
 
 
@@ -160,7 +159,7 @@ def _make_sync(
         batch = job.batch_size or s.batch.per_replica
         noise = GradNoise(units, make_opt, job.rank, job.world, batch, s.batch.accumulation, wait)
     # DDP's reducer averages local gradients out of reach of the noise measurement's hooks
-    ddp = noise is None and job.extra.get("ddp", False) and job.world > 1
+    ddp = noise is None and job.options.ddp and job.world > 1
     if ddp and ddp_applies(s, sparse_names(model, units), ef):
         return DDPSynchronizer(model, units, make_opt, job.device, tracer)
     gossiping = any(u.sync.kind == "gossip" for u in units)
@@ -174,23 +173,12 @@ def _make_sync(
         topology=topo,
         gossip_mode=s.gossip.mode if s.gossip else "atc",
         error_feedback=ef,
-        bucket_bytes=int(job.extra.get("bucket_bytes", DEFAULT_BUCKET_BYTES)),
+        bucket_bytes=job.options.bucket_bytes,
         wait=wait,
-        packed=_sparse_exchange(job) == "packed",
+        packed=job.options.sparse_exchange == "packed",
         noise=noise,
         tracer=tracer,
     )
-
-
-def _sparse_exchange(job: RankJob) -> str:
-    """``RankJob.extra["sparse_exchange"]``: "packed" (default: every table in one exchange) or
-    "per_table" (one exchange per table, as a baseline for benchmarks)."""
-    mode = job.extra.get("sparse_exchange", "packed")
-    if mode not in ("packed", "per_table"):
-        raise LaunchError(
-            f"RankJob.extra['sparse_exchange']: {mode!r}; expected 'packed' (the default) or 'per_table'"
-        )
-    return mode
 
 
 def _forward_backward(
@@ -198,10 +186,10 @@ def _forward_backward(
 ) -> tuple[float, dict[str, float]]:
     """One step's forward and backward over its micro-batches, gradients accumulating (the last
     micro-batch syncs them); returns the step's mean loss and its metrics' means
-    (``job.extra["metrics"]``: distlab.step_metrics, on each micro-batch before the update)."""
+    (``job.options.metrics``: distlab.step_metrics, on each micro-batch before the update)."""
     loss_value = 0.0
     accum = batches.accum
-    metrics = job.extra.get("metrics") or ()
+    metrics = job.options.metrics
     values = dict.fromkeys((m.name for m in metrics), 0.0)
     for micro in range(accum):
         x, y = batches.data.get(pos, micro)
@@ -230,7 +218,7 @@ def _train(
 ) -> dict[str, Any]:
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
-    tracer = Tracer() if job.extra.get("trace") else OFF
+    tracer = Tracer() if job.options.trace else OFF
     if tracer.enabled:
         align(tracer, job.rank, job.world, job.device)
     sync = _make_sync(job, model, units, make_opt, wait, tracer)

@@ -77,15 +77,15 @@ def test_an_adaptive_batch_over_parameter_servers_with_adam_says_what_its_noise_
     import warnings
 
     from distlab.costmodel import CostModel
-    from distlab.runs.adaptive import adaptive_extra
+    from distlab.runs.adaptive import adaptive_options
 
     res = dl.ResourceSpec.local(2)
     prof = dl.profile(dl.zoo.get("mlp"), batch_size=16)
     ps = dl.strategy.build("AdaptiveBatch", prof, res, base="PS")
     with pytest.warns(UserWarning, match="adapts to no measured noise at all; optimizer='sgd'"):
-        assert adaptive_extra(CostModel.default(), prof, res, ps, 16, "adam")["adaptive"]["table"]
+        assert adaptive_options(CostModel.default(), prof, res, ps, 16, "adam")["adaptive"]["table"]
     replicated = dl.strategy.build("AdaptiveBatch", prof, res)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        adaptive_extra(CostModel.default(), prof, res, ps, 16, "sgd")
-        adaptive_extra(CostModel.default(), prof, res, replicated, 16, "adam")
+        adaptive_options(CostModel.default(), prof, res, ps, 16, "sgd")
+        adaptive_options(CostModel.default(), prof, res, replicated, 16, "adam")

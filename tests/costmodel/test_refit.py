@@ -104,7 +104,7 @@ def test_refit_moves_the_model_toward_its_runs_and_leaves_other_models_alone():
         cm.sweep(other, res, [st_other], worlds=[2, 3])
     )
     res, st = allreduce(prof, 2, 8)
-    mixed = new._evaluate([new.compile(other, st_other), new.compile(prof, st)], res)
+    mixed = new.evaluate_compiled([new.compile(other, st_other), new.compile(prof, st)], res)
     assert mixed["step_time"][0] == cm.predict(other, res, st_other).step_time
     assert mixed["step_time"][1] == new.predict(prof, res, st).step_time
 

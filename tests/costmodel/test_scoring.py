@@ -168,7 +168,7 @@ def test_noise_ceiling_names_what_it_needs():
     df = noisy_grid([100.0, 110.0, 120.0], 0.1, 3)
     with pytest.raises(DistlabError, match="repeats >= 2"):
         noise_ceiling(df[df.repeat == 0])
-    with pytest.raises(DistlabError, match="draws=0"):
+    with pytest.raises(DistlabError, match="draws must be an integer >= 1, got 0"):
         noise_ceiling(df, draws=0)
-    with pytest.raises(DistlabError, match="repeats=0"):
+    with pytest.raises(DistlabError, match=r"repeats \(None: as measured\) must be an integer >= 1, got 0"):
         noise_ceiling(df, repeats=0)

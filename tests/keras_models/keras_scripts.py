@@ -1,6 +1,8 @@
 """Keras code for the tests, run in a process of its own per backend (Keras fixes its backend at
 its first import in a process): ``run(backend, function_name, *args)`` returns the function's
-JSON-able result."""
+JSON-able result. The tests run every scenario of a backend in one process on one shared Lab
+(``several`` with ``TORCH_CALLS`` or ``TENSORFLOW_CALLS``; conftest.py), each asserting on its own
+result (``result``); a scenario run alone (``run(backend, name, ...)``) starts its own Lab."""
 
 from __future__ import annotations
 
@@ -11,6 +13,86 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+BUILDERS = ["PS", "PartitionedPS", "Parallax", "Gossip", "AdaptiveBatch"]
+
+# the notebook on torch: distlab's runtime and the native route (first: the torch route's check
+# that its workers never import TensorFlow)
+TORCH_CALLS = [
+    ["torch_equivalence", "torch_route_equivalence", ["AllReduce"]],
+    ["conventions", "keras_conventions_match", []],
+    ["user_flow", "keras_user_flow", [200, "torch"]],
+    ["native_under_load", "native_calibration_under_load", []],
+    ["native_mirrored", "native_allreduce", [30, True]],
+    ["native_equivalence", "torch_route_equivalence", ["AllReduce", 4, 8, "tensorflow"]],
+    ["native_exit_AllReduce", "native_faults", ["exit", "AllReduce"]],
+    ["native_exit_PS", "native_faults", ["exit", "PS"]],
+    ["native_never", "native_faults", ["never"]],
+    ["native_bad_input", "native_bad_input", []],
+    ["native_ps", "native_ps", [["PS", "PartitionedPS"]]],
+]
+# the notebook on TensorFlow (a plain ``import keras``)
+TENSORFLOW_CALLS = [
+    ["builders", "torch_route_builders", [BUILDERS]],
+    ["user_flow_tensorflow", "keras_user_flow", [200, "tensorflow"]],
+    ["user_flow_torch", "keras_user_flow", [200, "torch"]],
+    ["fit_guard", "keras_fit_multi_worker", []],
+]
+TIMEOUT = 900  # seconds for one process's scenarios (about 300 s here); the tests' marks allow it
+
+_SHARED: dict = {}  # several(): the one 2-worker Lab every scenario of the call uses
+
+
+def _lab(workers: int = 2, cache_dir: str | None = None):
+    """A scenario's Lab: the shared one inside ``several`` (its cache folder set), else its own."""
+    import distlab as dl
+
+    lab = _SHARED.get(workers)
+    if lab is None or lab.closed:
+        return dl.Lab(workers=workers, cache_dir=cache_dir)
+    lab.cache_dir = Path(cache_dir) if cache_dir else lab.cache_dir
+    return lab
+
+
+def _done(lab) -> None:
+    """A scenario's end: its own Lab closed; the shared one kept for the next, as it started
+    (no cost model, its own cache folder)."""
+    if all(lab is not shared for shared in _SHARED.values()):
+        lab.close()
+        return
+    lab.cost_model = None
+    lab.cache_dir = _SHARED["cache_dir"]
+
+
+def several(calls: list) -> dict:
+    """Each ``[key, function_name, args]`` of ``calls`` in this one process, on one shared Lab of
+    2 workers (a process start, Keras's import and a Lab's start cost seconds each):
+    ``{key: result}``, a failed call's result ``{"failed": its traceback}``."""
+    import traceback
+
+    import distlab as dl
+
+    out = {}
+    _SHARED[2] = dl.Lab(workers=2)
+    _SHARED["cache_dir"] = _SHARED[2].cache_dir
+    try:
+        for key, name, args in calls:
+            try:
+                out[key] = globals()[name](*args)
+            except Exception:  # noqa: BLE001 - the test of this call reports it
+                out[key] = {"failed": traceback.format_exc()[-4000:]}
+    finally:
+        _SHARED.pop(2).close()
+        _SHARED.clear()
+    return out
+
+
+def result(out: dict, key: str) -> dict:
+    """One call's result of ``several``; its traceback when it failed."""
+    assert key in out, f"{key}: not run"
+    assert "failed" not in out[key], f"{key} failed:\n{out[key]['failed']}"
+    return out[key]
 
 
 def run(backend: str, name: str, *args, timeout: float = 240) -> dict:
@@ -79,7 +161,6 @@ def torch_route_equivalence(
     import numpy as np
     import torch
 
-    import distlab as dl
     from distlab.keras_model import wrap
 
     rng = np.random.default_rng(0)
@@ -89,7 +170,7 @@ def torch_route_equivalence(
     def sgd(params):
         return torch.optim.SGD(params, lr=0.1)
 
-    lab = dl.Lab(workers=2)
+    lab = _lab(2)
     try:
         model = mlp(seed=1)
         run = lab.launch(
@@ -118,7 +199,7 @@ def torch_route_equivalence(
             == [w.tolist() for w in mlp(seed=1).get_weights()],
         }
     finally:
-        lab.close()
+        _done(lab)
     ref = wrap(mlp(seed=1))
     opt = sgd(ref.parameters())
     g = 2 * per_replica
@@ -145,7 +226,7 @@ def torch_route_builders(builders: list) -> dict:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 100, size=(256, 6)).astype("int32")
     y = rng.integers(0, 3, size=256).astype("int64")
-    lab = dl.Lab(workers=2)
+    lab = _lab(2)
     out = {}
     try:
         model = embedding_model()
@@ -191,7 +272,7 @@ def torch_route_builders(builders: list) -> dict:
         run.wait(timeout=180)
         out["zoo"] = {"status": run.status, "data": run.data_info, "model": lab.runs["model"].iloc[-1]}
     finally:
-        lab.close()
+        _done(lab)
     return out
 
 
@@ -203,8 +284,6 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
 
     import numpy as np
 
-    import distlab as dl
-
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 12)).astype("float32")
     y = (x[:, :5].argmax(1)).astype("int64")
@@ -215,9 +294,9 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
 
     # a busy CI host would mark the measurement disturbed, which is never cached; this script tests
     # the cache (native_calibration_under_load tests the disturbed branch)
-    resources.DISTURBED_CORES = float("inf")
+    disturbed_cores, resources.DISTURBED_CORES = resources.DISTURBED_CORES, float("inf")
     cache = tempfile.mkdtemp(prefix="distlab-native-cache-")
-    lab = dl.Lab(workers=2, cache_dir=cache)
+    lab = _lab(2, cache_dir=cache)
     out = {"runs": []}
     try:
         model = mlp(seed=2)
@@ -262,7 +341,8 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
                 }
             )
     finally:
-        lab.close()
+        resources.DISTURBED_CORES = disturbed_cores
+        _done(lab)
     return out
 
 
@@ -301,12 +381,10 @@ def native_faults(kind: str, builder: str = "AllReduce") -> dict:
 
     import numpy as np
 
-    import distlab as dl
-
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 12)).astype("float32")
     y = rng.integers(0, 5, size=512).astype("int64")
-    lab = dl.Lab(workers=2)
+    lab = _lab(2)
     try:
         run = lab.launch(
             mlp(),
@@ -335,7 +413,7 @@ def native_faults(kind: str, builder: str = "AllReduce") -> dict:
         out["no_children"] = _no_children_within(run.id, 15)
         return out
     finally:
-        lab.close()
+        _done(lab)
 
 
 def native_bad_input() -> dict:
@@ -345,11 +423,10 @@ def native_bad_input() -> dict:
     import numpy as np
     import torch
 
-    import distlab as dl
     from distlab.errors import DistlabError
 
     x, y = np.zeros((64, 12), "float32"), np.zeros(64, "int64")
-    lab = dl.Lab(workers=1)
+    lab = _lab(1)
     out = {}
 
     def attempt(key, **kw):
@@ -387,7 +464,7 @@ def native_bad_input() -> dict:
             except DistlabError as exc:
                 out[key] = f"{type(exc).__name__}: {exc}"
     finally:
-        lab.close()
+        _done(lab)
     return out
 
 
@@ -457,7 +534,7 @@ def native_ps(builders: list, steps: int = 20) -> dict:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 1000, size=(1024, 6)).astype("int32")
     y = (x[:, 0] % 3).astype("int64")
-    lab = dl.Lab(workers=2)
+    lab = _lab(2)
     out = {}
     try:
         import keras
@@ -500,7 +577,7 @@ def native_ps(builders: list, steps: int = 20) -> dict:
         except dl.DistlabError as exc:
             out["adam"] = str(exc)
     finally:
-        lab.close()
+        _done(lab)
     return out
 
 
@@ -512,13 +589,11 @@ def native_calibration_under_load() -> dict:
 
     import numpy as np
 
-    import distlab as dl
-
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 12)).astype("float32")
     y = (x[:, :5].argmax(1)).astype("int64")
     cache = tempfile.mkdtemp(prefix="distlab-native-load-")
-    lab = dl.Lab(workers=2, cache_dir=cache)
+    lab = _lab(2, cache_dir=cache)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -535,7 +610,7 @@ def native_calibration_under_load() -> dict:
         for h in hogs:
             h.kill()
             h.wait()
-        lab.close()
+        _done(lab)
 
 
 def keras_conventions_match() -> dict:
@@ -645,8 +720,6 @@ def keras_user_flow(steps: int = 200, route: str | None = None) -> dict:
     import numpy as np
     from sklearn.datasets import load_digits
 
-    import distlab as dl
-
     backend = keras.backend.backend()
     route = route or backend
     rng = np.random.default_rng(0)
@@ -657,7 +730,8 @@ def keras_user_flow(steps: int = 200, route: str | None = None) -> dict:
     perm = rng.permutation(len(x))
     train, test = perm[:1400], perm[1400:]
     out: dict = {"backend": backend}
-    with dl.Lab(workers=2) as lab:
+    lab = _lab(2)
+    try:
         for name, softmax, loss in (
             ("name", True, "sparse_categorical_crossentropy"),
             ("object", False, keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
@@ -701,6 +775,8 @@ def keras_user_flow(steps: int = 200, route: str | None = None) -> dict:
             else None,
             "card": run._repr_html_(),
         }
+    finally:
+        _done(lab)
     ref = _digits_classifier()
     epochs = -(-steps * 32 // len(train))
     ref.fit(x[train], yd[train], batch_size=32, epochs=epochs, verbose=0, shuffle=True)

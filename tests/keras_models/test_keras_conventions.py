@@ -5,14 +5,13 @@ calls them, Keras optimizers and names carried to torch with their hyperparamete
 from __future__ import annotations
 
 import pytest
-from keras_scripts import run
+from keras_scripts import TIMEOUT, result
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 60)]  # the first test waits for them all
 
 
-@pytest.mark.timeout(200)
-def test_keras_losses_and_optimizers_compute_as_keras_does():
-    out = run("torch", "keras_conventions_match", timeout=180)
+def test_keras_losses_and_optimizers_compute_as_keras_does(torch_notebook):
+    out = result(torch_notebook, "conventions")
     for name, (keras_value, ours) in out["losses"].items():
         assert ours == pytest.approx(keras_value, rel=1e-5), name
     for name, (keras_weights, torch_weights) in out["optimizers"].items():
@@ -22,12 +21,14 @@ def test_keras_losses_and_optimizers_compute_as_keras_does():
 @pytest.mark.parametrize(
     ("backend", "route"), [("torch", "torch"), ("tensorflow", "tensorflow"), ("tensorflow", "torch")]
 )
-@pytest.mark.timeout(400)
-def test_a_keras_user_trains_with_keras_losses_and_compile_on_either_route(backend, route):
+def test_a_keras_user_trains_with_keras_losses_and_compile_on_either_route(
+    torch_notebook, tensorflow_notebook, backend, route
+):
     """The notebook's Keras backend and the route: distlab's runtime from a notebook on torch, the
     native route, and distlab's runtime from a plain ``import keras`` (TensorFlow in the notebook,
     torch on the workers)."""
-    out = run(backend, "keras_user_flow", 200, route, timeout=380)
+    key = {"torch": "user_flow", "tensorflow": f"user_flow_{route}"}[backend]
+    out = result(torch_notebook if backend == "torch" else tensorflow_notebook, key)
     assert out["backend"] == backend
     for way, info in (
         ("name", "keras sparse_categorical_crossentropy()"),

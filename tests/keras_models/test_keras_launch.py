@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from keras_scripts import run
+from keras_scripts import BUILDERS, TIMEOUT, result
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 60)]  # the first test waits for them all
 
 
-@pytest.mark.timeout(400)
-def test_allreduce_on_two_ranks_equals_one_process_on_the_global_batch():
-    out = run("torch", "torch_route_equivalence", "AllReduce", timeout=380)
+def test_allreduce_on_two_ranks_equals_one_process_on_the_global_batch(torch_notebook):
+    out = result(torch_notebook, "torch_equivalence")
     assert out["status"] == "finished" and out["type"] == "keras.Sequential"  # run.model is a Keras model
     assert out["moved"] > 1e-3  # it trained
     assert out["max_weight_difference"] < 1e-5, out
@@ -18,13 +17,11 @@ def test_allreduce_on_two_ranks_equals_one_process_on_the_global_batch():
     assert out["untouched"]  # the user's model keeps its weights: the workers trained copies
 
 
-@pytest.mark.timeout(400)
-def test_every_kind_of_builder_trains_a_keras_model_built_under_tensorflow():
+def test_every_kind_of_builder_trains_a_keras_model_built_under_tensorflow(tensorflow_notebook):
     """The notebook's Keras on TensorFlow (a plain ``import keras``): the workers load each model's
     .keras file under torch, and run.model comes back as the notebook's Keras model."""
-    builders = ["PS", "PartitionedPS", "Parallax", "Gossip", "AdaptiveBatch"]
-    out = run("tensorflow", "torch_route_builders", builders, timeout=380)
-    for name in builders:
+    out = result(tensorflow_notebook, "builders")
+    for name in BUILDERS:
         assert out[name]["status"] == "finished" and out[name]["keras"] and out[name]["world"] == 2, (
             name,
             out[name],

@@ -4,14 +4,13 @@ each rank a child process of its pinned Dask task."""
 from __future__ import annotations
 
 import pytest
-from keras_scripts import run
+from keras_scripts import TIMEOUT, result
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 60)]  # the first test waits for them all
 
 
-@pytest.mark.timeout(400)
-def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs_again():
-    out = run("torch", "native_allreduce", 30, True, timeout=380)
+def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs_again(torch_notebook):
+    out = result(torch_notebook, "native_mirrored")
     for r in out["runs"]:
         assert r["status"] == "finished" and r["world"] == 2 and r["backend"] == "tensorflow"
         a, b = r["checksums"]
@@ -34,45 +33,40 @@ def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs
         assert 0 < r["predicted"] < float("inf") and r["refitted"] != r["refitted"]  # NaN
 
 
-@pytest.mark.timeout(300)
-def test_a_native_calibration_beside_busy_processes_warns_is_used_and_is_not_cached():
-    out = run("torch", "native_calibration_under_load", timeout=280)
+def test_a_native_calibration_beside_busy_processes_warns_is_used_and_is_not_cached(torch_notebook):
+    out = result(torch_notebook, "native_under_load")
     said = [w for w in out["warnings"] if w.startswith("CalibrationWarning")]
     assert len(said) == 1 and "not cached" in said[0] and "other programs used" in said[0], out
     assert out["native"] and out["files"] == []
 
 
-@pytest.mark.timeout(300)
-def test_mirrored_on_two_ranks_equals_one_process_on_the_global_batch():
+def test_mirrored_on_two_ranks_equals_one_process_on_the_global_batch(torch_notebook):
     """The native route learns what one process learns: 2 ranks x 8 samples against one process
     on 16 (torch, the same Keras model and rows), SGD at 0.1, 4 steps."""
-    out = run("torch", "torch_route_equivalence", "AllReduce", 4, 8, "tensorflow", timeout=280)
+    out = result(torch_notebook, "native_equivalence")
     assert out["status"] == "finished" and out["type"] == "keras.Sequential", out
     assert out["moved"] > 1e-2  # the weights moved far more than the tolerance: the check can fail
     assert out["max_weight_difference"] < 1e-5, out
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("builder", ["AllReduce", "PS"])  # PartitionedPS runs PS's processes
-def test_a_rank_that_exits_early_fails_the_run_quickly_and_leaves_no_process(builder):
-    out = run("torch", "native_faults", "exit", builder, timeout=280)
+def test_a_rank_that_exits_early_fails_the_run_quickly_and_leaves_no_process(torch_notebook, builder):
+    out = result(torch_notebook, f"native_exit_{builder}")
     assert out["status"] == "failed", out
     assert out["seconds"] < (10 if builder == "AllReduce" else 25), out
     assert "rank 1" in out["error"] and out["no_children"], out
 
 
-@pytest.mark.timeout(300)
-def test_a_rank_that_never_starts_is_killed_at_the_deadline_and_leaves_no_process():
-    out = run("torch", "native_faults", "never", timeout=280)
+def test_a_rank_that_never_starts_is_killed_at_the_deadline_and_leaves_no_process(torch_notebook):
+    out = result(torch_notebook, "native_never")
     assert out["status"] == "failed", out
     assert "first step" in out["error"] and "20 s" in out["error"], out
     assert out["seconds"] < 20 + 15, out  # the deadline, then the group's stop
     assert out["no_children"], out
 
 
-@pytest.mark.timeout(200)
-def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix():
-    out = run("torch", "native_bad_input", timeout=180)
+def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix(torch_notebook):
+    out = result(torch_notebook, "native_bad_input")
     assert "LaunchError" in out["torch_model"] and "must be a Keras model" in out["torch_model"]
     assert "not one TensorFlow runs natively" in out["gossip"] and "backend='torch'" in out["gossip"]
     assert "data is required" in out["no_data"]
@@ -87,19 +81,17 @@ def test_what_the_native_route_cannot_run_is_one_error_naming_the_fix():
     assert "backend must be 'torch' or 'tensorflow'" in out["calibrate_backend"]
 
 
-@pytest.mark.timeout(200)
-def test_guard_keras_3_multi_worker_fit_still_fails_upstream():
+def test_guard_keras_3_multi_worker_fit_still_fails_upstream(tensorflow_notebook):
     """keras#20585, tensorflow#72388: the day this fails, Keras's own fit works with two workers
     and the native route could use it instead of its custom loop."""
-    out = run("tensorflow", "keras_fit_multi_worker", timeout=180)
+    out = result(tensorflow_notebook, "fit_guard")
     assert all(w["code"] != 0 for w in out["workers"]), out
     # the upstream failure itself, not a setup problem: fit hands a PerReplica value to a tensor op
     assert any("PerReplica" in w["error"] for w in out["workers"]), out
 
 
-@pytest.mark.timeout(400)
-def test_ps_and_partitioned_ps_run_as_parameter_server_strategy():
-    out = run("torch", "native_ps", ["PS", "PartitionedPS"], timeout=380)
+def test_ps_and_partitioned_ps_run_as_parameter_server_strategy(torch_notebook):
+    out = result(torch_notebook, "native_ps")
     servers = {"/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
     for builder in ("PS", "PartitionedPS"):
         r = out[builder]

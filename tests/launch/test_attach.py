@@ -36,7 +36,7 @@ class Scheduler:
         self._start(
             "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(info)
         )
-        from polling import poll_for  # here, not at the top: this module goes to the workers by value
+        from tests.polling import poll_for  # here, not at the top: this module goes to the workers by value
 
         poll_for(info.exists, 60, "the dask scheduler to write its file", interval=0.2)
         self.address = json.loads(info.read_text())["address"]

@@ -12,10 +12,10 @@ import cloudpickle
 import pytest
 import torch
 from launch_helpers import Blobs, Gate, HeldBlobs, allreduce_strategy
-from polling import poll_for
 
 from distlab.cluster import spmd
 from distlab.errors import DistlabError, LaunchError, StrategyError
+from tests.polling import poll_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -272,7 +272,7 @@ class Wide(torch.nn.Module):
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        ({"steps": 0}, LaunchError, "steps: must be a positive integer"),
+        ({"steps": 0}, LaunchError, "steps must be an integer >= 1, got 0"),
         ({"steps": -3}, LaunchError, "steps"),
         ({"strategy": "NoSuchBuilder"}, StrategyError, "NoSuchBuilder"),
         ({"batch_size": 0}, LaunchError, "batch_size"),

@@ -43,6 +43,32 @@ def _skewed(lab, models, data):
     return cm.without_compute({r["key"] for r in rows}).with_compute(rows)
 
 
+def test_runs_that_keep_landing_far_from_their_predictions_are_named_once(clean_lab, tmp_path):
+    from distlab.runs.run import PredictionDriftWarning
+
+    clean_lab.cache_dir = tmp_path
+    data = Blobs()
+    models = [Wider(640), Wider(896)]
+    clean_lab.cost_model = _skewed(clean_lab, models, data)
+    assert clean_lab.history == []  # first in its module: only this test's runs make a trend
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clean_lab.launch(
+            models[0], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True
+        )
+        assert not [
+            w for w in caught if issubclass(w.category, PredictionDriftWarning)
+        ]  # one run is not a trend
+        clean_lab.launch(
+            models[1], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True
+        )
+    notes = [str(w.message) for w in caught if issubclass(w.category, PredictionDriftWarning)]
+    assert len(notes) == 1 and "the last 2 runs measured" in notes[0] and "refitted" in notes[0]
+    assert "lab.calibrate(cache=False)" in notes[0] and "\n" not in notes[0]
+    ratios = clean_lab.runs.eval("measured_throughput / predicted_throughput").iloc[-2:]
+    assert (ratios > 1.3).all()  # both ran much faster than the skewed calibration said
+
+
 def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp_path):
     from distlab.costmodel import CostModel
 
@@ -65,29 +91,3 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
     )
     err = [abs(r.predicted_throughput / r.throughput - 1) for r in (first, second)]
     assert err[0] > 0.4 and err[1] < err[0] / 2, err  # the second prediction for the model is much closer
-
-
-def test_runs_that_keep_landing_far_from_their_predictions_are_named_once(clean_lab, tmp_path):
-    from distlab.runs.run import PredictionDriftWarning
-
-    clean_lab.cache_dir = tmp_path
-    data = Blobs()
-    models = [Wider(640), Wider(896)]
-    clean_lab.cost_model = _skewed(clean_lab, models, data)
-    clean_lab._runs.clear()  # the module's Lab: only this test's runs make a trend
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        clean_lab.launch(
-            models[0], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True
-        )
-        assert not [
-            w for w in caught if issubclass(w.category, PredictionDriftWarning)
-        ]  # one run is not a trend
-        clean_lab.launch(
-            models[1], strategy="AllReduce", data=data, steps=30, batch_size=32, elastic=False, block=True
-        )
-    notes = [str(w.message) for w in caught if issubclass(w.category, PredictionDriftWarning)]
-    assert len(notes) == 1 and "the last 2 runs measured" in notes[0] and "refitted" in notes[0]
-    assert "lab.calibrate(cache=False)" in notes[0] and "\n" not in notes[0]
-    ratios = clean_lab.runs.eval("measured_throughput / predicted_throughput").iloc[-2:]
-    assert (ratios > 1.3).all()  # both ran much faster than the skewed calibration said

@@ -10,10 +10,10 @@ import cloudpickle
 import pytest
 import torch
 from launch_helpers import Blobs, TinyNet
-from polling import poll_for
 
 from distlab.errors import LaunchError
 from distlab.lab import Lab
+from tests.polling import poll_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from polling import poll_for
 
 import distlab as dl
 from distlab.costmodel import CostModel
 from distlab.errors import LaunchError
 from distlab.notebook.picker import StrategyPicker
 from distlab.notebook.ranking import SINGLE_PROCESS
+from tests.polling import poll_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 WAIT = 120  # seconds a 6-step run may take on a busy 2-core machine
@@ -144,7 +144,7 @@ def test_when_the_labs_prediction_is_not_the_one_shown_the_status_says_why(lab, 
     why = f"the picker showed {shown:,.0f}: lab.cost_model changed since the picker drew"
     assert why in picker.status.value
     # and it has redrawn with the Lab's cost model, refitted on this run too
-    assert picker.current_cost_model() is lab.cost_model and picker._cm is lab.cost_model
+    assert picker.current_cost_model() is lab.cost_model and picker.shown_cost_model is lab.cost_model
 
 
 def test_an_unexpected_error_in_the_launch_thread_shows_in_the_widget(picker, monkeypatch, tmp_path):

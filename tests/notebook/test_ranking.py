@@ -36,7 +36,8 @@ def test_a_slow_link_makes_one_process_win_and_the_ranking_says_so():
     table = _ranked(slow)
     assert table["strategy"].iloc[0] == SINGLE_PROCESS
     assert table.attrs["single_wins"] and "do not distribute" in table.attrs["note"]
-    assert not _ranked(res).attrs["single_note"] or _ranked(res).attrs["single_wins"]
+    fast = _ranked(res)  # one ranking: two would profile twice, and a near tie may flip between them
+    assert not fast.attrs["single_note"] or fast.attrs["single_wins"]
 
 
 def test_the_table_shows_the_baseline_below_the_top_rows_with_units():

@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 from distlab.adaptive.quadratic import Quadratic, noisy_quadratic, quadratic_loss
 from distlab.profiling.model_profile import ModelProfile
 from distlab.runtime.data import RankBatches
-from distlab.runtime.job import RankJob
+from distlab.runtime.job import RankJob, RunOptions
 from distlab.runtime.sparse import sparse_param_ids
 from distlab.strategy.types import GossipConfig, Partition, RankSpec, Strategy, Sync, VariablePlan
 
@@ -164,9 +164,9 @@ def make_job(
     model = MODELS[model_kind]()
     run_id = f"{case}-{model_kind}-{opt}-{kw.pop('tag', '')}"
     case, flags = case_flags(case)
-    extra = {"ddp": True} if "ddp" in flags else {}
+    options = RunOptions(ddp="ddp" in flags)
     if "per_table" in flags:  # the sparse kernels one table at a time (the benchmark's baseline)
-        extra = {"sparse_exchange": "per_table"}
+        options = RunOptions(sparse_exchange="per_table")
     strategy = strategy_for(case, model, world)
     if flags.get("acc", 1) > 1 or flags.get("lr", "none") != "none":
         batch = dataclasses.replace(
@@ -188,7 +188,7 @@ def make_job(
         seed=3,
         run_id=run_id,
         timeout=30.0,
-        extra=extra,
+        options=options,
         **kw,
     )
 
@@ -550,7 +550,7 @@ def noise_body(rank: int, world: int, addr: str, port: int, modes: list[tuple], 
             seed=1,
             run_id=f"noise-{b}-{k}-{rule}",
             timeout=60.0,
-            extra={"noise_scale": True},
+            options=RunOptions(noise_scale=True),
         )
         res = run_rank(job)
         last = res["records"][-1]
@@ -588,7 +588,7 @@ def adaptive_body(rank: int, world: int, addr: str, port: int, steps: int, n: in
         seed=1,
         run_id="adaptive",
         timeout=60.0,
-        extra={"adaptive": {"table": table}, "base_batch": 4},
+        options=RunOptions(adaptive={"table": table}, base_batch=4),
     )
     return run_rank(job)["records"]
 

@@ -94,13 +94,15 @@ def test_steps_not_after_start_step_is_an_error():
         run_rank(job, store=dist.HashStore())
 
 
-def test_an_unknown_sparse_exchange_mode_is_refused_naming_the_choices():
-    from types import SimpleNamespace
-
+def test_run_options_refuse_an_unknown_sparse_exchange_mode_and_a_bad_bucket_naming_the_field():
     from distlab.errors import LaunchError
-    from distlab.runtime.trainer import _sparse_exchange
+    from distlab.runtime.job import RunOptions
 
-    assert _sparse_exchange(SimpleNamespace(extra={})) == "packed"
-    assert _sparse_exchange(SimpleNamespace(extra={"sparse_exchange": "per_table"})) == "per_table"
-    with pytest.raises(LaunchError, match=r"extra\['sparse_exchange'\]: 'bulk'; expected 'packed'"):
-        _sparse_exchange(SimpleNamespace(extra={"sparse_exchange": "bulk"}))
+    assert RunOptions().sparse_exchange == "packed"
+    assert RunOptions(sparse_exchange="per_table").sparse_exchange == "per_table"
+    with pytest.raises(LaunchError, match=r"RunOptions.sparse_exchange: 'bulk'; expected 'packed'"):
+        RunOptions(sparse_exchange="bulk")
+    with pytest.raises(LaunchError, match=r"RunOptions.bucket_bytes: a positive number of bytes, got 0"):
+        RunOptions(bucket_bytes=0)
+    with pytest.raises(LaunchError, match=r"RunOptions.adaptive: \{'table'"):
+        RunOptions(adaptive={"rows": []})

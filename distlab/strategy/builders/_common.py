@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from distlab.errors import StrategyError
+from distlab.errors import StrategyError, check_positive
 from distlab.strategy.types import (
     COMPRESSORS,
     BatchConfig,
@@ -44,8 +44,7 @@ def pick_servers(builder: str, resources: ResourceSpec, servers: Servers = "firs
 
 
 def check_chunk(builder: str, chunk_size: Any) -> int:
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise StrategyError(f"{builder}: chunk_size must be a positive integer, got {chunk_size!r}")
+    check_positive(f"{builder}: chunk_size", chunk_size, StrategyError)
     return chunk_size
 
 
@@ -123,10 +122,7 @@ def assemble(
     gossip: GossipConfig | None = None,
 ) -> Strategy:
     """The Strategy over the resources' ranks (options are recorded by the registry's wrapper)."""
-    if batch_size is not None and (
-        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
-    ):
-        raise StrategyError(f"{builder}: batch_size must be a positive integer, got {batch_size!r}")
+    check_positive(f"{builder}: batch_size", batch_size, StrategyError, optional=True)
     return Strategy(
         variables=tuple(variables),
         ranks=tuple(resources.ranks),

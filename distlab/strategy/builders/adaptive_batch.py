@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from distlab.errors import StrategyError
+from distlab.errors import StrategyError, check_positive
 from distlab.strategy.builders._registry import build, register
 from distlab.strategy.types import LR_SCALING, BatchConfig, Strategy
 
@@ -47,8 +47,7 @@ def build_adaptive_batch(
         raise StrategyError(
             f"AdaptiveBatch: lr_scaling {lr_scaling!r} is not one of: {', '.join(LR_SCALING)}"
         )
-    if not isinstance(accumulation, int) or isinstance(accumulation, bool) or accumulation < 1:
-        raise StrategyError(f"AdaptiveBatch: accumulation must be a positive integer, got {accumulation!r}")
+    check_positive("AdaptiveBatch: accumulation", accumulation, StrategyError)
     inner = build(base, profile, resources, batch_size=batch_size, **base_options)
     b = inner.batch.per_replica
     lo, hi = (b, 8 * b) if local_bsz_bounds is None else tuple(local_bsz_bounds)
@@ -88,10 +87,7 @@ class Bounds:
             raise StrategyError(
                 f"{where}: local_bsz_bounds must be two integers 1 <= lo <= hi, got {self.per_replica!r}"
             )
-        if not isinstance(self.max_accumulation, int) or self.max_accumulation < 1:
-            raise StrategyError(
-                f"{where}: max_accumulation must be an integer >= 1, got {self.max_accumulation!r}"
-            )
+        check_positive(f"{where}: max_accumulation", self.max_accumulation, StrategyError)
         if self.max_global is not None and self.max_global < lo * world:
             raise StrategyError(
                 f"{where}: max_batch_size {self.max_global} excludes every batch: the smallest is "
