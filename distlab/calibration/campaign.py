@@ -235,13 +235,19 @@ def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
     return 1 + len(cases) + loop_parts(_reference_worlds(res))
 
 
-def _measure_collectives(
-    cluster: Cluster, res: ResourceSpec, sizes: Any, cases: Sequence[Any], bar: Progress
-) -> Any:
-    """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
-    import distlab as dl
+def measure_links(cluster: Cluster, sizes: Any = None, bar: Progress | None = None) -> Any:
+    """The first stage of a calibration alone: every collective at ``sizes`` (bytes; None:
+    ``DEFAULT_SIZES``) on every world size of ``cluster``, fitted to an alpha-beta per collective
+    and link class (within a host, between hosts). A ``CostModel`` whose compute and training
+    loop are the defaults: what the links cost, in about ``CALIBRATION_BUDGET`` seconds."""
     from distlab.costmodel import CostModel
 
+    res = cluster.resources
+    if res.world < 2:
+        raise CalibrationError(
+            f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
+        )
+    bar = bar or Progress(1, f"measuring links on {res.world} ranks", False)
     worlds = list(range(2, res.world + 1))
     bar.start(f"collectives at {ranks_label(worlds)}")
     try:
@@ -256,8 +262,17 @@ def _measure_collectives(
         )
     except LaunchError as exc:
         raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
-    cm = CostModel.from_microbenchmarks(out[0], res)
     bar.done()
+    return CostModel.from_microbenchmarks(out[0], res)
+
+
+def _measure_collectives(
+    cluster: Cluster, res: ResourceSpec, sizes: Any, cases: Sequence[Any], bar: Progress
+) -> Any:
+    """The cluster's own figures: collectives, compute, the loop and the runtime's machinery."""
+    import distlab as dl
+
+    cm = measure_links(cluster, sizes, bar)
     profiles = []
     for i, (m, _, b, _) in enumerate(cases):
         bar.start(f"profiling {type(m).__name__} ({i + 1} of {len(cases)} reference models)")

@@ -93,6 +93,7 @@ SMALL: dict[str, dict] = {
         "rounds": 2,
         "samples": 256,
         "calibrate_sizes": [4096, 65536],
+        "calibration_cache": True,  # the quickstart's calibration (the same cluster and sizes) serves
     },
     "bench/cost-model-accuracy": {
         "models": ["gru_lm"],
@@ -103,6 +104,8 @@ SMALL: dict[str, dict] = {
         "min_seconds": 0.05,
         "repeats": 2,
         "load_processes": 0,
+        "calibrate_sizes": [4096, 65536],
+        "calibration_cache": True,  # the quickstart's calibration (the same cluster and sizes) serves
     },
 }
 
@@ -231,7 +234,7 @@ def test_benchmark_writes_its_figures(name, tmp_path):
         assert {"mape", "noise_floor", "spearman_min", "regret_max"} <= set(summary)
         assert 0.0 <= summary["ceiling_share_regret_max_met"] <= 1.0 and summary["ceiling_mape"] >= 0.0
         assert summary["gru_lm_mape"] == summary["mape"]  # per model, beside the overall figures
-    if name == "prediction-paths":  # both paths from one fresh calibration, beside the noise's ceiling
+    if name == "prediction-paths":  # both paths from one calibration, beside the noise's ceiling
         summary = result["summary"]
         assert summary["model_set"] == "diagnostic" and summary["configurations"] == 2  # AllReduce, 1 process
         assert (
