@@ -205,12 +205,20 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
     monkeypatch.setattr(lab.cluster, "run_ranks", spy)
     lab.cache_dir = tmp_path
+    # a calibration cached for this cluster: cache=False measures all the same and leaves it alone
+    from distlab.costmodel import CostModel
+
+    cached = tmp_path / f"calibration-{calibrate.cache_key(lab.resources, [4096, 65536])}.json"
+    CostModel.default().save(cached)
+    before = cached.read_text()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
     start = time.monotonic()
-    lab.calibrate(sizes=[4096, 65536], cache=False, models=[(model, data)], batch_size=8)
+    cm = lab.calibrate(sizes=[4096, 65536], cache=False, models=[(model, data)], batch_size=8)
     end = time.monotonic()
+    assert cm.fingerprint["calibrated"] and cached.read_text() == before
+    assert [p.name for p in tmp_path.glob("calibration-*.json")] == [cached.name]
 
     (bar,) = bars
     references = len(calibrate.reference_cases())

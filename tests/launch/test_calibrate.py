@@ -91,12 +91,6 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert row["predicted_throughput"] > 0
 
 
-def test_calibrate_with_no_cache_measures_again(clean_lab, tmp_path):
-    clean_lab.cache_dir = tmp_path
-    clean_lab.calibrate(cache=False, progress=False, sizes=[4096, 65536])
-    assert list(tmp_path.glob("calibration-*.json")) == []
-
-
 def test_calibrate_names_a_bad_model_or_batch(clean_lab, tmp_path):
     from distlab.errors import CalibrationError
 
