@@ -16,27 +16,21 @@ from distlab.calibration.measure import (
     MODEL_PASSES,
     Progress,
     loop_parts,
+    measure_links,
     measure_models,
     measure_training_loop,
-    ranks_label,
 )
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
-from distlab.errors import CalibrationError, LaunchError, check_positive
+from distlab.errors import CalibrationError, check_positive
 from distlab.files import write_atomic
 from distlab.runs.report import model_name
-from distlab.runtime.microbench import (
-    COLLECTIVES,
-    DEFAULT_SIZES,
-    microbench_worlds,
-)
 
 if TYPE_CHECKING:
     from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
     from distlab.resources import ResourceSpec
 
-CALIBRATION_BUDGET = 20.0  # seconds of microbenchmarks in all (the issue asks <= 60 s on the LocalCluster)
 # the local steps and training loop: two tiny MLPs (4 and 26 trainable tensors: what a step
 # costs besides arithmetic), a wide MLP (megabytes on the wire), a small convnet (how a real
 # model's compute slows with ranks sharing cores) and a small wide-and-deep model (sparse tables),
@@ -233,37 +227,6 @@ def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
     """The units of _calibrate_cluster's progress: the collectives' call, each reference model's
     profile and at most one training-loop call per pass and world size."""
     return 1 + len(cases) + loop_parts(_reference_worlds(res))
-
-
-def measure_links(cluster: Cluster, sizes: Any = None, bar: Progress | None = None) -> Any:
-    """The first stage of a calibration alone: every collective at ``sizes`` (bytes; None:
-    ``DEFAULT_SIZES``) on every world size of ``cluster``, fitted to an alpha-beta per collective
-    and link class (within a host, between hosts). A ``CostModel`` whose compute and training
-    loop are the defaults: what the links cost, in about ``CALIBRATION_BUDGET`` seconds."""
-    from distlab.costmodel import CostModel
-
-    res = cluster.resources
-    if res.world < 2:
-        raise CalibrationError(
-            f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
-        )
-    bar = bar or Progress(1, f"measuring links on {res.world} ranks", False)
-    worlds = list(range(2, res.world + 1))
-    bar.start(f"collectives at {ranks_label(worlds)}")
-    try:
-        out = cluster.run_ranks(
-            microbench_worlds,
-            list(sizes) if sizes else None,
-            worlds,
-            CALIBRATION_BUDGET,
-            cluster.timeout,
-            timeout=CALIBRATION_BUDGET + 2 * cluster.timeout,
-            on_tick=bar.ticks(len(worlds) * len(sizes or DEFAULT_SIZES) * len(COLLECTIVES)),
-        )
-    except LaunchError as exc:
-        raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
-    bar.done()
-    return CostModel.from_microbenchmarks(out[0], res)
 
 
 def _measure_collectives(

@@ -1,6 +1,7 @@
-"""The calibration's measurements on the workers: each model's local step (``measure_models``) and
-the real training loop on the reference models (``measure_training_loop``), and the progress bar
-they move. What each measurement fits is described in docs/cost-model.md."""
+"""The calibration's measurements on the workers: the collectives on every link
+(``measure_links``), each model's local step (``measure_models``) and the real training loop on
+the reference models (``measure_training_loop``), and the progress bar they move. What each
+measurement fits is described in docs/cost-model.md."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_f
 from distlab.errors import CalibrationError, LaunchError
 from distlab.runs.metrics import slowest_median
 from distlab.runtime.loopbench import LOCAL_MAX_STEPS, LocalCase, LoopCase, loop_pass_rank
+from distlab.runtime.microbench import COLLECTIVES, DEFAULT_SIZES, microbench_worlds
 
 if TYPE_CHECKING:
     from distlab.cluster.cluster import Cluster
     from distlab.costmodel.model import CostModel
     from distlab.profiling.model_profile import ModelProfile
 
+# seconds of microbenchmarks in all: a whole calibration stays near a minute on a LocalCluster
+CALIBRATION_BUDGET = 20.0
 OVERHEAD_STEPS = 10  # steps of a short training-loop case in one pass
 # cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES passes over every world size in turn,
 # the longer ones one pass of LONG_STEPS: a step of a few milliseconds is at the mercy of a shared
@@ -77,6 +81,37 @@ def ranks_label(worlds: Sequence[int]) -> str:
     """``2 ranks``, ``1 rank``, ``2-4 ranks``: the world sizes a part measures."""
     lo, hi = min(worlds), max(worlds)
     return f"{hi} rank{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} ranks"
+
+
+def measure_links(cluster: Cluster, sizes: Any = None, bar: Progress | None = None) -> Any:
+    """The first stage of a calibration alone: every collective at ``sizes`` (bytes; None:
+    ``DEFAULT_SIZES``) on every world size of ``cluster``, fitted to an alpha-beta per collective
+    and link class (within a host, between hosts). A ``CostModel`` whose compute and training
+    loop are the defaults: what the links cost, in about ``CALIBRATION_BUDGET`` seconds."""
+    from distlab.costmodel import CostModel
+
+    res = cluster.resources
+    if res.world < 2:
+        raise CalibrationError(
+            f"calibrate: the Lab has {res.world} worker; collectives need 2 or more (Lab(workers=2))"
+        )
+    bar = bar or Progress(1, f"measuring links on {res.world} ranks", False)
+    worlds = list(range(2, res.world + 1))
+    bar.start(f"collectives at {ranks_label(worlds)}")
+    try:
+        out = cluster.run_ranks(
+            microbench_worlds,
+            list(sizes) if sizes else None,
+            worlds,
+            CALIBRATION_BUDGET,
+            cluster.timeout,
+            timeout=CALIBRATION_BUDGET + 2 * cluster.timeout,
+            on_tick=bar.ticks(len(worlds) * len(sizes or DEFAULT_SIZES) * len(COLLECTIVES)),
+        )
+    except LaunchError as exc:
+        raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
+    bar.done()
+    return CostModel.from_microbenchmarks(out[0], res)
 
 
 def reference_fit_rows(profiles: Sequence[Any], local: Sequence[LocalStep]) -> list[ComputeFitRow]:

@@ -20,6 +20,7 @@ BUILDERS = ["PS", "PartitionedPS", "Parallax", "Gossip", "AdaptiveBatch"]
 # the notebook on torch: distlab's runtime and the native route (first: the torch route's check
 # that its workers never import TensorFlow)
 TORCH_CALLS = [
+    ["profile", "profile_facts", []],
     ["torch_equivalence", "torch_route_equivalence", ["AllReduce"]],
     ["conventions", "keras_conventions_match", []],
     ["user_flow", "keras_user_flow", [200, "torch"]],
@@ -34,6 +35,7 @@ TORCH_CALLS = [
 ]
 # the notebook on TensorFlow (a plain ``import keras``)
 TENSORFLOW_CALLS = [
+    ["profile", "profile_facts", []],
     ["builders", "torch_route_builders", [BUILDERS]],
     ["user_flow_tensorflow", "keras_user_flow", [200, "tensorflow"]],
     ["user_flow_torch", "keras_user_flow", [200, "torch"]],

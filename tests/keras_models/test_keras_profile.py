@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from keras_scripts import run
+from keras_scripts import TIMEOUT, result
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 60)]  # the first test waits for them all
 BACKENDS = ["tensorflow", "torch"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def facts(request):
-    return run(request.param, "profile_facts")
+    """The profiles' facts from the process of each notebook backend (conftest.py)."""
+    return result(request.getfixturevalue(f"{request.param}_notebook"), "profile")
 
 
 def test_a_dense_layer_counts_exactly_two_b_in_out(facts):

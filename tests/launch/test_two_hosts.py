@@ -36,7 +36,7 @@ def test_the_lab_attaches_and_sees_two_hosts_with_their_ranks(hosts, lab):
 
 
 def test_calibration_measures_the_link_between_hosts_at_its_configured_rate(lab):
-    from distlab.calibration.campaign import measure_links
+    from distlab.calibration.measure import measure_links
 
     # the calibration's first stage, what it fits the links from (the rest of a calibration is
     # the same on one host or two: tests/launch/test_calibrate.py)
