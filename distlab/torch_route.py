@@ -50,15 +50,11 @@ class TorchRoute(Route):
         if r.elastic and checkpoint_every is None:
             checkpoint_every = max(10, r.steps // 10)
         kind = optimizer_kind(r.optimizer)
-        job = RankJob(
-            rank=0,
-            world=st.world,
-            master_addr="",
-            master_port=0,
-            strategy=st,
-            model=model,
-            steps=r.steps,
-            data=data,
+        job = RankJob.unplaced(
+            st,
+            model,
+            r.steps,
+            data,
             loss=r.loss,
             optimizer=r.optimizer,
             batch_size=r.batch_size,

@@ -156,6 +156,8 @@ DISPLAY_HOOKS = {
     ("distlab.runs.run", "distlab.notebook.live"),
     ("distlab.runs.run", "distlab.notebook.timeline"),
 }
+# the rooms that drive a run (above the runtime and the simulator)
+DRIVING = {"lab.py", "runs/", "cluster/", "calibration/", "native_tf/", "torch_route.py", "notebook/"}
 # what each lower room may not import (the rooms above it)
 ABOVE = {
     "cluster/": {
@@ -173,26 +175,8 @@ ABOVE = {
     "native_tf/": {"lab.py", "notebook/", "bench/", "cli.py"},
     "torch_route.py": {"lab.py", "notebook/", "bench/", "cli.py"},
     "lab.py": {"notebook/", "bench/", "cli.py"},
-    "runtime/": {
-        "lab.py",
-        "runs/",
-        "cluster/",
-        "calibration/",
-        "native_tf/",
-        "torch_route.py",
-        "notebook/",
-        "costmodel/",
-    },
-    "costmodel/": {
-        "lab.py",
-        "runs/",
-        "cluster/",
-        "calibration/",
-        "native_tf/",
-        "torch_route.py",
-        "notebook/",
-        "runtime/",
-    },
+    "runtime/": DRIVING | {"costmodel/"},  # the runtime and the simulator do not know each other
+    "costmodel/": DRIVING | {"runtime/"},
     "resources.py": {"strategy/", "topology.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
     "topology.py": {"strategy/", "resources.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
 }

@@ -241,15 +241,11 @@ def _native_job(
     data travel in the payload; the metrics name the run's columns)."""
     from distlab.runtime.job import RankJob, RunOptions
 
-    return RankJob(
-        rank=0,
-        world=st.world,
-        master_addr="",
-        master_port=0,
-        strategy=st,
-        model=None,
-        steps=steps,
-        data=None,
+    return RankJob.unplaced(
+        st,
+        None,
+        steps,
+        None,
         batch_size=batch,
         seed=seed,
         timeout=timeout,

@@ -122,6 +122,22 @@ class RankJob:
     options: RunOptions = field(default_factory=lambda: RunOptions())
     topology: Any = None  # gossip topology object; default: distlab.topology.get(...)
 
+    @classmethod
+    def unplaced(cls, strategy: Strategy, model: Any, steps: int, data: Any, **fields: Any) -> RankJob:
+        """A run's job before its ranks are placed: rank 0 of ``strategy.world`` and no rendezvous
+        yet (each rank's task fills in its rank, the world it joins and the store's address)."""
+        return cls(
+            rank=0,
+            world=strategy.world,
+            master_addr="",
+            master_port=0,
+            strategy=strategy,
+            model=model,
+            steps=steps,
+            data=data,
+            **fields,
+        )
+
 
 # What run_rank reports per step through ``emit``: one dict with these keys.
 # samples: the data position after the step (global samples seen so far, sample_offset included);
