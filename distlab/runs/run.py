@@ -16,7 +16,6 @@ from distlab.cluster import spmd
 from distlab.errors import DistlabError, DistlabWarning, LaunchError
 from distlab.runs import metrics as _metrics
 from distlab.runs.report import model_name, run_card, run_row
-from distlab.runs.train import runtime_entry
 
 if TYPE_CHECKING:
     from distlab.runs.route import Route
@@ -135,7 +134,6 @@ class Run:
         self._model: Any = None
         self._topic = f"distlab-run-{run_id}"
         self._trace: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
-        self._runtime = runtime_entry()  # (run_rank, latest checkpoint, load checkpoint)
         self._thread = threading.Thread(target=self._drive, name=f"distlab-run-{run_id}", daemon=True)
 
     def start(self) -> None:
@@ -320,11 +318,12 @@ class Run:
     def _resume_job(self, job: Any, workers: list[str], restart: int) -> tuple[Any, list[int]]:
         """Re-plan for the surviving workers and resume from the last checkpoint (data position in
         samples)."""
-        _, latest, load = self._runtime
-        path = latest(job.checkpoint_dir) if job.checkpoint_dir else None
+        from distlab.runtime import checkpoint
+
+        path = checkpoint.latest(job.checkpoint_dir) if job.checkpoint_dir else None
         start_step, offset = 0, 0
         if path is not None:
-            state = load(path)
+            state = checkpoint.load(path)
             start_step = int(state.get("step", 0))
             offset = int(state.get("samples", start_step * (job.batch_size or self.batch_size) * job.world))
         strategy, threads, options = self._replan(workers)
@@ -363,7 +362,9 @@ class Run:
         self._state_dict = r0.get("state_dict")
         self.checkpoint = r0.get("checkpoint") or self.checkpoint
         if self.checkpoint is None and self._job.checkpoint_dir:
-            path = self._runtime[1](self._job.checkpoint_dir)
+            from distlab.runtime import checkpoint
+
+            path = checkpoint.latest(self._job.checkpoint_dir)
             self.checkpoint = str(path) if path else None
         self._status = "finished"
         try:

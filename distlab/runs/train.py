@@ -13,14 +13,6 @@ from distlab.cluster import spmd
 EMIT_INTERVAL = 0.1  # seconds between live-record events from one rank
 
 
-def runtime_entry() -> tuple[Any, Any, Any]:
-    """(run_rank, latest_checkpoint, load_checkpoint) of distlab.runtime."""
-    from distlab.runtime import checkpoint
-    from distlab.runtime.trainer import run_rank
-
-    return run_rank, checkpoint.latest, checkpoint.load
-
-
 def _plain(value: Any) -> Any:
     """msgpack-safe scalars (numpy/torch scalars -> Python)."""
     if hasattr(value, "item"):

@@ -1,4 +1,5 @@
-"""RankJob: everything one rank needs to train under a strategy (the launcher -> runtime contract)."""
+"""RankJob: everything one rank needs to train under a strategy (the launcher -> runtime contract),
+and RunOptions: how the runtime runs it beyond the strategy."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from distlab.errors import LaunchError, check_positive
 from distlab.strategy.execution import BUCKET_BYTES
 from distlab.strategy.types import Strategy
 
@@ -53,19 +55,13 @@ class RunOptions:
     ``"per_table"``."""
 
     def __post_init__(self) -> None:
-        from distlab.errors import LaunchError
-
-        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
-            raise LaunchError(
-                f"RunOptions.bucket_bytes: a positive number of bytes, got {self.bucket_bytes!r}"
-            )
+        check_positive("RunOptions.bucket_bytes", self.bucket_bytes, LaunchError)
+        check_positive("RunOptions.base_batch", self.base_batch, LaunchError, optional=True)
         if self.sparse_exchange not in SPARSE_EXCHANGES:
             raise LaunchError(
                 f"RunOptions.sparse_exchange: {self.sparse_exchange!r}; expected 'packed' (the default) or "
                 "'per_table'"
             )
-        if self.base_batch is not None and (not isinstance(self.base_batch, int) or self.base_batch < 1):
-            raise LaunchError(f"RunOptions.base_batch: a positive integer or None, got {self.base_batch!r}")
         if self.adaptive is not None and not isinstance(self.adaptive.get("table"), list):
             raise LaunchError("RunOptions.adaptive: {'table': [[per_replica, accumulation, seconds], ...]}")
         object.__setattr__(self, "metrics", tuple(self.metrics))

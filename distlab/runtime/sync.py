@@ -141,7 +141,7 @@ class Synchronizer:
 
     def _trace_task(self, t: Any) -> None:
         """The span of a gradient task just launched: a bucket's all-reduce or a PS reduce to its server."""
-        flight = t.in_flight() if hasattr(t, "in_flight") else None
+        flight = t.in_flight()
         if flight is None:
             return
         work, buf = flight

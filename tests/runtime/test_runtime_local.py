@@ -102,7 +102,7 @@ def test_run_options_refuse_an_unknown_sparse_exchange_mode_and_a_bad_bucket_nam
     assert RunOptions(sparse_exchange="per_table").sparse_exchange == "per_table"
     with pytest.raises(LaunchError, match=r"RunOptions.sparse_exchange: 'bulk'; expected 'packed'"):
         RunOptions(sparse_exchange="bulk")
-    with pytest.raises(LaunchError, match=r"RunOptions.bucket_bytes: a positive number of bytes, got 0"):
+    with pytest.raises(LaunchError, match=r"RunOptions.bucket_bytes must be an integer >= 1, got 0"):
         RunOptions(bucket_bytes=0)
     with pytest.raises(LaunchError, match=r"RunOptions.adaptive: \{'table'"):
         RunOptions(adaptive={"rows": []})
