@@ -1,6 +1,7 @@
 """distlab.native_tf: the TensorFlow route (``lab.launch(..., backend="tensorflow")``).
 
-A Keras model runs in TensorFlow's own multi-worker runtime: ``launch`` checks and starts a
+A Keras model runs in TensorFlow's own multi-worker runtime: ``route`` is the route the Lab
+picks for ``backend="tensorflow"`` (runs/route.py); ``launch`` checks and starts a
 native run (MultiWorkerMirroredStrategy for AllReduce, ParameterServerStrategy for the PS
 family); ``rank`` is each rank's Dask task, which starts ``child.py`` (a fresh process that
 imports TensorFlow and nothing of distlab) and relays its records; ``calibrate`` measures
