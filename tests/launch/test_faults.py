@@ -249,8 +249,8 @@ def test_a_worker_whose_nanny_gave_up_is_replaced_before_the_next_launch(clean_l
     name = list(clean_lab.cluster.local.workers)[-1]
     nanny = clean_lab.cluster.local.workers[name]
     clean_lab.cluster.local.sync(nanny.close)
-    if how == "dropped by the cluster":
-        del clean_lab.cluster.local.workers[name]
+    if how == "dropped by the cluster":  # Dask may have forgotten it already: the same state
+        clean_lab.cluster.local.workers.pop(name, None)
     poll_for(lambda: len(spmd.workers_info(clean_lab.client)) == 1, 30, "the cluster to have 1 worker")
     run = clean_lab.launch(tiny, strategy="AllReduce", steps=3, data=blobs, elastic=False)
     assert run.wait(60).status == "finished" and run.world == 2
