@@ -86,6 +86,29 @@ def fit_thread_efficiency(rows: Sequence[CollectiveRow | Mapping[str, Any]]) -> 
     return float(np.clip(-slope, 0.0, 1.0))
 
 
+def fit_shared_link(rows: Sequence[CollectiveRow], send: tuple[float, float] | None) -> dict[str, Any]:
+    """``incast`` and ``outcast`` (CostParams) from the rows where ``flows`` ranks sent into (out of) one
+    host's link at once, against one flow's ``send`` (alpha, beta): each row's extra time per byte over
+    ``flows`` times one flow's, per flow beyond the first; the median over sizes. ``errors``: the
+    median relative error of the fitted figure on its rows. None measured (one host): nothing."""
+    out: dict[str, Any] = {"errors": {}}
+    if send is None:
+        return out
+    alpha, beta = send
+    for name in ("incast", "outcast"):
+        sel = [r for r in rows if r.collective == name and r.flows and int(r.flows) >= 2 and r.seconds > 0]
+        if not sel or beta <= 0:
+            continue
+        k = np.array([float(r.flows or 1) for r in sel])
+        n = np.array([float(r.nbytes) for r in sel])
+        t = np.array([float(r.seconds) for r in sel])
+        per_flow = (np.maximum(t - alpha, 0.0) / (k * n * beta) - 1.0) / (k - 1.0)
+        out[name] = max(float(np.median(per_flow)), 0.0)  # k flows never beat the link's own rate
+        model = alpha + k * n * beta * (1.0 + out[name] * (k - 1.0))
+        out["errors"][name] = float(np.median(np.abs(model / t - 1.0)))
+    return out
+
+
 def fit_microbenchmarks(
     rows: Sequence[CollectiveRow | Mapping[str, Any]], base: CostParams
 ) -> tuple[CostParams, dict[str, Any]]:
@@ -124,7 +147,10 @@ def fit_microbenchmarks(
     opt, copy = _per_byte(rs, "optimizer"), _per_byte(rs, "copy")
     sgd = float(np.median(opt)) if opt else base.optimizer_per_byte
     work = {f"{k}_work": _per_byte(rs, f"optimizer:{k}") for k in ("momentum", "adam")}  # per SGD's byte
+    shared = fit_shared_link(rs, ab.get("send/inter"))
+    errors.update({f"{k}/inter": v for k, v in shared.pop("errors").items()})
     params = base.with_(
+        **shared,
         alpha_beta=ab,
         contention=base.contention if kappa is None else kappa,
         thread_efficiency=base.thread_efficiency if eff is None else eff,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distlab.costmodel import links
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.degree import strategy_in_degree
 from distlab.profiling.model_profile import ModelProfile, VariableProfile
@@ -97,6 +98,38 @@ class CompiledStrategy:
     copy_bytes: float = 0.0
     ps_units: int = 0  # dense variables or shards the PS path handles (on one rank too)
     model_key: str = ""  # the profile's compute.model_key: its measured local steps, if calibrated
+    # several hosts (links.py): each host's link in the phases that share it, LinkLoad.arrays (4, hosts)
+    link_hosts: tuple[str, ...] = ()
+    values_link: np.ndarray = field(default_factory=lambda: np.zeros((4, 0)))  # PS values after the step
+    gather_link: np.ndarray = field(default_factory=lambda: np.zeros((4, 0)))  # sparse PS gathers
+    # gossip, per step of its topology's period: most same-host in-neighbours, most flows into and
+    # out of one host's link (each one message of gossip_bytes)
+    gossip_intra_degree: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    gossip_flows_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    gossip_flows_out: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def _link_fields(strategy: Strategy, tally: _Tally, gossip: bool) -> dict[str, object]:
+    """CompiledStrategy's per-host traffic fields: empty on one host (the calibrated collectives
+    already price it)."""
+    names, _ = links.host_index(strategy)
+    if len(names) < 2:
+        return {}
+    out: dict[str, object] = {
+        "link_hosts": tuple(names),
+        "values_link": links.ps_values(strategy, [*tally.ps_values, *tally.sparse_values.items()]),
+        "gather_link": links.ps_gathers(strategy, tally.sparse_gather.items()),
+    }
+    if gossip and strategy.gossip is not None:
+        from distlab.strategy.execution import for_strategy
+
+        rounds = links.gossip_rounds(strategy, for_strategy(strategy))
+        out.update(
+            gossip_intra_degree=rounds.intra_degree,
+            gossip_flows_in=rounds.flows_in,
+            gossip_flows_out=rounds.flows_out,
+        )
+    return out
 
 
 def profile_timing(profile: ModelProfile) -> ProfileTiming:
@@ -172,6 +205,11 @@ class _Tally:
     # sparse PS: one packed gather and broadcast per (server, dtype)
     sparse_servers: set[tuple[int, str]] = field(default_factory=set)
     ps_load: dict[int, list[float]] = field(default_factory=dict)  # server -> [bytes, msgs, raw bytes]
+    # per-host traffic (links.py): each dense PS broadcast (server, bytes), and per server the sparse
+    # rows every rank gathers to it and the changed rows it broadcasts
+    ps_values: list[tuple[int, float]] = field(default_factory=list)
+    sparse_gather: dict[int, float] = field(default_factory=dict)
+    sparse_values: dict[int, float] = field(default_factory=dict)
 
 
 def _units(profile: ModelProfile, strategy: Strategy) -> list[tuple[VariableProfile, Sync, float]]:
@@ -217,6 +255,9 @@ def _tally(
     gather_dtypes: set[str] = set()  # sparse all-gather: one packed exchange per value dtype
     sparse_servers: set[tuple[int, str]] = set()  # sparse PS: one packed gather and broadcast per server
     ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
+    ps_values: list[tuple[int, float]] = []
+    sparse_gather: dict[int, float] = {}
+    sparse_values: dict[int, float] = {}
     for v, sync, frac in units:
         raw = v.nbytes * frac
         ready = timing.ready.get(v.name, 1.0)
@@ -244,16 +285,20 @@ def _tally(
                 sparse_units += 1
                 rows = estimate_touched_rows(v, profile, per_replica) * frac
                 sps_gather += rows * (v.row_bytes + INDEX_BYTES)
-                sparse_servers.add((int(sync.server or 0), v.dtype))
+                server = int(sync.server or 0)
+                sparse_servers.add((server, v.dtype))
                 union = min(rows * p, (v.shape[0] if v.shape else 1) * frac)
                 s[2] += union * v.row_bytes  # a sparse gradient updates only the rows it holds
                 sps_bcast += union * (v.row_bytes + INDEX_BYTES)
+                sparse_gather[server] = sparse_gather.get(server, 0.0) + rows * (v.row_bytes + INDEX_BYTES)
+                sparse_values[server] = sparse_values.get(server, 0.0) + union * (v.row_bytes + INDEX_BYTES)
             else:
                 s[2] += raw
                 tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0, 1.0, 0.0])
                 s[0] += raw
                 s[1] += 1
                 ps_units += 1
+                ps_values.append((int(sync.server or 0), raw))
                 # runtime/ps.py: every rank divides its gradient into a fresh tensor for the reduce
                 # (world > 1) and writes each shard's new value back into its variable (any world)
                 ps_copy += raw * ((p > 1) + (frac < 1.0))
@@ -283,6 +328,9 @@ def _tally(
         gather_dtypes=gather_dtypes,
         sparse_servers=sparse_servers,
         ps_load=ps_load,
+        ps_values=ps_values,
+        sparse_gather=sparse_gather,
+        sparse_values=sparse_values,
     )
 
 
@@ -389,6 +437,7 @@ def compile_strategy(
             else 0.0
         ),
         ps_units=tally.ps_units,
+        **_link_fields(strategy, tally, bool(tally.gossip_msgs)),  # type: ignore[arg-type]
         n_calls=float(
             len(tally.tasks) * (p > 1)
             + ag_calls

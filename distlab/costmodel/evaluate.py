@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES, factors
 from distlab.costmodel.compile import CompiledStrategy
+from distlab.costmodel.links import shared_time
 from distlab.costmodel.params import CostParams
 
 _SCALARS = (
@@ -54,6 +56,18 @@ _SCALARS = (
 )
 _TASKS = ("task_ready", "suf_ar_calls", "suf_ar_bytes", "suf_red_calls", "suf_red_bytes")
 _SERVERS = ("ps_bytes", "ps_msgs")
+_ROUNDS = ("gossip_intra_degree", "gossip_flows_in", "gossip_flows_out")
+
+
+def _link_bytes(items: Sequence[CompiledStrategy], name: str) -> np.ndarray:
+    """Per strategy, ``(2, 2 hosts)``: the bytes through each host's link in one phase (into, out
+    of) and the flows carrying them, padded with empty hosts (links.py)."""
+    width = max((getattr(c, name).shape[1] for c in items), default=0)
+    out = np.zeros((len(items), 4, width))
+    for i, c in enumerate(items):
+        a = getattr(c, name)
+        out[i, :, : a.shape[1]] = a
+    return out
 
 
 def _pad(items: Sequence[CompiledStrategy], names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -80,8 +94,15 @@ class Batch:
         n = len(self.items)
         for name in _SCALARS:
             setattr(self, name, np.fromiter((getattr(c, name) for c in self.items), dtype=float, count=n))
-        for name, a in {**_pad(self.items, _TASKS), **_pad(self.items, _SERVERS)}.items():
+        for name, a in {
+            **_pad(self.items, _TASKS),
+            **_pad(self.items, _SERVERS),
+            **_pad(self.items, _ROUNDS),
+        }.items():
             setattr(self, name, a)
+        self.gossip_period = np.fromiter((len(c.gossip_intra_degree) for c in self.items), float, count=n)
+        self.values_link = _link_bytes(self.items, "values_link")
+        self.gather_link = _link_bytes(self.items, "gather_link")
         self.env_cache: dict = {}  # per-resources arrays the model derives once (slowdown, links)
 
     @classmethod
@@ -115,6 +136,44 @@ class Env:
     optimizer_work: float = (
         1.0  # the run's optimizer per byte relative to plain SGD (CostParams.optimizer_work)
     )
+    # an exchange within a host (sendrecv/intra: alpha, beta): gossip's inner steps on several hosts
+    intra_exchange: tuple[float, float] = (0.0, 0.0)
+
+
+def _link_time(load: np.ndarray, prm: CostParams) -> np.ndarray:
+    """(S,) bytes-equivalent of the busiest direction of the busiest host's link (links.shared_time)."""
+    if not load.shape[-1]:
+        return np.zeros(load.shape[0])
+    return shared_time(load, 1.0, prm.incast, prm.outcast)[0]
+
+
+def _gossip_wire(
+    b: Batch, env: Env, al: dict[str, np.ndarray], be: dict[str, np.ndarray], inner_ab: tuple[Any, Any]
+) -> np.ndarray:
+    """Gossip's exchanges per step: ``degree (alpha + bytes beta)``; on several hosts, per step of the
+    topology's period, the slower of the exchanges within a host and the busiest host link's flows
+    (one message each, shared: links.py), averaged over the period."""
+    prm = env.params
+    deg = np.asarray(env.gossip_degree, dtype=float)
+    nbytes = b.gossip_bytes[:, None]
+    wire = deg * (al["sendrecv"] * b.gossip_msgs[:, None] + be["sendrecv"] * nbytes)
+    hosts = b.gossip_period > 0
+    if not hosts.any():
+        return wire
+    fin, fout = b.gossip_flows_in, b.gossip_flows_out
+    share = np.maximum(
+        fin * (1.0 + prm.incast * np.maximum(fin - 1.0, 0.0)),
+        fout * (1.0 + prm.outcast * np.maximum(fout - 1.0, 0.0)),
+    )[:, None, :]
+    link = np.where(
+        share > 0, al["sendrecv"][..., None] + be["sendrecv"][..., None] * nbytes[..., None] * share, 0.0
+    )
+    ia, ib = (np.asarray(x)[..., None] for x in inner_ab)
+    inner = b.gossip_intra_degree[:, None, :] * (ia + ib * nbytes[..., None])
+    per_step = np.maximum(link, inner).sum(axis=-1) / np.maximum(b.gossip_period, 1.0)[:, None]
+    # the rounds are the strategy's own ranks': a what-if at another world keeps the degree's formula
+    own = hosts[:, None] & (b.gossip_msgs[:, None] > 0) & (np.asarray(env.world) == b.world[:, None])
+    return np.where(own, per_step, wire)
 
 
 def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
@@ -187,12 +246,17 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         ] * b.ps_bytes[:, None, :]
         push = env.ps_worker_bytes if env.ps_worker_bytes is not None else col(b.ps_worker_bytes)
         broadcast = broadcast + np.maximum(server.max(axis=-1), be["broadcast"] * push * many)
+    # several hosts: every server's values in flight at once share each host's link (links.py)
+    own = np.asarray(env.world) == col(b.world)  # the traffic is the strategy's own ranks'
+    values = col(_link_time(b.values_link, prm)) * own
+    broadcast = np.where(values > 0, np.maximum(broadcast, ba * al["send"] + be["send"] * values), broadcast)
+    gathered = col(_link_time(b.gather_link, prm)) * own
+    sparse = np.where(gathered > 0, np.maximum(sparse, al["send"] + be["send"] * gathered), sparse)
 
     deg = np.asarray(env.gossip_degree, dtype=float)
-    gossip = deg * (
-        al["sendrecv"] * col(b.gossip_msgs)
-        + (be["sendrecv"] + prm.gossip_per_byte) * col(b.gossip_bytes)
-        + prm.gossip_tensor_overhead * col(b.gossip_tensors)
+    inner_ab = (env.intra_exchange[0] * wire_a, env.intra_exchange[1] * wire_b)
+    gossip = _gossip_wire(b, env, al, be, inner_ab) + deg * (
+        prm.gossip_per_byte * col(b.gossip_bytes) + prm.gossip_tensor_overhead * col(b.gossip_tensors)
     )
     awc = col(b.gossip_awc) > 0
     gossip = np.where(awc, np.maximum(gossip - optimizer, 0.0), gossip)

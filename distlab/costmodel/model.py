@@ -27,6 +27,7 @@ from distlab.costmodel.compile import (
 from distlab.costmodel.compute import ComputeTable, model_key
 from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
+from distlab.costmodel.links import bottleneck
 from distlab.costmodel.native import NativeParams
 from distlab.costmodel.params import CostParams, fingerprint_of
 from distlab.costmodel.prediction import MEASURED_STEP, PROFILE, Prediction
@@ -162,7 +163,8 @@ class CostModel:
         return max(c.accum * measured - loop, 0.1 * c.accum * measured) / profiled, structural
 
     def _env(self, batch: Batch, resources: ResourceSpec | None) -> Env:
-        alpha, beta = link_arrays(batch.multi_host, self.link_table(resources))
+        table = self.link_table(resources)
+        alpha, beta = link_arrays(batch.multi_host, table)
         memo: dict[Any, tuple[float, float, float]] = {}
         slow, opt_slow, sliced = (np.empty(len(batch.items)) for _ in range(3))
         cores = resources.cores if resources is not None else {}
@@ -195,6 +197,7 @@ class CostModel:
             sliced=sliced[:, None],
             optimizer_slowdown=opt_slow[:, None],
             params=self.params,
+            intra_exchange=table["intra"]["sendrecv"],
         )
 
     # -- predictions -------------------------------------------------------------------
@@ -268,9 +271,10 @@ class CostModel:
         if noise_scale is not None:
             eff = float(statistical_efficiency(gb, noise_scale, base_batch or profile.batch_size))
             good = float(out["throughput"][0]) * eff
+        step = float(out["step_time"][0])
         return Prediction(
             basis=self.basis(c),
-            notes=self.notes(profile, resources, strategy),
+            notes=self.notes(profile, resources, strategy) + self._bottleneck(c, resources, step),
             strategy=strategy.name,
             world=c.world,
             global_batch=gb,
@@ -284,6 +288,17 @@ class CostModel:
             goodput=good,
             efficiency=eff,
         )
+
+    def _bottleneck(
+        self, c: CompiledStrategy, resources: ResourceSpec | None, step: float
+    ) -> tuple[str, ...]:
+        """The host link that bounds the step, as a note (links.bottleneck), or none."""
+        if not c.link_hosts:
+            return ()
+        table, prm = self.link_table(resources), self.params
+        send, exchange = table["inter"]["send"][1], table["inter"]["sendrecv"][1]
+        note = bottleneck(c, send * prm.comm_scale, exchange * prm.comm_scale, prm.incast, prm.outcast, step)
+        return (note,) if note else ()
 
     def basis(self, c: CompiledStrategy) -> str:
         """``"measured step"`` when the model's own step was measured on the cluster, else ``"profile"``."""

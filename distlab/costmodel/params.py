@@ -113,6 +113,13 @@ class CostParams:
     their latencies, which a microbenchmark timing each call after a barrier does not."""
     comm_oversubscription: float = 0.0
     """Added to both scales per unit of ranks beyond a host's cores."""
+    incast: float = 0.0
+    """How much slower per byte one host's link carries ``k`` concurrent flows into it than one flow
+    alone, per flow beyond the first: ``k`` flows of ``n`` bytes take ``k n beta (1 + incast (k - 1))``
+    (beta: ``send/inter``, the link's one-way rate). Calibration measures 2 and 3 senders on other hosts
+    into one rank (links.py prices every phase that shares a host's link with it)."""
+    outcast: float = 0.0
+    """``incast`` for ``k`` concurrent flows out of one host's link (one rank sending to several)."""
     bucket_bytes: int = BUCKET_BYTES
     """The all-reduce bucket cap the runtime uses (``RunOptions.bucket_bytes``)."""
     ddp: bool = False

@@ -62,8 +62,9 @@ class CollectiveRow(_Row):
     SOURCE: ClassVar[str] = "microbench_rank()"
 
     collective: str
-    """allreduce, reduce, broadcast, allgather, sendrecv; or compute, optimizer (plain SGD),
-    optimizer:momentum, optimizer:adam, copy."""
+    """allreduce, reduce, broadcast, allgather, sendrecv, send; incast, outcast (one host's link
+    shared by concurrent flows); or compute, optimizer (plain SGD), optimizer:momentum,
+    optimizer:adam, copy."""
     world: int
     """Ranks taking part."""
     nbytes: int = 0
@@ -85,6 +86,8 @@ class CollectiveRow(_Row):
     ranks_on_host: int | None = None
     cores: int | None = None
     host: str | None = None
+    flows: int | None = None
+    """incast, outcast: one-way flows sharing one host's link at once (into it, out of it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -84,6 +84,7 @@ def sweep_frame(
         optimizer_slowdown=opt_slow,
         params=cm.params,
         optimizer_work=cm.params.optimizer_work(optimizer),
+        intra_exchange=table["intra"]["sendrecv"],
     )
     out = evaluate(batch, env)
     return pd.DataFrame(

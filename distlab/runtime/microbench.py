@@ -27,6 +27,7 @@ DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
 # the link between two hosts, measured alone: messages well past a shaped link's burst and TCP's
 # start-up, so the fit's bytes term is the link's rate (small ones measured the burst)
 LINK_SIZES = (1 << 20, 4 << 20, 16 << 20)
+MAX_FLOWS = 3  # concurrent flows into (and out of) one host's link measured: 2 .. MAX_FLOWS
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
 # optimizers timed beside plain SGD (their cost per byte relative to it: CostParams.optimizer_work)
 OPTIMIZER_KINDS = ("momentum", "adam")
@@ -135,6 +136,61 @@ def _op(name: str, nbytes: int, local: int, members: Sequence[int], group: Any) 
         y = torch.empty_like(x)
         return lambda: dist.recv(y, peer, group=group)
     raise ValueError(f"collectives: unknown {name!r}; expected some of {COLLECTIVES}")
+
+
+def _incast(local: int, members: Sequence[int], group: Any, x: torch.Tensor, ys: list[torch.Tensor]) -> Any:
+    """Every member but the first sends ``x`` to the first, which receives them all at once."""
+
+    def run() -> None:
+        if local:
+            dist.send(x, members[0], group=group)
+            return
+        for w in [dist.irecv(y, peer, group=group) for y, peer in zip(ys, members[1:])]:
+            w.wait()
+
+    return run
+
+
+def _outcast(local: int, members: Sequence[int], group: Any, x: torch.Tensor, ys: list[torch.Tensor]) -> Any:
+    """The first member sends ``x`` to every other at once."""
+
+    def run() -> None:
+        if local:
+            dist.recv(ys[0], members[0], group=group)
+            return
+        for w in [dist.isend(x, peer, group=group) for peer in members[1:]]:
+            w.wait()
+
+    return run
+
+
+def shared_link_rows(
+    rank: int, members: Sequence[int], group: Any, sizes: Sequence[int], repeats: int, time_budget: float
+) -> list[dict[str, Any]]:
+    """One host's link shared by concurrent one-way flows: ``k = len(members) - 1`` ranks on other
+    hosts send ``nbytes`` each into ``members[0]`` at once (``incast``), then ``members[0]`` sends
+    ``nbytes`` to each of them at once (``outcast``). Rows as ``microbench_rank``'s, with ``flows``: k.
+    """
+    local = members.index(rank)
+    k = len(members) - 1
+    base = {"world": len(members), "link": "inter", "repeats": repeats, "flows": k}
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for nbytes in sorted(sizes):
+        over = torch.tensor([float(time.perf_counter() - start > time_budget)])
+        dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
+        if over.item() > 0:
+            break
+        x = torch.ones(max(int(nbytes) // 4, 1), dtype=torch.float32)
+        ys = [torch.empty_like(x) for _ in members[1:]]
+        for name, fn in (
+            ("incast", _incast(local, members, group, x, ys)),
+            ("outcast", _outcast(local, members, group, x, ys)),
+        ):
+            seconds = _max_median(_time_reps(fn, repeats, group), group)
+            tick(f"{name} {nbytes} B from {k}")
+            rows.append({**base, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
+    return rows
 
 
 def microbench_rank(
@@ -303,4 +359,16 @@ def microbench_worlds(
                     )
                 )
             dist.barrier()
+            # the link of rank 0's host shared: 2 and more ranks of other hosts into it, and out of it
+            remote = [i for i, h in enumerate(hosts) if h != hosts[0]][:MAX_FLOWS]
+            for k in range(2, len(remote) + 1):
+                members = [0, *remote[:k]]
+                shared = dist.new_group(members)  # every rank joins new_group
+                if rank in members:
+                    rows.extend(
+                        shared_link_rows(
+                            rank, members, shared, LINK_SIZES, 3, budget / len(worlds) / len(remote)
+                        )
+                    )
+                dist.barrier()
     return rows if rank == 0 else []
