@@ -219,8 +219,14 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _reference_worlds(res: Any) -> list[int]:
-    """The training-loop stage's world sizes: 1, 2, one less than the whole cluster and the whole cluster."""
-    return sorted({1, min(2, res.world), max(1, res.world - 1), res.world})
+    """The training-loop stage's world sizes: 1, 2, one less than the whole cluster and the whole cluster.
+
+    On several hosts, the same of the first host's ranks: the link between hosts is priced from its own
+    measurements (the collectives across it, one flow and several sharing it: costmodel/links.py), not
+    by moving the reference models' gradients over it again (at 200 Mbit/s that made this stage four
+    minutes long). Two ranks at least: the loop's per-peer terms need a peer."""
+    n = max(len(res.ranks_on(res.hosts[0])), min(2, res.world)) if res.num_hosts > 1 else res.world
+    return sorted({1, min(2, n), max(1, n - 1), n})
 
 
 def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:

@@ -90,6 +90,10 @@ class CompiledStrategy:
     gossip_awc: bool
     gossip_degree: float  # in-neighbours per step on the strategy's own ranks
     opt_bytes: float  # parameter bytes the busiest rank updates itself
+    # the same and the sparse PS broadcast under a stateful optimizer (momentum, Adam), whose every row
+    # with state changes each step: in a steady state every row of a sparse table
+    opt_bytes_state: float
+    sps_bcast_state_bytes: float
     n_tensors: int = 0  # trainable tensors: hooks, bucket copies and optimizer dispatch per step
     n_calls: float = 0.0  # collective calls per step (each costs the runtime CPU time)
     sparse_units: int = 0  # sparse variables or shards the sparse path handles (on one rank too)
@@ -101,6 +105,7 @@ class CompiledStrategy:
     # several hosts (links.py): each host's link in the phases that share it, LinkLoad.arrays (4, hosts)
     link_hosts: tuple[str, ...] = ()
     values_link: np.ndarray = field(default_factory=lambda: np.zeros((4, 0)))  # PS values after the step
+    values_link_state: np.ndarray = field(default_factory=lambda: np.zeros((4, 0)))  # ... momentum, Adam
     gather_link: np.ndarray = field(default_factory=lambda: np.zeros((4, 0)))  # sparse PS gathers
     # gossip, per step of its topology's period: most same-host in-neighbours, most flows into and
     # out of one host's link (each one message of gossip_bytes)
@@ -118,6 +123,9 @@ def _link_fields(strategy: Strategy, tally: _Tally, gossip: bool) -> dict[str, o
     out: dict[str, object] = {
         "link_hosts": tuple(names),
         "values_link": links.ps_values(strategy, [*tally.ps_values, *tally.sparse_values.items()]),
+        "values_link_state": links.ps_values(
+            strategy, [*tally.ps_values, *tally.sparse_values_state.items()]
+        ),
         "gather_link": links.ps_gathers(strategy, tally.sparse_gather.items()),
     }
     if gossip and strategy.gossip is not None:
@@ -204,7 +212,12 @@ class _Tally:
     gather_dtypes: set[str] = field(default_factory=set)  # sparse all-gather: one packed exchange per dtype
     # sparse PS: one packed gather and broadcast per (server, dtype)
     sparse_servers: set[tuple[int, str]] = field(default_factory=set)
-    ps_load: dict[int, list[float]] = field(default_factory=dict)  # server -> [bytes, msgs, raw bytes]
+    # server -> [bytes, msgs, raw bytes, raw bytes under a stateful optimizer]
+    ps_load: dict[int, list[float]] = field(default_factory=dict)
+    # a stateful optimizer (momentum, Adam) on a sparse variable: every row with state changes each step
+    local_opt_state: float = 0.0  # beyond local_opt
+    sps_bcast_state: float = 0.0
+    sparse_values_state: dict[int, float] = field(default_factory=dict)
     # per-host traffic (links.py): each dense PS broadcast (server, bytes), and per server the sparse
     # rows every rank gathers to it and the changed rows it broadcasts
     ps_values: list[tuple[int, float]] = field(default_factory=list)
@@ -254,7 +267,9 @@ def _tally(
     ps_copy = 0.0
     gather_dtypes: set[str] = set()  # sparse all-gather: one packed exchange per value dtype
     sparse_servers: set[tuple[int, str]] = set()  # sparse PS: one packed gather and broadcast per server
-    ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes]
+    ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes, raw bytes with state]
+    local_opt_state = sps_bcast_state = 0.0
+    sparse_values_state: dict[int, float] = {}
     ps_values: list[tuple[int, float]] = []
     sparse_gather: dict[int, float] = {}
     sparse_values: dict[int, float] = {}
@@ -280,7 +295,7 @@ def _tally(
             b[9] = b[9] or float(frac < 1.0)  # a shard is copied out of its variable even alone
             local_opt += raw
         elif sync.kind == "ps":
-            s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0])
+            s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0, 0.0])
             if sparse:  # gather rows to the server after backward; broadcast changed rows after its step
                 sparse_units += 1
                 rows = estimate_touched_rows(v, profile, per_replica) * frac
@@ -292,8 +307,17 @@ def _tally(
                 sps_bcast += union * (v.row_bytes + INDEX_BYTES)
                 sparse_gather[server] = sparse_gather.get(server, 0.0) + rows * (v.row_bytes + INDEX_BYTES)
                 sparse_values[server] = sparse_values.get(server, 0.0) + union * (v.row_bytes + INDEX_BYTES)
+                # under momentum or Adam every row with state changes (runtime/ps.py _changed_rows): in
+                # a steady state, every row of the table
+                table = (v.shape[0] if v.shape else 1) * frac
+                s[3] += table * v.row_bytes
+                sps_bcast_state += table * (v.row_bytes + INDEX_BYTES)
+                sparse_values_state[server] = sparse_values_state.get(server, 0.0) + table * (
+                    v.row_bytes + INDEX_BYTES
+                )
             else:
                 s[2] += raw
+                s[3] += raw
                 tasks.append([ready, position[v.name], 0.0, 0.0, raw, 1.0, raw, 0.0, 1.0, 0.0])
                 s[0] += raw
                 s[1] += 1
@@ -307,7 +331,9 @@ def _tally(
             rows = estimate_touched_rows(v, profile, per_replica) * frac
             ag_bytes += rows * (v.row_bytes + INDEX_BYTES)
             gather_dtypes.add(v.dtype)
-            local_opt += min(rows * p, (v.shape[0] if v.shape else 1) * frac) * v.row_bytes  # rows it holds
+            held = min(rows * p, (v.shape[0] if v.shape else 1) * frac) * v.row_bytes  # rows it holds
+            local_opt += held
+            local_opt_state += raw - held  # momentum or Adam: the rows with state, in a steady state all
         elif sync.kind == "gossip":
             gossip_bytes += raw
             gossip_tensors += 1
@@ -328,6 +354,9 @@ def _tally(
         gather_dtypes=gather_dtypes,
         sparse_servers=sparse_servers,
         ps_load=ps_load,
+        local_opt_state=local_opt_state,
+        sps_bcast_state=sps_bcast_state,
+        sparse_values_state=sparse_values_state,
         ps_values=ps_values,
         sparse_gather=sparse_gather,
         sparse_values=sparse_values,
@@ -423,6 +452,10 @@ def compile_strategy(
         gossip_awc=bool(g and g.mode == "awc"),
         gossip_degree=degree,
         opt_bytes=tally.local_opt + max((v[2] for v in tally.ps_load.values()), default=0.0),
+        opt_bytes_state=tally.local_opt
+        + tally.local_opt_state
+        + max((v[3] for v in tally.ps_load.values()), default=0.0),
+        sps_bcast_state_bytes=tally.sps_bcast_state,
         n_tensors=len(profile.variables),
         model_key=timing.model_key,
         sparse_units=tally.sparse_units,

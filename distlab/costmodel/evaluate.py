@@ -48,6 +48,8 @@ _SCALARS = (
     "gossip_tensors",
     "gossip_awc",
     "opt_bytes",
+    "opt_bytes_state",
+    "sps_bcast_state_bytes",
     "n_tensors",
     "n_calls",
     "sparse_units",
@@ -102,6 +104,7 @@ class Batch:
             setattr(self, name, a)
         self.gossip_period = np.fromiter((len(c.gossip_intra_degree) for c in self.items), float, count=n)
         self.values_link = _link_bytes(self.items, "values_link")
+        self.values_link_state = _link_bytes(self.items, "values_link_state")
         self.gather_link = _link_bytes(self.items, "gather_link")
         self.env_cache: dict = {}  # per-resources arrays the model derives once (slowdown, links)
 
@@ -138,6 +141,9 @@ class Env:
     )
     # an exchange within a host (sendrecv/intra: alpha, beta): gossip's inner steps on several hosts
     intra_exchange: tuple[float, float] = (0.0, 0.0)
+    # the run's optimizer keeps state (momentum, Adam): a sparse variable's every row with state changes
+    # each step (its update and its PS broadcast: in a steady state the whole table)
+    stateful: bool = False
 
 
 def _link_time(load: np.ndarray, prm: CostParams) -> np.ndarray:
@@ -234,12 +240,18 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     )
 
     opt_slow = slow if env.optimizer_slowdown is None else np.asarray(env.optimizer_slowdown, dtype=float)
-    optimizer = col(b.opt_bytes) * prm.optimizer_per_byte * env.optimizer_work * opt_slow
+    optimizer = (
+        col(b.opt_bytes_state if env.stateful else b.opt_bytes)
+        * prm.optimizer_per_byte
+        * env.optimizer_work
+        * opt_slow
+    )
 
     # after the step: servers broadcast new values; the busiest server or busiest receiver bounds
     ba, bb = factors("broadcast", p)
     many = p > 1
-    broadcast = ba * al["broadcast"] * col(b.sps_bcast_calls) + bb * be["broadcast"] * col(b.sps_bcast_bytes)
+    sps_bcast = b.sps_bcast_state_bytes if env.stateful else b.sps_bcast_bytes
+    broadcast = ba * al["broadcast"] * col(b.sps_bcast_calls) + bb * be["broadcast"] * col(sps_bcast)
     if b.ps_bytes.shape[1]:
         server = (ba * al["broadcast"])[..., None] * b.ps_msgs[:, None, :] + (bb * be["broadcast"])[
             ..., None
@@ -248,7 +260,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         broadcast = broadcast + np.maximum(server.max(axis=-1), be["broadcast"] * push * many)
     # several hosts: every server's values in flight at once share each host's link (links.py)
     own = np.asarray(env.world) == col(b.world)  # the traffic is the strategy's own ranks'
-    values = col(_link_time(b.values_link, prm)) * own
+    values = col(_link_time(b.values_link_state if env.stateful else b.values_link, prm)) * own
     broadcast = np.where(values > 0, np.maximum(broadcast, ba * al["send"] + be["send"] * values), broadcast)
     gathered = col(_link_time(b.gather_link, prm)) * own
     sparse = np.where(gathered > 0, np.maximum(sparse, al["send"] + be["send"] * gathered), sparse)

@@ -29,7 +29,7 @@ from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
 from distlab.costmodel.links import bottleneck
 from distlab.costmodel.native import NativeParams
-from distlab.costmodel.params import CostParams, fingerprint_of
+from distlab.costmodel.params import CostParams, fingerprint_of, optimizer_kind
 from distlab.costmodel.prediction import MEASURED_STEP, PROFILE, Prediction
 from distlab.costmodel.refit import HALFLIFE, PRIOR, Correction, apply, fit_corrections
 from distlab.costmodel.rows import CollectiveRow, LocalStep, LoopRun
@@ -239,8 +239,9 @@ class CostModel:
             ref = weakref.ref(resources) if resources is not None else None
             batch.env_cache = {id(resources): (sig, ref, env)}
         work = self.params.optimizer_work(optimizer)
-        if work != env.optimizer_work:
-            env = replace(env, optimizer_work=work)
+        stateful = optimizer_kind(optimizer) != "sgd"
+        if work != env.optimizer_work or stateful != env.stateful:
+            env = replace(env, optimizer_work=work, stateful=stateful)
         out = {k: v[:, 0] for k, v in evaluate(batch, env).items()}
         if self.refits:
             fixes = [self.refits.get(c.model_key) for c in items]

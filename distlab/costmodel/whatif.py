@@ -13,6 +13,7 @@ from distlab.costmodel.collectives import COLLECTIVES
 from distlab.costmodel.contention import time_slicing
 from distlab.costmodel.degree import gossip_in_degree
 from distlab.costmodel.evaluate import Batch, Env, evaluate
+from distlab.costmodel.params import optimizer_kind
 from distlab.errors import check_positive
 from distlab.profiling.model_profile import ModelProfile
 from distlab.resources import ResourceSpec
@@ -84,6 +85,7 @@ def sweep_frame(
         optimizer_slowdown=opt_slow,
         params=cm.params,
         optimizer_work=cm.params.optimizer_work(optimizer),
+        stateful=optimizer_kind(optimizer) != "sgd",
         intra_exchange=table["intra"]["sendrecv"],
     )
     out = evaluate(batch, env)

@@ -296,7 +296,7 @@ def test_training_loop_overhead_adds_per_step_per_rank_and_per_tensor():
     assert loaded.step_time - base.step_time == pytest.approx(4.3e-3)
 
 
-def test_a_sparse_gradient_updates_only_the_rows_it_holds():
+def test_a_sparse_gradient_updates_only_the_rows_it_holds_and_a_stateful_optimizer_every_row_with_state():
     from distlab.profiling.model_profile import ModelProfile, VariableProfile
 
     emb = VariableProfile(
@@ -306,9 +306,17 @@ def test_a_sparse_gradient_updates_only_the_rows_it_holds():
     cm = exact_model(optimizer_per_byte=1e-9)
     for p, rows in ((2, 200), (4, 400), (16, 1000)):  # union of the ranks' rows, at most the table
         res = toy_resources(p)
-        ag = cm.predict(prof, res, plan(prof, [Sync("allgather")], res)).breakdown["optimizer"]
-        ps = cm.predict(prof, res, plan(prof, [Sync("ps", server=0)], res)).breakdown["optimizer"]
-        assert ag == pytest.approx(rows * 64 * 1e-9) and ps == pytest.approx(rows * 64 * 1e-9)
+        for sync in (Sync("allgather"), Sync("ps", server=0)):
+            st = plan(prof, [sync], res)
+            assert cm.predict(prof, res, st, optimizer="sgd").breakdown["optimizer"] == pytest.approx(
+                rows * 64 * 1e-9
+            )
+            # momentum or Adam (the launch default, densifying): every row with state changes each
+            # step, in a steady state the whole table (runtime/ps.py _changed_rows, conventions.Adam)
+            work = cm.params.momentum_work
+            assert cm.predict(prof, res, st, optimizer="momentum").breakdown["optimizer"] == pytest.approx(
+                1000 * 64 * 1e-9 * work
+            )
 
 
 def test_every_collective_call_costs_the_runtime_and_one_rank_calls_none():

@@ -16,7 +16,7 @@ def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from distlab.runtime.microbench import microbench_rank
+    from distlab.runtime.microbench import microbench_rank, shared_link_rows
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=30))
@@ -28,7 +28,9 @@ def _rank_body(rank: int, world: int, port: int, out: mp.Queue) -> None:
         solo = dist.new_group([0])  # every rank creates it; only its member measures
         if rank == 0:
             rows += microbench_rank(0, 1, group=solo, repeats=3)
-        out.put((rank, rows))
+        # a link shared by flows (here one flow each way: calibration's are 2 and 3 hosts' ranks)
+        shared = shared_link_rows(rank, [0, 1], None, [64 << 10, 1 << 20], 2, 30.0)
+        out.put((rank, (rows, shared)))
     finally:
         dist.destroy_process_group()
 
@@ -41,9 +43,14 @@ def _run_ranks(world: int) -> dict[int, list[dict]]:
 @pytest.mark.timeout(150)
 def test_microbench_two_gloo_ranks_measure_and_calibrate():
     results = _run_ranks(2)
-    rows = results[0]
+    rows, shared = results[0]
     # every rank reports the same (MAX-reduced) figures
-    assert [r["seconds"] for r in rows if r["world"] == 2] == [r["seconds"] for r in results[1]]
+    assert [r["seconds"] for r in rows if r["world"] == 2] == [r["seconds"] for r in results[1][0]]
+    assert shared == results[1][1]
+    assert {(r["collective"], r["nbytes"]) for r in shared} == {
+        (c, n) for c in ("incast", "outcast") for n in (64 << 10, 1 << 20)
+    }
+    assert all(r["flows"] == 1 and r["link"] == "inter" and r["seconds"] > 0 for r in shared)
     colls = {r["collective"] for r in rows}
     assert colls == {
         "allreduce",
