@@ -82,6 +82,7 @@ SMALL: dict[str, dict] = {
     },
     "bench/two-hosts": {
         "rates": ["1gbit"],
+        "models": ["recommender"],
         "strategies": ["AllReduce", "PSLoadBalancing"],
         "workers_per_host": 1,
         "rows_in_table": 2000,
