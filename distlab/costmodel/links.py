@@ -172,17 +172,24 @@ PHASES = {
 
 
 def bottleneck(
-    c: object, send_beta: float, exchange_beta: float, incast: float, outcast: float, step_time: float
+    c: object,
+    send_beta: float,
+    exchange_beta: float,
+    incast: float,
+    outcast: float,
+    step_time: float,
+    stateful: bool = False,
 ) -> str | None:
     """The host link that bounds a phase of a compiled strategy on several hosts, in words, when that
     phase's traffic takes 10% of the step or more: which link, in which direction, how many bytes in
-    how many flows, for which phase. None on one host or when no link is that busy."""
+    how many flows, for which phase (``stateful``: under momentum or Adam, the PS values with every
+    row of state). None on one host or when no link is that busy."""
     hosts: tuple[str, ...] = getattr(c, "link_hosts", ())
     if not hosts or step_time <= 0:
         return None
     found: list[tuple[float, str]] = []
     for name, phase in PHASES.items():
-        load = getattr(c, name)
+        load = getattr(c, f"{name}_state" if stateful and name == "values_link" else name)
         if not load.size or not load.any():
             continue
         seconds, which = shared_time(load[None], send_beta, incast, outcast)

@@ -275,7 +275,7 @@ class CostModel:
         step = float(out["step_time"][0])
         return Prediction(
             basis=self.basis(c),
-            notes=self.notes(profile, resources, strategy) + self._bottleneck(c, resources, step),
+            notes=self.notes(profile, resources, strategy) + self._bottleneck(c, resources, step, optimizer),
             strategy=strategy.name,
             world=c.world,
             global_batch=gb,
@@ -291,14 +291,17 @@ class CostModel:
         )
 
     def _bottleneck(
-        self, c: CompiledStrategy, resources: ResourceSpec | None, step: float
+        self, c: CompiledStrategy, resources: ResourceSpec | None, step: float, optimizer: str | None
     ) -> tuple[str, ...]:
         """The host link that bounds the step, as a note (links.bottleneck), or none."""
         if not c.link_hosts:
             return ()
         table, prm = self.link_table(resources), self.params
         send, exchange = table["inter"]["send"][1], table["inter"]["sendrecv"][1]
-        note = bottleneck(c, send * prm.comm_scale, exchange * prm.comm_scale, prm.incast, prm.outcast, step)
+        stateful = optimizer_kind(optimizer) != "sgd"
+        note = bottleneck(
+            c, send * prm.comm_scale, exchange * prm.comm_scale, prm.incast, prm.outcast, step, stateful
+        )
         return (note,) if note else ()
 
     def basis(self, c: CompiledStrategy) -> str:

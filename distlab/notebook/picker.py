@@ -438,7 +438,8 @@ class StrategyPicker(PickerLaunch, w.VBox):
                 )
             except DistlabError:
                 curve.append(None)
-        draw_plan(self.figure, rows, hosts, curve, here)
+        bottleneck = next((n for n in self.prediction.notes if n.startswith("bottleneck:")), "")
+        draw_plan(self.figure, rows, hosts, curve, here, bottleneck)
         self.view.show()
 
     def _show(self) -> None:

@@ -42,7 +42,7 @@ def plan_figure() -> Figure:
         template=THEME,
         height=400,
         barmode="stack",
-        margin={"l": 10, "r": 10, "t": 80, "b": 50},
+        margin={"l": 10, "r": 10, "t": 80, "b": 70},
         legend={"orientation": "h", "x": 0, "y": 1.2, "yanchor": "bottom"},
     )
     for part, colour in PARTS:
@@ -74,11 +74,18 @@ def plan_figure() -> Figure:
 
 
 def draw_plan(
-    fig: go.Figure, rows: list[tuple[str, dict[str, float]]], hosts: list[int], curve: list[Any], here: int
+    fig: go.Figure,
+    rows: list[tuple[str, dict[str, float]]],
+    hosts: list[int],
+    curve: list[Any],
+    here: int,
+    bottleneck: str = "",
 ) -> None:
     """Bars: ``rows`` (label, breakdown in seconds) in ms; the curve of throughput over ``hosts``,
-    the what-if's own ``here`` marked."""
+    the what-if's own ``here`` marked; under them, the host link that bounds the selected strategy's
+    step (its prediction's ``bottleneck:`` note), if one does."""
     with fig.batch_update():
+        fig.update_layout(title={"text": bottleneck, "font": {"size": 12}, "x": 0.01, "y": 0.02})
         for trace, (part, _) in zip(fig.data[:3], PARTS):
             trace.y = [label for label, _ in rows]
             trace.x = [b[part] * 1e3 for _, b in rows]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import tempfile
@@ -99,6 +100,17 @@ def test_what_if_hosts_like_this_one_and_the_network_change_the_plan_and_the_cha
     assert picker.network.value == "custom" and picker.prediction.breakdown["comm"] > fast
     picker.per_host.value = 1
     assert picker.value.world == 4
+
+
+def test_a_what_if_of_eight_hosts_names_the_link_that_saturates(picker):
+    picker.builder.value = "PS"  # one server: every other host's ranks pull its values through its link
+    picker.hosts.value = 8
+    picker.network.value = "10 Gb/s Ethernet"
+    title = picker.figure.layout.title.text
+    assert title.startswith("bottleneck: out of ") and "flows for the servers' new values" in title, title
+    assert html.escape(title) in picker.status.value  # the plan line says it too
+    picker.hosts.value = 1  # one host: no link between hosts to name
+    assert not picker.figure.layout.title.text
 
 
 def test_what_if_controls_refuse_what_the_model_cannot_mean(picker):
