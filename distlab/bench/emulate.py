@@ -46,7 +46,10 @@ def rate_bits(rate: str) -> float:
     m = _RATE.match(rate.strip())
     if not m:
         raise LaunchError(f"rate: {rate!r} is not a tc rate; write e.g. '200mbit' or '1gbit'")
-    return float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[(m.group(2) or "").lower() or None]
+    bits = float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[(m.group(2) or "").lower() or None]
+    if bits <= 0:
+        raise LaunchError(f"rate: {rate!r} moves nothing; give the link a rate above zero, e.g. '200mbit'")
+    return bits
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -47,7 +47,7 @@ WIDE_WIDTHS = (768, 2048)
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
-CALIBRATION_FORMAT = 20
+CALIBRATION_FORMAT = 21
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 
 

@@ -13,7 +13,7 @@ from distlab.costmodel import CostModel
 from distlab.costmodel.calibrate import fit_shared_link
 from distlab.costmodel.links import broadcast_edges, gossip_rounds, host_index, ps_gathers, ps_values
 from distlab.costmodel.rows import CollectiveRow
-from distlab.errors import ResourceError, StrategyError
+from distlab.errors import LaunchError, ResourceError, StrategyError
 from distlab.resources import Link, RankSpec, ResourceSpec
 from distlab.strategy.execution import for_strategy
 from distlab.strategy.types import Strategy
@@ -168,6 +168,12 @@ def test_a_server_that_is_no_rank_and_a_link_of_no_speed_are_one_line_each(prof)
     for bad in (0.0, -1e9):
         with pytest.raises(ResourceError, match="bandwidth must be positive"):
             with_network(CostModel.default(), res, 1e-5, bad)
+    from distlab.bench.emulate import rate_bits
+
+    with pytest.raises(LaunchError, match="moves nothing"):
+        rate_bits("0mbit")
+    with pytest.raises(LaunchError, match="not a tc rate"):
+        rate_bits("-5mbit")
 
 
 def test_a_stateful_optimizer_changes_every_row_of_a_sparse_table_each_step():
