@@ -78,29 +78,21 @@ def test_hierarchical_gossip_crosses_hosts_on_outer_steps_only_and_flat_gossip_e
 
 def test_the_share_loss_is_fitted_from_concurrent_flows_against_one_flow_alone():
     alpha, beta = 1e-4, 1 / LINK
-    rows = []
-    for k in (2, 3):
-        for n in (1 << 20, 4 << 20, 16 << 20):
-            rows.append(  # incast: k flows into one link, 20% slower per byte per extra flow
-                CollectiveRow(
-                    collective="incast",
-                    world=k + 1,
-                    nbytes=n,
-                    flows=k,
-                    link="inter",
-                    seconds=alpha + k * n * beta * (1 + 0.2 * (k - 1)),
-                )
-            )
-            rows.append(  # outcast: fair sharing, exactly k times one flow
-                CollectiveRow(
-                    collective="outcast",
-                    world=k + 1,
-                    nbytes=n,
-                    flows=k,
-                    link="inter",
-                    seconds=alpha + k * n * beta,
-                )
-            )
+    # incast: k flows into one link, 20% slower per byte per extra flow; outcast: fair sharing,
+    # exactly k times one flow
+    rows = [
+        CollectiveRow(
+            collective=name,
+            world=k + 1,
+            nbytes=n,
+            flows=k,
+            link="inter",
+            seconds=alpha + k * n * beta * (1 + loss * (k - 1)),
+        )
+        for name, loss in (("incast", 0.2), ("outcast", 0.0))
+        for k in (2, 3)
+        for n in (1 << 20, 4 << 20, 16 << 20)
+    ]
     fit = fit_shared_link(rows, (alpha, beta))
     assert fit["incast"] == pytest.approx(0.2, rel=1e-6) and fit["outcast"] == pytest.approx(0.0, abs=1e-9)
     assert fit["errors"]["incast"] < 1e-6
@@ -198,3 +190,12 @@ def test_a_stateful_optimizer_changes_every_row_of_a_sparse_table_each_step():
     assert adam.breakdown["optimizer"] > 4 * sgd.breakdown["optimizer"]
     c = cm.compile(prof, st)
     assert c.opt_bytes_state >= table > c.opt_bytes and np.all(c.values_link_state >= c.values_link)
+
+
+def test_calibrations_training_loop_stays_on_the_first_host_and_keeps_a_peer():
+    from distlab.calibration.campaign import _reference_worlds
+
+    assert _reference_worlds(hosts((4,))) == [1, 2, 3, 4]  # one host: as before
+    assert _reference_worlds(hosts((2, 2))) == [1, 2]  # the link is priced from its own rows
+    assert _reference_worlds(hosts((3, 1))) == [1, 2, 3]
+    assert _reference_worlds(hosts((1, 1))) == [1, 2]  # a peer across the link, none at home
