@@ -199,7 +199,12 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     # (both more when ranks take turns on the cores)
     sliced = np.asarray(env.sliced, dtype=float)
     turns = prm.comm_oversubscription * (sliced - 1.0)
-    wire_a, wire_b = prm.alpha_scale + turns, prm.comm_scale + turns
+    intra_a, intra_b = prm.alpha_scale + turns, prm.comm_scale + turns
+    # the scales are fitted to training loops within one host (calibration's third stage runs on the
+    # first host's ranks): bytes between hosts move at the link's own measured rate, never faster
+    inter = col(b.multi_host) > 0
+    wire_a = np.where(inter, 1.0 + turns, intra_a) if inter.any() else intra_a
+    wire_b = np.where(inter, 1.0 + turns, intra_b) if inter.any() else intra_b
     al = env.alpha if np.all(wire_a == 1.0) else {c: a * wire_a for c, a in env.alpha.items()}
     be = env.beta if np.all(wire_b == 1.0) else {c: b * wire_b for c, b in env.beta.items()}
     slow = np.asarray(env.slowdown, dtype=float)
@@ -266,7 +271,7 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     sparse = np.where(gathered > 0, np.maximum(sparse, al["send"] + be["send"] * gathered), sparse)
 
     deg = np.asarray(env.gossip_degree, dtype=float)
-    inner_ab = (env.intra_exchange[0] * wire_a, env.intra_exchange[1] * wire_b)
+    inner_ab = (env.intra_exchange[0] * intra_a, env.intra_exchange[1] * intra_b)
     gossip = _gossip_wire(b, env, al, be, inner_ab) + deg * (
         prm.gossip_per_byte * col(b.gossip_bytes) + prm.gossip_tensor_overhead * col(b.gossip_tensors)
     )

@@ -300,7 +300,13 @@ class CostModel:
         send, exchange = table["inter"]["send"][1], table["inter"]["sendrecv"][1]
         stateful = optimizer_kind(optimizer) != "sgd"
         note = bottleneck(
-            c, send * prm.comm_scale, exchange * prm.comm_scale, prm.incast, prm.outcast, step, stateful
+            c,
+            send,
+            exchange,
+            prm.incast,
+            prm.outcast,
+            step,
+            stateful,  # the link's own rate (evaluate.py)
         )
         return (note,) if note else ()
 
