@@ -105,9 +105,10 @@ class CostParams:
     """Per step per dense variable or shard on the PS path: its reduce, its server's broadcast
     and its write-back are each a step of Python."""
     comm_scale: float = 1.0
-    """Multiplies the byte (beta) terms of every wire time the microbenchmarks predict: inside a
-    step bytes move slower than in a lockstep microbenchmark (peers arrive at different times,
-    copies compete with compute for a CPU host's cores)."""
+    """Multiplies the byte (beta) terms of every wire time the microbenchmarks predict within a host:
+    inside a step bytes move slower than in a lockstep microbenchmark (peers arrive at different
+    times, copies compete with compute for a CPU host's cores). Fitted to training loops on the
+    first host's ranks; a strategy across hosts moves its bytes at the link's own measured rate."""
     alpha_scale: float = 1.0
     """Multiplies the latency (alpha) terms of the same: calls issued back to back overlap part of
     their latencies, which a microbenchmark timing each call after a barrier does not."""
