@@ -202,9 +202,10 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
     intra_a, intra_b = prm.alpha_scale + turns, prm.comm_scale + turns
     # the scales are fitted to training loops within one host (calibration's third stage runs on the
     # first host's ranks): bytes between hosts move at the link's own measured rate, never faster
-    inter = col(b.multi_host) > 0
-    wire_a = np.where(inter, 1.0 + turns, intra_a) if inter.any() else intra_a
-    wire_b = np.where(inter, 1.0 + turns, intra_b) if inter.any() else intra_b
+    wire_a, wire_b = intra_a, intra_b
+    if b.multi_host.any():
+        inter = col(b.multi_host) > 0
+        wire_a, wire_b = np.where(inter, 1.0 + turns, intra_a), np.where(inter, 1.0 + turns, intra_b)
     al = env.alpha if np.all(wire_a == 1.0) else {c: a * wire_a for c, a in env.alpha.items()}
     be = env.beta if np.all(wire_b == 1.0) else {c: b * wire_b for c, b in env.beta.items()}
     slow = np.asarray(env.slowdown, dtype=float)
@@ -264,11 +265,14 @@ def evaluate(b: Batch, env: Env) -> dict[str, np.ndarray]:
         push = env.ps_worker_bytes if env.ps_worker_bytes is not None else col(b.ps_worker_bytes)
         broadcast = broadcast + np.maximum(server.max(axis=-1), be["broadcast"] * push * many)
     # several hosts: every server's values in flight at once share each host's link (links.py)
-    own = np.asarray(env.world) == col(b.world)  # the traffic is the strategy's own ranks'
-    values = col(_link_time(b.values_link_state if env.stateful else b.values_link, prm)) * own
-    broadcast = np.where(values > 0, np.maximum(broadcast, ba * al["send"] + be["send"] * values), broadcast)
-    gathered = col(_link_time(b.gather_link, prm)) * own
-    sparse = np.where(gathered > 0, np.maximum(sparse, al["send"] + be["send"] * gathered), sparse)
+    if b.values_link.shape[-1]:  # one host: no link between hosts, nothing to add
+        own = np.asarray(env.world) == col(b.world)  # the traffic is the strategy's own ranks'
+        values = col(_link_time(b.values_link_state if env.stateful else b.values_link, prm)) * own
+        broadcast = np.where(
+            values > 0, np.maximum(broadcast, ba * al["send"] + be["send"] * values), broadcast
+        )
+        gathered = col(_link_time(b.gather_link, prm)) * own
+        sparse = np.where(gathered > 0, np.maximum(sparse, al["send"] + be["send"] * gathered), sparse)
 
     deg = np.asarray(env.gossip_degree, dtype=float)
     inner_ab = (env.intra_exchange[0] * intra_a, env.intra_exchange[1] * intra_b)
