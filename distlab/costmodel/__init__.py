@@ -2,7 +2,8 @@
 
 ``model`` is ``CostModel`` (predict, rank, refit), ``params`` its calibrated figures, ``prediction``
 what it returns; ``compile`` turns a strategy into arrays and ``evaluate`` prices many at once;
-``collectives``, ``compute``, ``contention`` and ``degree`` the terms; ``calibrate``, ``fit`` and
+``collectives``, ``compute``, ``contention``, ``degree`` and ``links`` (the bytes through each host's
+link, per phase) the terms; ``calibrate``, ``fit`` and
 ``refit`` fit the figures to measurements (``distlab/calibration`` takes them); ``rows`` the typed
 measurement rows, ``scoring`` how well predictions met runs, ``whatif`` other clusters,
 ``native`` TensorFlow's own runtime.
