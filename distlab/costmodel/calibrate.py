@@ -22,6 +22,7 @@ import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES, factors
 from distlab.costmodel.contention import slowdown, time_slicing
+from distlab.costmodel.links import fit_shared_link
 from distlab.costmodel.rows import CollectiveRow, ComputeFitRow, LoopRun, as_rows
 from distlab.errors import CalibrationError
 
@@ -86,29 +87,6 @@ def fit_thread_efficiency(rows: Sequence[CollectiveRow | Mapping[str, Any]]) -> 
     return float(np.clip(-slope, 0.0, 1.0))
 
 
-def fit_shared_link(rows: Sequence[CollectiveRow], send: tuple[float, float] | None) -> dict[str, Any]:
-    """``incast`` and ``outcast`` (CostParams) from the rows where ``flows`` ranks sent into (out of) one
-    host's link at once, against one flow's ``send`` (alpha, beta): each row's extra time per byte over
-    ``flows`` times one flow's, per flow beyond the first; the median over sizes. ``errors``: the
-    median relative error of the fitted figure on its rows. None measured (one host): nothing."""
-    out: dict[str, Any] = {"errors": {}}
-    if send is None:
-        return out
-    alpha, beta = send
-    for name in ("incast", "outcast"):
-        sel = [r for r in rows if r.collective == name and r.flows and int(r.flows) >= 2 and r.seconds > 0]
-        if not sel or beta <= 0:
-            continue
-        k = np.array([float(r.flows or 1) for r in sel])
-        n = np.array([float(r.nbytes) for r in sel])
-        t = np.array([float(r.seconds) for r in sel])
-        per_flow = (np.maximum(t - alpha, 0.0) / (k * n * beta) - 1.0) / (k - 1.0)
-        out[name] = max(float(np.median(per_flow)), 0.0)  # k flows never beat the link's own rate
-        model = alpha + k * n * beta * (1.0 + out[name] * (k - 1.0))
-        out["errors"][name] = float(np.median(np.abs(model / t - 1.0)))
-    return out
-
-
 def fit_microbenchmarks(
     rows: Sequence[CollectiveRow | Mapping[str, Any]], base: CostParams
 ) -> tuple[CostParams, dict[str, Any]]:
@@ -123,21 +101,12 @@ def fit_microbenchmarks(
     errors: dict[str, float] = {}
     for coll in COLLECTIVES:
         for link in LINK_CLASSES:
-            sel = [
-                r
-                for r in rs
-                if r.collective == coll and r.link == link and int(r.world) >= 2 and float(r.seconds) > 0
-            ]
+            sel = [r for r in rs if r.collective == coll and r.link == link and int(r.world) >= 2]
+            sel = np.array([(r.world, r.nbytes, r.seconds) for r in sel if r.seconds > 0], dtype=float)
             if len(sel) < 2:
                 continue
-            alpha, beta, err = fit_alpha_beta(
-                np.array([float(r.world) for r in sel]),
-                np.array([float(r.nbytes) for r in sel]),
-                np.array([float(r.seconds) for r in sel]),
-                coll,
-            )
+            alpha, beta, errors[f"{coll}/{link}"] = fit_alpha_beta(sel[:, 0], sel[:, 1], sel[:, 2], coll)
             ab[f"{coll}/{link}"] = (alpha, beta)
-            errors[f"{coll}/{link}"] = err
     if not errors:
         raise CalibrationError(
             "microbenchmarks: no collective measured at a world size >= 2; calibrate needs 2 or more ranks"

@@ -14,6 +14,10 @@ simulator charges each transfer where the runtime really performs it:
 
 Everything here is independent of the link figures and of the calibration, so the result is
 cached per (profile, strategy) identity and reused for every evaluation, sweep and what-if.
+
+Long because ``CompiledStrategy`` (one field per number the simulator reads), the tally of every sync
+kind (as the runtime dispatches them) and the step that turns one into the other are one mapping,
+each part naming the others' fields; the per-host traffic it hands to links.py.
 """
 
 from __future__ import annotations
@@ -112,32 +116,6 @@ class CompiledStrategy:
     gossip_intra_degree: np.ndarray = field(default_factory=lambda: np.zeros(0))
     gossip_flows_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
     gossip_flows_out: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-
-def _link_fields(strategy: Strategy, tally: _Tally, gossip: bool) -> dict[str, object]:
-    """CompiledStrategy's per-host traffic fields: empty on one host (the calibrated collectives
-    already price it)."""
-    names, _ = links.host_index(strategy)
-    if len(names) < 2:
-        return {}
-    out: dict[str, object] = {
-        "link_hosts": tuple(names),
-        "values_link": links.ps_values(strategy, [*tally.ps_values, *tally.sparse_values.items()]),
-        "values_link_state": links.ps_values(
-            strategy, [*tally.ps_values, *tally.sparse_values_state.items()]
-        ),
-        "gather_link": links.ps_gathers(strategy, tally.sparse_gather.items()),
-    }
-    if gossip and strategy.gossip is not None:
-        from distlab.strategy.execution import for_strategy
-
-        rounds = links.gossip_rounds(strategy, for_strategy(strategy))
-        out.update(
-            gossip_intra_degree=rounds.intra_degree,
-            gossip_flows_in=rounds.flows_in,
-            gossip_flows_out=rounds.flows_out,
-        )
-    return out
 
 
 def profile_timing(profile: ModelProfile) -> ProfileTiming:
@@ -470,7 +448,13 @@ def compile_strategy(
             else 0.0
         ),
         ps_units=tally.ps_units,
-        **_link_fields(strategy, tally, bool(tally.gossip_msgs)),  # type: ignore[arg-type]
+        **links.link_fields(  # type: ignore[arg-type]
+            strategy,
+            [*tally.ps_values, *tally.sparse_values.items()],
+            [*tally.ps_values, *tally.sparse_values_state.items()],
+            list(tally.sparse_gather.items()),
+            bool(tally.gossip_msgs),
+        ),
         n_calls=float(
             len(tally.tasks) * (p > 1)
             + ag_calls

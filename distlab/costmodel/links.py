@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -144,6 +145,37 @@ def gossip_rounds(strategy: Strategy, topology: object) -> GossipRounds:
     return GossipRounds(np.array(intra), np.array(f_in), np.array(f_out))
 
 
+def link_fields(
+    strategy: Strategy,
+    values: list[tuple[int, float]],
+    values_state: list[tuple[int, float]],
+    gathers: list[tuple[int, float]],
+    gossip: bool,
+) -> dict[str, object]:
+    """CompiledStrategy's per-host traffic fields from the PS values each server broadcasts (plain, and
+    under a stateful optimizer), the sparse rows each rank gathers to each server and whether the
+    strategy gossips: empty on one host (the calibrated collectives already price it)."""
+    names, _ = host_index(strategy)
+    if len(names) < 2:
+        return {}
+    out: dict[str, object] = {
+        "link_hosts": tuple(names),
+        "values_link": ps_values(strategy, values),
+        "values_link_state": ps_values(strategy, values_state),
+        "gather_link": ps_gathers(strategy, gathers),
+    }
+    if gossip and strategy.gossip is not None:
+        from distlab.strategy.execution import for_strategy
+
+        rounds = gossip_rounds(strategy, for_strategy(strategy))
+        out.update(
+            gossip_intra_degree=rounds.intra_degree,
+            gossip_flows_in=rounds.flows_in,
+            gossip_flows_out=rounds.flows_out,
+        )
+    return out
+
+
 def shared_time(
     load: np.ndarray, beta: np.ndarray | float, incast: float, outcast: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -225,3 +257,26 @@ def bottleneck(
 def _flows(nbytes: float, flows: float) -> str:
     k = int(flows)
     return f"{nbytes / 1e6:,.1f} MB in {k} flow{'s' if k != 1 else ''}"
+
+
+def fit_shared_link(rows: Sequence[Any], send: tuple[float, float] | None) -> dict[str, Any]:
+    """``incast`` and ``outcast`` (CostParams) from the rows where ``flows`` ranks sent into (out of) one
+    host's link at once, against one flow's ``send`` (alpha, beta): each row's extra time per byte over
+    ``flows`` times one flow's, per flow beyond the first; the median over sizes. ``errors``: the
+    median relative error of the fitted figure on its rows. None measured (one host): nothing."""
+    out: dict[str, Any] = {"errors": {}}
+    if send is None:
+        return out
+    alpha, beta = send
+    for name in ("incast", "outcast"):
+        sel = [r for r in rows if r.collective == name and r.flows and int(r.flows) >= 2 and r.seconds > 0]
+        if not sel or beta <= 0:
+            continue
+        k = np.array([float(r.flows or 1) for r in sel])
+        n = np.array([float(r.nbytes) for r in sel])
+        t = np.array([float(r.seconds) for r in sel])
+        per_flow = (np.maximum(t - alpha, 0.0) / (k * n * beta) - 1.0) / (k - 1.0)
+        out[name] = max(float(np.median(per_flow)), 0.0)  # k flows never beat the link's own rate
+        model = alpha + k * n * beta * (1.0 + out[name] * (k - 1.0))
+        out["errors"][name] = float(np.median(np.abs(model / t - 1.0)))
+    return out
