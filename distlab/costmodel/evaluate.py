@@ -26,7 +26,7 @@ import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES, factors
 from distlab.costmodel.compile import CompiledStrategy
-from distlab.costmodel.links import shared_time
+from distlab.costmodel.links import round_share, shared_time
 from distlab.costmodel.params import CostParams
 
 _SCALARS = (
@@ -62,8 +62,8 @@ _ROUNDS = ("gossip_intra_degree", "gossip_flows_in", "gossip_flows_out")
 
 
 def _link_bytes(items: Sequence[CompiledStrategy], name: str) -> np.ndarray:
-    """Per strategy, ``(2, 2 hosts)``: the bytes through each host's link in one phase (into, out
-    of) and the flows carrying them, padded with empty hosts (links.py)."""
+    """Per strategy, ``(4, hosts)`` as LinkLoad.arrays: the bytes into and out of each host's link in one
+    phase and the flows carrying them, padded with empty hosts (links.py)."""
     width = max((getattr(c, name).shape[1] for c in items), default=0)
     out = np.zeros((len(items), 4, width))
     for i, c in enumerate(items):
@@ -167,12 +167,9 @@ def _gossip_wire(
     if not hosts.any():
         return wire
     fin, fout = b.gossip_flows_in, b.gossip_flows_out
-    share = np.maximum(
-        fin * (1.0 + prm.incast * np.maximum(fin - 1.0, 0.0)),
-        fout * (1.0 + prm.outcast * np.maximum(fout - 1.0, 0.0)),
-    )[:, None, :]
+    shared = round_share(fin, fout, prm.incast, prm.outcast)[:, None, :]
     link = np.where(
-        share > 0, al["sendrecv"][..., None] + be["sendrecv"][..., None] * nbytes[..., None] * share, 0.0
+        shared > 0, al["sendrecv"][..., None] + be["sendrecv"][..., None] * nbytes[..., None] * shared, 0.0
     )
     ia, ib = (np.asarray(x)[..., None] for x in inner_ab)
     inner = b.gossip_intra_degree[:, None, :] * (ia + ib * nbytes[..., None])

@@ -176,6 +176,17 @@ def link_fields(
     return out
 
 
+def share(flows: np.ndarray, loss: float) -> np.ndarray:
+    """How many single flows' time ``flows`` concurrent flows through one link take: ``k (1 + loss (k - 1))``
+    (``loss``: CostParams.incast or outcast; 0 flows take none)."""
+    return flows * (1.0 + loss * np.maximum(flows - 1.0, 0.0))
+
+
+def round_share(f_in: np.ndarray, f_out: np.ndarray, incast: float, outcast: float) -> np.ndarray:
+    """Per gossip round, its busiest link direction's flows as single flows' time (each one message)."""
+    return np.maximum(share(f_in, incast), share(f_out, outcast))
+
+
 def shared_time(
     load: np.ndarray, beta: np.ndarray | float, incast: float, outcast: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -183,8 +194,8 @@ def shared_time(
     as LinkLoad.arrays, stacked): ``bytes beta (1 + share (flows - 1))`` per host and direction, and
     the index of that host and direction (``2 host + 1`` for out)."""
     b_in, f_in, b_out, f_out = (load[..., i, :] for i in range(4))
-    t_in = b_in * (1.0 + incast * np.maximum(f_in - 1.0, 0.0))
-    t_out = b_out * (1.0 + outcast * np.maximum(f_out - 1.0, 0.0))
+    t_in = b_in * share(f_in, incast) / np.maximum(f_in, 1.0)
+    t_out = b_out * share(f_out, outcast) / np.maximum(f_out, 1.0)
     both = np.stack([t_in, t_out], axis=-1).reshape(*t_in.shape[:-1], -1)  # host-major, in before out
     which = both.argmax(axis=-1)
     return np.asarray(beta) * both.max(axis=-1, initial=0.0), which
@@ -235,12 +246,9 @@ def bottleneck(
         f_in, f_out = c.gossip_flows_in, c.gossip_flows_out  # type: ignore[attr-defined]
         flows = np.maximum(f_in, f_out)
         if flows.any():
-            share = np.maximum(
-                f_in * (1 + incast * np.maximum(f_in - 1, 0)),
-                f_out * (1 + outcast * np.maximum(f_out - 1, 0)),
-            )
+            shared = round_share(f_in, f_out, incast, outcast)
             nbytes = float(c.gossip_bytes)  # type: ignore[attr-defined]
-            seconds = float(share.mean()) * nbytes * exchange_beta
+            seconds = float(shared.mean()) * nbytes * exchange_beta
             busiest = int(flows.max())
             crossing = f"{int((flows > 0).sum())} of {period} rounds cross hosts"
             moved = _flows(busiest * nbytes, busiest)
