@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import LaunchError
+from distlab.whatif.trace import facts
 
 TRACKS = {"compute": (1, "training loop"), "comm": (2, "collectives in flight")}
 
@@ -196,6 +197,7 @@ def chrome_trace(run: Any, predicted: bool = True) -> dict[str, Any]:
             "strategy": run.strategy.name,
             "world": run.world,
             "origin_unix_s": origin,
+            **facts(run),  # what dl.whatif.load needs to replay the trace
         },
     }
 

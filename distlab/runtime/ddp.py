@@ -45,10 +45,13 @@ class DDPSynchronizer:
         self.local_opt = make_optimizer([u.param for u in units])
         self.last_ready = 0.0
         self.comm_time = 0.0
+        self._labels = {id(u.param): u.label for u in units}
         self._hooks = [u.param.register_post_accumulate_grad_hook(self._on_ready) for u in units]
 
     def _on_ready(self, p: torch.Tensor) -> None:
         self.last_ready = time.perf_counter()
+        if self.tracer.enabled:
+            self.tracer.ready(self._labels[id(p)], int(p.numel() * p.element_size()))
 
     def zero_grad(self) -> None:
         self.local_opt.zero_grad(set_to_none=True)

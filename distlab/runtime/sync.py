@@ -76,6 +76,9 @@ class Synchronizer:
         self._next = 0
         self._hooks = []
         self.last_ready = 0.0
+        self._labels: dict[int, list[tuple[str, int]]] = {}  # a variable's units, for the trace
+        for u in units:
+            self._labels.setdefault(id(u.param), []).append((u.label, _nbytes(u.view(u.param))))
         for p in {id(u.param): u.param for u in units}.values():
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_ready))
         local = [u.target for u in units if u.sync.kind != "ps"]
@@ -123,6 +126,9 @@ class Synchronizer:
         if not self._syncing:
             return
         self.last_ready = time.perf_counter()
+        if self.tracer.enabled:
+            for label, nbytes in self._labels.get(id(p), ()):
+                self.tracer.ready(label, nbytes)
         if self.noise is not None:  # its local norm, before a bucket averages it in place
             self.noise.on_local_grad(p)
         for t in self._tasks_of.get(id(p), ()):

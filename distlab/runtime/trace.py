@@ -7,6 +7,10 @@ all-reduce and each PS reduce, from the moment backward launches it until its co
 callback runs, so it overlaps backward as it does on the wire; gloo runs two at once, so the
 timeline (notebook/timeline.py) gives overlapping ones lanes of their own).
 
+Backward also carries each gradient's ready instant (``args["ready"]``: ``[variable, bytes,
+seconds since backward started]`` in the order they became ready), what a replay needs to bucket
+the gradients again (distlab/whatif).
+
 Times are wall-clock seconds aligned to rank 0's clock (``align``: the ranks leave a barrier
 together and exchange their clocks there), so ranks on different hosts share one time axis.
 Each step's spans travel in the step's record (``rec["trace"]``), so a run that fails still
@@ -37,6 +41,7 @@ class Tracer:
             Any
         ] = []  # the futures of collectives whose completion callback may not have run yet
         self._lock = threading.Lock()  # completion callbacks run on the process group's thread
+        self._ready: list[tuple[str, int, float]] = []  # (variable, bytes, when) in this step's backward
 
     def now(self) -> float:
         return time.perf_counter()
@@ -54,6 +59,10 @@ class Tracer:
             yield
         finally:
             self.add(name, cat, t0, time.perf_counter(), **args)
+
+    def ready(self, variable: str, nbytes: int) -> None:
+        """A gradient just became ready (called from its post-accumulate hook during backward)."""
+        self._ready.append((variable, nbytes, time.perf_counter()))
 
     def collective(self, work: Any, name: str, cat: str, **args: Any) -> None:
         """A collective just launched (``work``: its async handle): its span ends when it completes."""
@@ -78,6 +87,11 @@ class Tracer:
             fut.wait()
         with self._lock:
             events, self._events = self._events, []
+        ready, self._ready = self._ready, []
+        backward = [e for e in events if e["cat"] == "backward"]
+        if ready and backward:  # the step's last backward is the one that syncs
+            b = backward[-1]
+            b["args"]["ready"] = [[v, n, round(t - b["start"], 7)] for v, n, t in ready]
         base = self._wall0 - self._perf0 + self.offset
         for e in events:
             e["start"], e["end"] = e["start"] + base, e["end"] + base
@@ -100,6 +114,9 @@ class _Off:
         return _NULL
 
     def collective(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def ready(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     def take(self) -> list[dict[str, Any]]:

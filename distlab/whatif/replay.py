@@ -1,0 +1,139 @@
+"""Replay a step graph: list scheduling of every rank's compute lane and its comm lane, vectorised
+over ranks (numpy arrays indexed by rank), so 1,024 ranks replay as fast as 8.
+
+A node starts when its lane is free and its dependencies are done (graph.py's edges): a compute
+node after the one before it plus its gap; a collective when every rank has reached it; gossip
+when the rank and its in-neighbours have; a comm node when its gradients are ready and the link is
+free; the wait when the comm lane is done. The step time is the period of the replayed steady
+state: the last rank's end of a step minus its end of the step before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from distlab.whatif.graph import JOIN_ALL, Node, StepGraph, last_backward
+
+
+
+@dataclass
+class Replayed:
+    """Each node's start and end per rank (arrays) for each replayed step."""
+
+    graph: StepGraph
+    compute: list[list[tuple[np.ndarray, np.ndarray]]]  # [step][node] -> (start, end)
+    comm: list[list[tuple[np.ndarray, np.ndarray]]]
+    ends: np.ndarray  # per step: the last rank's end
+
+    @property
+    def step_time(self) -> float:
+        return float(np.mean(np.diff(self.ends))) if len(self.ends) > 1 else float(self.ends[0])
+
+    def breakdown(self) -> dict[str, float]:
+        """The step of the rank that ends it, averaged over the replayed steps after the first:
+        compute (forward, backward), comm (waits for the gradients and the loop's exchanges),
+        optimizer, and other (Python between the calls)."""
+        parts = dict.fromkeys(("compute", "comm", "optimizer"), 0.0)
+        steps = self.compute[1:] or self.compute
+        for times in steps:
+            r = int(np.argmax(times[-1][1]))
+            for node, (start, end) in zip(self.graph.compute, times):
+                part = {"forward": "compute", "backward": "compute", "optimizer": "optimizer"}.get(node.kind, "comm")
+                parts[part] += float(end[r] - start[r]) / len(steps)
+        parts["other"] = max(0.0, self.step_time - sum(parts.values()))
+        return parts
+
+    def spans(self, ranks: int = 8, t0: float = 0.0) -> list[dict[str, Any]]:
+        """The replayed timeline of the first ``ranks`` ranks as the timeline's spans (seconds from t0)."""
+        out = []
+        for s in range(len(self.compute)):
+            for lane, nodes, times in (
+                ("compute", self.graph.compute, self.compute[s]),
+                ("comm", self.graph.comm, self.comm[s]),
+            ):
+                for node, (start, end) in zip(nodes, times):
+                    for r in range(min(ranks, self.graph.world)):
+                        out.append(
+                            {
+                                "name": node.name,
+                                "cat": _cat(node),
+                                "track": lane,
+                                "start": t0 + float(start[r]),
+                                "end": t0 + float(end[r]),
+                                "rank": r,
+                                "step": s,
+                                "args": {"bytes": node.nbytes} if node.nbytes else {},
+                            }
+                        )
+        return out
+
+
+def _cat(node: Node) -> str:
+    return {"ps_push": "ps", "ps_pull": "ps", "ps_sparse": "ps"}.get(node.kind, node.kind)
+
+
+def replay(g: StepGraph, steps: int | None = None) -> Replayed:
+    """Replay ``g`` (see the module's docstring): each recorded step once with its own durations,
+    after a first step that starts every rank at once (``steps``: that many, cycling)."""
+    p = g.world
+    t = np.zeros(p)
+    backward = last_backward(g.compute)
+    peers = {id(n): _peer_matrix(n, p) for n in g.compute if n.kind == "gossip"}
+    rows = len(g.tail)
+    compute_times, comm_times, ends = [], [], []
+    for s in range((rows + 1) if steps is None else steps):
+        j = (s - 1) % rows  # the first replayed step runs the last recorded one
+        times: list[tuple[np.ndarray, np.ndarray]] = []
+        lane: list[tuple[np.ndarray, np.ndarray]] = []
+        done = None
+        for node in g.compute:
+            start, dur = t + node.gap[j], node.dur[j]
+            if node.kind == "wait":
+                end = np.maximum(start, start if done is None else done) + g.tail[j]
+            elif node.kind in JOIN_ALL:
+                end = start.max() + dur
+            elif node.kind == "gossip":
+                m = peers[id(node)]
+                end = start[m[j % len(m)]].max(axis=1) + dur
+            else:
+                end = start + dur
+            times.append((start, end))
+            if node is backward:
+                lane, done = _comm_lane(g, start, dur, j)
+            t = end
+        compute_times.append(times)
+        comm_times.append(lane)
+        ends.append(float(t.max()))
+    return Replayed(g, compute_times, comm_times, np.array(ends))
+
+
+def _comm_lane(
+    g: StepGraph, b_start: np.ndarray, b_dur: np.ndarray, j: int
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
+    """The step's gradient collectives, one at a time on the link, each joining every rank."""
+    if not g.comm:
+        return [], None
+    free = -np.inf
+    out = []
+    for node in g.comm:
+        ready = b_start + node.ready * b_dur
+        start = max(float(ready.max()), free)
+        free = start + float(node.dur[j].max())
+        out.append((ready, np.full(g.world, free)))
+    return out, np.full(g.world, free)
+
+
+def _peer_matrix(node: Node, p: int) -> list[np.ndarray]:
+    """Per step of the cycle, a (p, 1 + max in-degree) index matrix: each rank and its in-neighbours
+    (padded with itself), so one fancy index takes the latest arrival of each rank's group."""
+    out = []
+    for peers in node.peers or [[[] for _ in range(p)]]:
+        width = 1 + max((len(x) for x in peers), default=0)
+        m = np.repeat(np.arange(p)[:, None], width, axis=1)
+        for r, x in enumerate(peers):
+            m[r, 1 : 1 + len(x)] = x
+        out.append(m)
+    return out
