@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "strategy": ("distlab.strategy", None),
     "topology": ("distlab.topology", None),
+    "whatif": ("distlab.whatif", None),
     "zoo": ("distlab.zoo", None),
     "data": ("distlab.data", None),
     "CostModel": ("distlab.costmodel", "CostModel"),

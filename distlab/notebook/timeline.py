@@ -30,7 +30,7 @@ def _tid(e: dict[str, Any]) -> int:
 
 
 def _row(e: dict[str, Any]) -> str:
-    who = f"rank {e['rank']}" if e["rank"] >= 0 else "predicted"
+    who = e.get("who") or (f"rank {e['rank']}" if e["rank"] >= 0 else "predicted")
     lane = f" ({e['lane'] + 1})" if e.get("lane") else ""
     return f"{who} · {TRACKS[e['track']][1]}{lane}"
 
@@ -211,23 +211,30 @@ def save_trace(run: Any, path: str | Path) -> Path:
 
 def timeline_figure(run: Any, steps: int = 3, predicted: bool = True) -> Any:
     """Plotly: a row per rank and thread over the last ``steps`` steps, the predicted step below."""
-    from distlab.notebook.figures import THEME, Figure
-
     measured = spans(run, steps)
     t0 = min(e["start"] for e in measured)
     extra = predicted_spans(run, steps, t0) if predicted else []
-    order = sorted(
-        {(e["rank"] if e["rank"] >= 0 else 1 << 30, _tid(e)): _row(e) for e in measured + extra}.items()
-    )
-    rows = [row for _, row in order]
+    shown = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in measured + extra]
+    return spans_figure(shown, f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below")
+
+
+def spans_figure(shown: list[dict[str, Any]], title: str) -> Any:
+    """Plotly: a row per rank (or ``who``) and thread, spans in seconds from 0; rows without a
+    rank of their own (predicted, what-if) below the ranks."""
+    from distlab.notebook.figures import THEME, Figure
+
+    def order(e: dict[str, Any]) -> tuple[int, str, int]:
+        return (0 if e["rank"] >= 0 and not e.get("who") else 1, e.get("who") or "", max(e["rank"], 0) * 100 + _tid(e))
+
+    rows = list(dict.fromkeys(_row(e) for e in sorted(shown, key=order)))
     fig = Figure()
     for cat in COLOURS:
-        mine = [e for e in measured + extra if e["cat"] == cat]
+        mine = [e for e in shown if e["cat"] == cat]
         if not mine:
             continue
         fig.add_bar(
             orientation="h",
-            base=[(e["start"] - t0) * 1e3 for e in mine],
+            base=[e["start"] * 1e3 for e in mine],
             x=[(e["end"] - e["start"]) * 1e3 for e in mine],
             y=[_row(e) for e in mine],
             name=cat,
@@ -239,10 +246,7 @@ def timeline_figure(run: Any, steps: int = 3, predicted: bool = True) -> Any:
         template=THEME,
         barmode="overlay",
         height=140 + 34 * len(rows),
-        title={
-            "text": f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below",
-            "y": 0.97,
-        },
+        title={"text": title, "y": 0.97},
         xaxis_title="ms since the first step shown",
         yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},

@@ -29,6 +29,7 @@ def forecast_run(
             sub,
             model_key(profile),
             optimizer,
+            cost_model,
         )
     except Exception:  # noqa: BLE001 - a prediction is a bonus column, never a reason not to run
         return None

@@ -41,6 +41,7 @@ class Forecast:
     resources: Any
     model_key: str
     optimizer: str | None = None  # what the run's optimizer costs like ("sgd", "momentum", "adam")
+    cost_model: Any = None  # the model that predicted it (run.whatif prices its what-ifs with it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Run:
         self._model: Any = None
         self._topic = f"distlab-run-{run_id}"
         self._trace: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+        self._whatif: tuple[Any, Any] | None = None  # (what it was built from, whatif.Trace)
         self._thread = threading.Thread(target=self._drive, name=f"distlab-run-{run_id}", daemon=True)
 
     def start(self) -> None:
@@ -471,6 +473,17 @@ class Run:
         from distlab.notebook.timeline import timeline_figure
 
         return timeline_figure(self, steps, predicted)
+
+    def whatif(self, cost_model: Any = None, **changes: Any) -> Any:
+        """This traced run replayed with one thing changed (``bandwidth``, ``latency``, ``world``,
+        ``hosts``, ``bucket_mb``, ``overlap``, ``compute_scale``, ``strategy``; none: the identity
+        replay), beside the cost model's prediction of the same: a ``distlab.whatif.WhatIf``."""
+        from distlab.whatif import of_run
+
+        key = id(cost_model)
+        if self._whatif is None or self._whatif[0] != (key, self.steps_done):
+            self._whatif = ((key, self.steps_done), of_run(self, cost_model))
+        return self._whatif[1].whatif(**changes)
 
     def save_trace(self, path: Any) -> Any:
         """Write the trace as Chrome trace-event JSON (open it in https://ui.perfetto.dev); returns the

@@ -1,0 +1,36 @@
+"""What if, from the run itself: a traced run's step graph replayed with one thing changed (a
+link, the world, the hosts, the buckets, overlap, the device, the strategy), beside the analytic
+model (Daydream, dPRO and Lumos replay traces so; see docs/whatif.md).
+
+``run.whatif(bandwidth=..., world=..., strategy=...)`` on a run launched with ``trace=True``;
+``dl.whatif.load("trace.json").whatif(...)`` on a trace ``run.save_trace`` wrote, here or on a
+bigger cluster. ``trace`` reads it, ``graph`` builds the step graph, ``replay`` schedules it,
+``transform`` and ``swap`` change it, ``result`` is what a user holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from distlab.whatif.result import Trace, WhatIf
+from distlab.whatif.trace import TraceError, from_run as _data_of_run, load_chrome
+
+__all__ = ["Trace", "TraceError", "WhatIf", "load", "of_run"]
+
+
+def load(path: str | Path, cost_model: Any = None, resources: Any = None, profile: Any = None) -> Trace:
+    """A saved Chrome trace (``run.save_trace(path)``) as a ``Trace`` to replay; ``cost_model``
+    prices what the what-ifs change (default: ``CostModel.default()``)."""
+    return Trace(load_chrome(path), cost_model, resources, profile)
+
+
+def of_run(run: Any, cost_model: Any = None) -> Trace:
+    """A traced run as a ``Trace``, with the model's profile and resources the Lab predicted it with."""
+    f = run.forecast
+    return Trace(
+        _data_of_run(run),
+        cost_model if cost_model is not None else getattr(f, "cost_model", None),
+        f.resources if f is not None else None,
+        f.profile if f is not None else None,
+    )

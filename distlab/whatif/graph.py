@@ -66,6 +66,7 @@ class Node:
     nbytes: float = 0.0
     peers: list[list[list[int]]] | None = None  # gossip: per step of the cycle, each rank's in-neighbours
     variables: tuple[str, ...] = ()
+    repriced: bool = False  # a what-if's node, priced at its world and link (not measured)
 
 
 @dataclass

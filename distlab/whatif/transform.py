@@ -1,0 +1,298 @@
+"""What-ifs as transformations of a step graph (Daydream's and dPRO's primitives): re-cost the
+communication at another link, world or host count; clone the rank template to a new world;
+re-bucket the gradients; turn overlap off; scale compute; swap the communication subgraph for
+another strategy's.
+
+Communication nodes are re-costed by the cost model's alpha-beta (``collectives.py``), keeping
+what the run measured beyond it: a node the trace has keeps its own ratio, measured / priced
+(dPRO's ``ratio``), so every step keeps its noise; a node the trace lacks (a new bucket, another
+strategy's PS push) is priced with its kind's factor (measured / priced, summed over the kind's
+nodes), or by the cost model alone when the trace has no node of that kind (the result says so).
+
+A world of other size keeps the hosts of the trace (ranks spread evenly over them) unless
+``hosts`` says otherwise; ranks clone the trace's rank template (rank r plays rank r mod p), and
+when more ranks share a host's cores than in the trace, their CPU work (compute, the Python
+between calls, the wait's tail) slows by the time slicing of ``costmodel.contention``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from distlab.costmodel.collectives import collective_time
+from distlab.costmodel.contention import time_slicing
+from distlab.errors import ResourceError
+from distlab.strategy.execution import BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, bucket_layout
+from distlab.strategy.types import Strategy
+from distlab.whatif.graph import COLLECTIVE, COMPUTE_KINDS, Node, StepGraph
+from distlab.whatif.trace import TraceError
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a what-if changes (None: as traced). ``bandwidth`` bytes/s and ``latency`` s of the
+    link the collectives cross; ``compute_scale`` multiplies compute time (0.5: a device twice as
+    fast); ``bucket_mb`` the all-reduce bucket cap (MiB); ``overlap`` False launches every
+    gradient collective after backward."""
+
+    bandwidth: float | None = None
+    latency: float | None = None
+    world: int | None = None
+    hosts: int | None = None
+    bucket_mb: float | None = None
+    overlap: bool | None = None
+    compute_scale: float | None = None
+    strategy: Strategy | None = None
+
+    def check(self) -> None:
+        """One line per bad value, naming the argument."""
+        for name in ("bandwidth", "bucket_mb", "compute_scale"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ResourceError(f"whatif({name}={v!r}): must be a positive number")
+        if self.latency is not None and not (math.isfinite(self.latency) and self.latency >= 0):
+            raise ResourceError(f"whatif(latency={self.latency!r}): must be seconds >= 0")
+        for name in ("world", "hosts"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
+                raise ResourceError(f"whatif({name}={v!r}): must be a whole number of at least 1")
+        if self.world is not None and self.hosts is not None and self.hosts > self.world:
+            raise ResourceError(f"whatif(hosts={self.hosts}): more hosts than the {self.world} ranks of world")
+        if self.strategy is not None and self.world is not None and self.strategy.world != self.world:
+            raise ResourceError(
+                f"whatif(strategy=..., world={self.world}): the strategy is built for {self.strategy.world} "
+                "ranks; build it for the world you ask about"
+            )
+
+    @property
+    def comm_changed(self) -> bool:
+        return any(
+            v is not None for v in (self.bandwidth, self.latency, self.world, self.hosts, self.strategy)
+        )
+
+
+class Pricing:
+    """The cost model's alpha-beta for one kind of communication node, at a world and a link."""
+
+    def __init__(self, cost_model: Any, resources: Any = None) -> None:
+        self.table = cost_model.link_table(resources)
+        self.links = cost_model.links(resources)
+
+    def time(
+        self,
+        kind: str,
+        nbytes: float,
+        p: int,
+        link: str,
+        degree: float = 1.0,
+        bandwidth: float | None = None,
+        latency: float | None = None,
+    ) -> float:
+        c = COLLECTIVE[kind]
+        alpha, beta = self.table[link][c]
+        if bandwidth is not None:  # every collective's beta in proportion to the link's own rate
+            beta *= self.links[link].bandwidth / bandwidth
+        if latency is not None:
+            alpha *= latency / max(self.links[link].latency, 1e-12)
+        t = float(collective_time(c, p, nbytes, alpha, beta))
+        return t * degree if kind == "gossip" else t
+
+
+def degree(node: Node) -> float:
+    """Gossip messages a rank receives per step (its in-neighbours, averaged over the cycle)."""
+    if not node.peers:
+        return 1.0
+    return float(np.mean([max(len(x) for x in step) for step in node.peers]))
+
+
+def factors(g: StepGraph, pricing: Pricing) -> dict[str, float]:
+    """Measured / priced per kind of communication node, at the trace's own world and link."""
+    link = "inter" if g.num_hosts > 1 else "intra"
+    seen: dict[str, list[float]] = {}
+    for n in g.nodes():
+        if n.kind in COLLECTIVE:
+            priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n))
+            m = seen.setdefault(n.kind, [0.0, 0.0])
+            m[0] += float(n.dur.mean())
+            m[1] += priced
+    return {k: (m[0] / m[1] if m[1] > 0 else 1.0) for k, m in seen.items()}
+
+
+def effective_bytes(g: StepGraph, pricing: Pricing) -> None:
+    """Sparse exchanges carry no byte count: the bytes that make the cost model price them as measured."""
+    link = "inter" if g.num_hosts > 1 else "intra"
+    for n in g.compute:
+        if n.kind in ("allgather", "ps_sparse") and not n.nbytes:
+            zero = pricing.time(n.kind, 0.0, g.world, link)
+            per_byte = pricing.time(n.kind, 1e6, g.world, link) - zero
+            n.nbytes = max(0.0, (float(n.dur.mean()) - zero) / max(per_byte, 1e-15) * 1e6)
+
+
+def apply(g: StepGraph, change: Change, cost_model: Any, resources: Any = None) -> tuple[StepGraph, list[str]]:
+    """``g`` with ``change`` applied (see the module's docstring), and notes on how it was priced."""
+    change.check()
+    pricing = Pricing(cost_model, resources)
+    g = g.replace(compute=[replace(n) for n in g.compute], comm=[replace(n) for n in g.comm])  # g stays as it was
+    effective_bytes(g, pricing)
+    g = g.replace(factors=factors(g, pricing))
+    notes: list[str] = []
+    p0, link0 = g.world, "inter" if g.num_hosts > 1 else "intra"
+    p = change.world or (change.strategy.world if change.strategy is not None else p0)
+    n_hosts = change.hosts or min(g.num_hosts, p)
+    link = "inter" if n_hosts > 1 else "intra"
+    before = {n.name: pricing.time(n.kind, n.nbytes, p0, link0, degree(n)) for n in g.nodes() if n.kind in COLLECTIVE}
+    if p != p0 or n_hosts != g.num_hosts:
+        g = _resize(g, p, n_hosts, notes)
+    if change.strategy is not None:
+        g = _swap(g, change.strategy, pricing, link, notes)
+    elif change.bucket_mb is not None:
+        g = _rebucket(g, change.bucket_mb, pricing, link, notes)
+    if change.comm_changed:
+        for n in g.nodes():
+            if n.kind not in COLLECTIVE:
+                continue
+            now = pricing.time(n.kind, n.nbytes, p, link, degree(n), change.bandwidth, change.latency)
+            # a what-if's own node was priced at the link as calibrated; a traced one keeps its ratio
+            at = pricing.time(n.kind, n.nbytes, p, link, degree(n)) if n.repriced else before.get(n.name, 0.0)
+            if at > 1e-12:
+                n.dur = n.dur * (now / at)
+    if change.overlap is False:
+        g = g.replace(comm=[replace(n, ready=max(n.ready, 1.0)) for n in g.comm])
+    elif change.overlap is True and all(n.ready >= 1.0 for n in g.comm):
+        notes.append("overlap: the traced run launched nothing during backward; nothing to overlap")
+    if change.compute_scale is not None:
+        k = float(change.compute_scale)
+        g = g.replace(compute=[replace(n, dur=n.dur * k) if n.kind in COMPUTE_KINDS else n for n in g.compute])
+    return g, notes
+
+
+def _resize(g: StepGraph, p: int, n_hosts: int, notes: list[str]) -> StepGraph:
+    """The rank template cloned to ``p`` ranks on ``n_hosts`` hosts; CPU work slowed by time slicing."""
+    tmap = np.arange(p) % g.world
+    host_names = sorted(set(g.hosts), key=g.hosts.index)
+    hosts = [
+        host_names[h] if h < len(host_names) else f"host{h}" for h in (np.arange(p) * n_hosts // p)
+    ]
+    per_host_before = max(g.hosts.count(h) for h in host_names)
+    per_host = max(hosts.count(h) for h in set(hosts))
+    cores = next((c for c in g.cores.values() if c), None)
+    slow = time_slicing(per_host, cores) / time_slicing(per_host_before, cores)
+    if slow != 1.0:
+        notes.append(
+            f"{per_host} ranks per host on {cores} cores: their CPU work {slow:.2f}x the trace's (time slicing)"
+        )
+
+    def clone(n: Node) -> Node:
+        cpu = n.kind in COMPUTE_KINDS
+        out = replace(n, dur=n.dur[:, tmap] * (slow if cpu else 1.0), gap=n.gap[:, tmap] * slow)
+        if n.kind == "gossip":
+            out.peers = gossip_peers(g.strategy, p, hosts) if g.strategy is not None else None
+        return out
+
+    return g.replace(
+        compute=[clone(n) for n in g.compute],
+        comm=[clone(n) for n in g.comm],
+        world=p,
+        hosts=hosts,
+        cores={h: cores for h in set(hosts)},
+        tail=g.tail[:, tmap] * slow,
+        samples_per_step=g.samples_per_step * p / g.world,
+    )
+
+
+def gossip_peers(strategy: Strategy, p: int, hosts: list[str]) -> list[list[list[int]]]:
+    """Each rank's in-neighbours per step of the topology's cycle, over ``p`` ranks."""
+    from distlab import topology
+
+    cfg = strategy.gossip
+    if cfg is None:
+        return [[[] for _ in range(p)]]
+    if cfg.topology == "hierarchical":
+        topo = topology.hierarchical(p, hosts=hosts)
+    else:
+        topo = topology.get(cfg.topology, p, dynamic=bool(cfg.dynamic) and cfg.topology not in topology.DYNAMIC)
+    graphs = [topo.at(t) for t in range(topo.period)] if hasattr(topo, "at") else [topo]
+    out = []
+    for t in graphs:
+        w = np.asarray(t.weights)
+        out.append([[int(i) for i in np.nonzero(w[:, j])[0] if i != j] for j in range(p)])
+    return out
+
+
+def _bucket_nodes(
+    g: StepGraph, entries: list[tuple[str, int, float, Any]], cap: int, pricing: Pricing, link: str, ddp: bool
+) -> list[Node]:
+    """All-reduce buckets of ``entries`` (variable, bytes on the wire, ready fraction, key), laid
+    out by the runtime's own ``bucket_layout``, priced by the kind's factor."""
+    if not entries:
+        return []
+    layout = bucket_layout([(key, n) for _, n, _, key in entries], cap, DDP_FIRST_BUCKET_BYTES if ddp else None)
+    rows = len(g.tail)
+    out = []
+    for i, members in enumerate(layout):
+        nbytes = float(sum(entries[m][1] for m in members))
+        t = g.factors.get("allreduce", 1.0) * pricing.time("allreduce", nbytes, g.world, link)
+        out.append(
+            Node(
+                f"all-reduce bucket {i} (replayed)",
+                "allreduce",
+                "comm",
+                np.full((rows, g.world), t),
+                np.zeros((rows, g.world)),
+                ready=max(entries[m][2] for m in members),
+                nbytes=nbytes,
+                variables=tuple(entries[m][0] for m in members)[:8],
+                repriced=True,
+            )
+        )
+    return out
+
+
+def _need_ready(g: StepGraph, what: str) -> None:
+    if not g.ready:
+        raise TraceError(
+            f"{g.source}: {what} needs each gradient's ready instant, which this trace lacks; trace the run "
+            "again with this distlab (lab.launch(..., trace=True))"
+        )
+
+
+def _rebucket(g: StepGraph, bucket_mb: float, pricing: Pricing, link: str, notes: list[str]) -> StepGraph:
+    _need_ready(g, "bucket_mb")
+    ddp = any(n.kind == "wait" and "DDP" in n.name for n in g.compute)
+    names = _allreduce_variables(g)
+    entries = [(v, b, f, 0) for v, b, f in g.ready if v in names]
+    cap = int(bucket_mb * 2**20)
+    new = _bucket_nodes(g, entries, cap, pricing, link, ddp)
+    rest = [n for n in g.comm if n.kind != "allreduce"]
+    notes.append(f"bucket_mb={bucket_mb:g}: {len(new)} all-reduce bucket(s) where the run had "
+                 f"{sum(n.kind == 'allreduce' for n in g.comm)}")
+    return g.replace(comm=sorted(rest + new, key=lambda n: n.ready))
+
+
+def _allreduce_variables(g: StepGraph) -> set[str]:
+    """The variables the run all-reduced (every gradient the trace saw, unless its strategy says otherwise)."""
+    if g.strategy is None:
+        return {v for v, _, _ in g.ready}
+    out = set()
+    for v, _, _ in g.ready:
+        plan = _plan(g.strategy, v)
+        if plan is not None and any(s.kind in ("allreduce", "allgather") for s in plan.syncs):
+            out.add(v)
+    return out
+
+
+def _plan(strategy: Strategy, label: str) -> Any:
+    name = label.split("[shard ")[0]
+    return next((p for p in strategy.variables if p.name == name), None)
+
+
+def _swap(g: StepGraph, strategy: Strategy, pricing: Pricing, link: str, notes: list[str]) -> StepGraph:
+    """The communication subgraph of ``strategy`` in place of the trace's (see ``swap.py``)."""
+    from distlab.whatif.swap import swap
+
+    _need_ready(g, "strategy=")
+    return swap(g, strategy, pricing, link, notes, _bucket_nodes, BUCKET_BYTES)
