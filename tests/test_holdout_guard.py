@@ -12,12 +12,13 @@ IMPORT = re.compile(
     re.MULTILINE,
 )
 # the module, the test of its shapes (builds them, fits nothing), the benchmarks scoring on them
-# (prediction-paths on one host; two-hosts across hosts, when its models name them)
+# (prediction-paths on one host; two-hosts across hosts and trace-whatif, when their models name them)
 ALLOWED = {
     "distlab/holdout.py",
     "tests/test_holdout.py",
     "notebooks/bench/prediction-paths.ipynb",
     "notebooks/bench/two-hosts.ipynb",
+    "notebooks/bench/trace-whatif.ipynb",
 }
 
 

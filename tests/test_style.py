@@ -18,6 +18,7 @@ PURE = [
     "distlab/strategy",
     "distlab/topology.py",
     "distlab/costmodel",
+    "distlab/whatif",
     "distlab/resources.py",
     "distlab/adaptive",
 ]
@@ -155,6 +156,7 @@ FACADE = "distlab/__init__"
 DISPLAY_HOOKS = {
     ("distlab.runs.run", "distlab.notebook.live"),
     ("distlab.runs.run", "distlab.notebook.timeline"),
+    ("distlab.whatif.result", "distlab.notebook.timeline"),  # WhatIf.timeline, drawn like Run.timeline
 }
 # the rooms that drive a run (above the runtime and the simulator)
 DRIVING = {"lab.py", "runs/", "cluster/", "calibration/", "native_tf/", "torch_route.py", "notebook/"}
@@ -175,8 +177,10 @@ ABOVE = {
     "native_tf/": {"lab.py", "notebook/", "bench/", "cli.py"},
     "torch_route.py": {"lab.py", "notebook/", "bench/", "cli.py"},
     "lab.py": {"notebook/", "bench/", "cli.py"},
-    "runtime/": DRIVING | {"costmodel/"},  # the runtime and the simulator do not know each other
-    "costmodel/": DRIVING | {"runtime/"},
+    # a replay reads traces as data and prices them with the simulator: it never drives a run
+    "whatif/": DRIVING | {"runtime/", "bench/", "cli.py"},
+    "runtime/": DRIVING | {"costmodel/", "whatif/"},  # the runtime and the simulator do not know each other
+    "costmodel/": DRIVING | {"runtime/", "whatif/"},
     "resources.py": {"strategy/", "topology.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
     "topology.py": {"strategy/", "resources.py", "costmodel/", "runtime/", "profiling/", "adaptive/"},
 }

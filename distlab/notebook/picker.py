@@ -42,7 +42,9 @@ class StrategyPicker(PickerLaunch, w.VBox):
     ``picker.value`` is the selected ``Strategy``; ``picker.save(path)`` writes it. The what-if
     controls change only the prediction, not the cluster: ``hosts`` like the cluster's first one
     (its cores kept), ``per_host`` ranks (devices) on each, and the ``network`` between hosts (a
-    preset, or ``net_bandwidth`` Gb/s and ``net_latency`` µs of one link). With a Lab, predictions come from
+    preset, or ``net_bandwidth`` Gb/s and ``net_latency`` µs of one link). Given ``trace=`` (a run
+    launched with ``trace=True``, or ``dl.whatif.load(path)``), the plan line also shows that run
+    replayed with the selected plan (``run.whatif``) and where it differs from the prediction. With a Lab, predictions come from
     ``lab.cost_model`` (the model's own step measured on the workers), and the Launch button runs
     the selected strategy in the background on the first ``picker.world`` workers of the cluster
     (all of them when the what-if asks for more), on ``data`` under ``loss`` (synthetic
@@ -65,6 +67,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
         loss: Any = None,
         noise_scale: float | None = None,
         top: int = 8,
+        trace: Any = None,
     ) -> None:
         from distlab.costmodel import CostModel
 
@@ -83,6 +86,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
                 self.lab.cost_model = self.cost_model
             self.lab.measure_model(model, batch_size=profile.batch_size)
         self.top = top
+        self.trace = trace  # a traced Run or a distlab.whatif.Trace: its replay beside each prediction
         self._busy = False
         self._ranked: Any = None
         self._cm: Any = None  # the cost model of what the picker shows now
@@ -337,12 +341,35 @@ class StrategyPicker(PickerLaunch, w.VBox):
                 f"step {p.step_time * 1e3:,.1f} ms on {workers_of(res.world)}{self._where(res)}"
                 f" <span style='color:#888'>({html.escape(p.basis_text())})</span>"
                 + "".join(f"<br><span style='color:#b35900'>{html.escape(n)}</span>" for n in p.notes)
-            ) + self._goodput_line(self.value, res)
+            ) + self._goodput_line(self.value, res) + self._replay_line(res)
             if rank or self._ranked is None:
                 self._rank(res)
             self._draw(res)
             self._error_line = ""
             self._show()
+
+    def _replay_line(self, res: Any) -> str:
+        """The plan line's replay clause: the traced run replayed with this plan (``trace=``)."""
+        if self.trace is None:
+            return ""
+        from distlab.whatif import Trace, of_run
+
+        if not isinstance(self.trace, Trace):
+            self.trace = of_run(self.trace, self.current_cost_model())
+        link = self._network()
+        try:
+            w = self.trace.whatif(
+                strategy=self.value,
+                hosts=res.num_hosts if res.num_hosts != self.trace.graph.num_hosts else None,
+                bandwidth=link.bandwidth if link is not None and res.num_hosts > 1 else None,
+                latency=link.latency if link is not None and res.num_hosts > 1 else None,
+            )
+        except DistlabError as e:
+            return f"<br><span style='color:#888'>replay: {html.escape(str(e))}</span>"
+        return (
+            f"<br>{html.escape(self.trace.data.source)} replayed with this plan: {w.throughput:,.0f} samples/s, "
+            f"step {w.step_time * 1e3:,.1f} ms; {html.escape(w.versus(self.prediction))}"
+        )
 
     def _where(self, res: Any) -> str:
         """ " on 4 hosts like this one (25 Gb/s Ethernet)": the what-if, when it is not the cluster."""

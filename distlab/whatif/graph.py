@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from distlab.strategy.types import Strategy
-from distlab.whatif.trace import TraceData, TraceError
+from distlab.whatif.trace import TraceData, TraceError, check
 
 # the cost model's collective that prices each kind of communication node
 COLLECTIVE = {
@@ -137,6 +137,7 @@ def _sequences(data: TraceData, track: str) -> dict[tuple[int, int], list[dict[s
 
 def build(data: TraceData) -> StepGraph:
     """The step graph of a trace (see the module's docstring); ``TraceError`` when it has too few steps."""
+    check(data)
     steps = data.steps
     if len(steps) < 2:
         raise TraceError(

@@ -50,14 +50,17 @@ class WhatIf:
     @property
     def difference(self) -> str:
         """The replay against the analytic model, in words ("" without an analytic prediction)."""
-        if self.analytic is None:
-            return ""
-        ratio = self.step_time / self.analytic.step_time
-        part = max(self.breakdown, key=lambda k: abs(self.breakdown[k] - self.analytic.breakdown.get(k, 0.0)))
-        gap = (self.breakdown[part] - self.analytic.breakdown.get(part, 0.0)) * 1e3
+        return "" if self.analytic is None else self.versus(self.analytic)
+
+    def versus(self, prediction: Any) -> str:
+        """The replay against a ``Prediction``: the ratio of their steps and the part that differs most."""
+        ratio = self.step_time / prediction.step_time
+        theirs = prediction.breakdown
+        part = max(self.breakdown, key=lambda k: abs(self.breakdown[k] - theirs.get(k, 0.0)))
+        gap = (self.breakdown[part] - theirs.get(part, 0.0)) * 1e3
         return (
-            f"replay {self.step_time * 1e3:.1f} ms vs analytic {self.analytic.step_time * 1e3:.1f} ms "
-            f"({ratio:.2f}x); most of it in {part} ({gap:+.1f} ms)"
+            f"replay {self.step_time * 1e3:.1f} ms vs analytic {prediction.step_time * 1e3:.1f} ms "
+            f"({ratio:.2f}x); most of the difference in {part} ({gap:+.1f} ms)"
         )
 
     def timeline(self, steps: int = 3, ranks: int = 8) -> Any:

@@ -82,7 +82,9 @@ def swap(
                 f"trace and by {'/'.join(sorted({s.kind for s in plan.syncs}))} in the strategy; the rows a "
                 "step touches are not in the trace: trace a run of that strategy instead"
             )
-    p, rows = g.world, len(g.tail)
+    from distlab.whatif.transform import sliced
+
+    p, rows, turns = g.world, len(g.tail), sliced(g)
     buckets, pushes, ps_bytes, gossip_bytes = [], [], 0.0, 0.0
     for name, (nbytes, frac) in sizes.items():
         if name in sparse:
@@ -94,7 +96,7 @@ def swap(
                 wire = share / 2 if s.compressor in ("fp16", "bf16") else share
                 buckets.append((name, int(wire), frac, (s.group or 0, s.compressor)))
             elif s.kind == "ps":
-                t = g.factors.get("ps_push", 1.0) * pricing.time("ps_push", share, p, link)
+                t = g.factors.get("ps_push", 1.0) * pricing.time("ps_push", share, p, link, sliced=turns)
                 pushes.append(
                     Node(
                         f"PS push {name} to rank {s.server} (replayed)",
@@ -174,14 +176,15 @@ def _exchange(
     link: str,
 ) -> Node:
     """A loop exchange of the new strategy: the trace's own node re-priced when it had one."""
-    from distlab.whatif.transform import degree
+    from distlab.whatif.transform import degree, sliced
 
     p, rows = g.world, len(g.tail)
     node = Node(name, kind, "compute", np.zeros((rows, p)), np.zeros((rows, p)), nbytes=nbytes, peers=peers)
     node.repriced = True
-    now = pricing.time(kind, nbytes, p, link, degree(node))
+    turns = sliced(g)
+    now = pricing.time(kind, nbytes, p, link, degree(node), sliced=turns)
     if old is not None:
-        was = pricing.time(kind, old.nbytes, p, link, degree(old))
+        was = pricing.time(kind, old.nbytes, p, link, degree(old), sliced=turns)
         node.dur = old.dur * (now / was) if was > 1e-12 else np.full((rows, p), now)
         node.gap = old.gap
     else:

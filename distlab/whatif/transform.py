@@ -76,11 +76,16 @@ class Change:
 
 
 class Pricing:
-    """The cost model's alpha-beta for one kind of communication node, at a world and a link."""
+    """What the cost model says one communication node costs inside a training step: the
+    collective's alpha-beta (within a host, scaled as calibration's training loops measured it:
+    ``CostParams.alpha_scale``, ``comm_scale``; between hosts at the link's own rate) plus the
+    runtime's work around each call (``call_overhead``, ``peer_call_overhead`` per peer while ranks
+    take turns on the cores, ``ps_unit_overhead`` per PS variable, gossip's per-byte work)."""
 
     def __init__(self, cost_model: Any, resources: Any = None) -> None:
         self.table = cost_model.link_table(resources)
         self.links = cost_model.links(resources)
+        self.params = cost_model.params
 
     def time(
         self,
@@ -91,15 +96,30 @@ class Pricing:
         degree: float = 1.0,
         bandwidth: float | None = None,
         latency: float | None = None,
+        sliced: float = 1.0,
     ) -> float:
+        prm = self.params
         c = COLLECTIVE[kind]
         alpha, beta = self.table[link][c]
+        if link == "intra":
+            turns = prm.comm_oversubscription * (sliced - 1.0)
+            alpha, beta = alpha * (prm.alpha_scale + turns), beta * (prm.comm_scale + turns)
         if bandwidth is not None:  # every collective's beta in proportion to the link's own rate
             beta *= self.links[link].bandwidth / bandwidth
         if latency is not None:
             alpha *= latency / max(self.links[link].latency, 1e-12)
         t = float(collective_time(c, p, nbytes, alpha, beta))
+        if p > 1:
+            t += prm.call_overhead + prm.peer_call_overhead * (p - 1) * sliced
+            t += prm.ps_unit_overhead if kind == "ps_push" else 0.0
+            t += prm.gossip_per_byte * nbytes if kind == "gossip" else 0.0
         return t * degree if kind == "gossip" else t
+
+
+def sliced(g: StepGraph) -> float:
+    """How many ranks take turns on each core of the busiest host (``contention.time_slicing``)."""
+    per_host = max(g.hosts.count(h) for h in set(g.hosts))
+    return time_slicing(per_host, next((c for c in g.cores.values() if c), None))
 
 
 def degree(node: Node) -> float:
@@ -115,7 +135,7 @@ def factors(g: StepGraph, pricing: Pricing) -> dict[str, float]:
     seen: dict[str, list[float]] = {}
     for n in g.nodes():
         if n.kind in COLLECTIVE:
-            priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n))
+            priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n), sliced=sliced(g))
             m = seen.setdefault(n.kind, [0.0, 0.0])
             m[0] += float(n.dur.mean())
             m[1] += priced
@@ -127,8 +147,8 @@ def effective_bytes(g: StepGraph, pricing: Pricing) -> None:
     link = "inter" if g.num_hosts > 1 else "intra"
     for n in g.compute:
         if n.kind in ("allgather", "ps_sparse") and not n.nbytes:
-            zero = pricing.time(n.kind, 0.0, g.world, link)
-            per_byte = pricing.time(n.kind, 1e6, g.world, link) - zero
+            zero = pricing.time(n.kind, 0.0, g.world, link, sliced=sliced(g))
+            per_byte = pricing.time(n.kind, 1e6, g.world, link, sliced=sliced(g)) - zero
             n.nbytes = max(0.0, (float(n.dur.mean()) - zero) / max(per_byte, 1e-15) * 1e6)
 
 
@@ -144,7 +164,12 @@ def apply(g: StepGraph, change: Change, cost_model: Any, resources: Any = None) 
     p = change.world or (change.strategy.world if change.strategy is not None else p0)
     n_hosts = change.hosts or min(g.num_hosts, p)
     link = "inter" if n_hosts > 1 else "intra"
-    before = {n.name: pricing.time(n.kind, n.nbytes, p0, link0, degree(n)) for n in g.nodes() if n.kind in COLLECTIVE}
+    turns0 = sliced(g)
+    before = {
+        n.name: pricing.time(n.kind, n.nbytes, p0, link0, degree(n), sliced=turns0)
+        for n in g.nodes()
+        if n.kind in COLLECTIVE
+    }
     if p != p0 or n_hosts != g.num_hosts:
         g = _resize(g, p, n_hosts, notes)
     if change.strategy is not None:
@@ -152,12 +177,13 @@ def apply(g: StepGraph, change: Change, cost_model: Any, resources: Any = None) 
     elif change.bucket_mb is not None:
         g = _rebucket(g, change.bucket_mb, pricing, link, notes)
     if change.comm_changed:
+        turns = sliced(g)
         for n in g.nodes():
             if n.kind not in COLLECTIVE:
                 continue
-            now = pricing.time(n.kind, n.nbytes, p, link, degree(n), change.bandwidth, change.latency)
+            now = pricing.time(n.kind, n.nbytes, p, link, degree(n), change.bandwidth, change.latency, turns)
             # a what-if's own node was priced at the link as calibrated; a traced one keeps its ratio
-            at = pricing.time(n.kind, n.nbytes, p, link, degree(n)) if n.repriced else before.get(n.name, 0.0)
+            at = pricing.time(n.kind, n.nbytes, p, link, degree(n), sliced=turns) if n.repriced else before.get(n.name, 0.0)
             if at > 1e-12:
                 n.dur = n.dur * (now / at)
     if change.overlap is False:
@@ -235,7 +261,7 @@ def _bucket_nodes(
     out = []
     for i, members in enumerate(layout):
         nbytes = float(sum(entries[m][1] for m in members))
-        t = g.factors.get("allreduce", 1.0) * pricing.time("allreduce", nbytes, g.world, link)
+        t = g.factors.get("allreduce", 1.0) * pricing.time("allreduce", nbytes, g.world, link, sliced=sliced(g))
         out.append(
             Node(
                 f"all-reduce bucket {i} (replayed)",

@@ -86,9 +86,23 @@ def test_a_traced_allreduce_run_records_forward_backward_buckets_and_optimizer(l
     fig = run.timeline(steps=3)
     rows = {y for t in fig.data for y in t.y}
     assert {"rank 0 · training loop", "rank 1 · collectives in flight", "predicted · training loop"} <= rows
+    # each gradient's ready instant rides on backward: every variable, inside backward, in order
+    backward = [e for e in events if e["cat"] == "backward" and e["rank"] == 0]
+    ready = backward[-1]["args"]["ready"]
+    assert sorted(v for v, _, _ in ready) == sorted(n for n, _ in TinyNet().named_parameters())
+    offsets = [t for _, _, t in ready]
+    assert offsets == sorted(offsets) and 0 <= offsets[0] and offsets[-1] <= backward[-1]["end"] - backward[-1]["start"]
+    # the replay: the identity reproduces the run's median step, the saved trace replays the same
+    w = run.whatif()
+    assert w.changes == {} and 0.5 < w.step_time / w.measured_step < 2
+    assert dl.whatif.load(path).whatif().step_time == pytest.approx(w.step_time, rel=1e-6)
+    assert run.whatif(world=3).replayed.graph.world == 3
+    assert {y for t in w.timeline().data for y in t.y} >= {"rank 0 · training loop", "what-if rank 1 · training loop"}
     untraced = lab.launch(TinyNet(), strategy="AllReduce", steps=2, data=Blobs(), batch_size=16, block=True)
     with pytest.raises(LaunchError, match="trace=True"):
         untraced.timeline()
+    with pytest.raises(dl.whatif.TraceError, match="trace=True"):
+        untraced.whatif(world=3)
 
 
 @pytest.mark.slow
@@ -105,6 +119,12 @@ def test_ps_pushes_and_pulls_and_gossip_exchanges_are_traced(lab):
     assert len(ex) == 2 * 4 and all(
         e["args"]["peers"] == [1 - e["rank"]] and e["args"]["bytes"] > 0 for e in ex
     )
+    # each family's trace replays, and swaps into the other's communication
+    for run, other in ((ps, gossip), (gossip, ps)):
+        w = run.whatif(strategy=other.strategy)
+        assert w.changes == {"strategy": other.strategy.name} and w.step_time > 0
+        kinds = {n.kind for n in w.replayed.graph.compute}
+        assert ("gossip" in kinds) == (other is gossip) and ("ps_pull" in kinds) == (other is ps)
 
 
 class FailsAt:
