@@ -39,17 +39,16 @@ def _builder_params(name: str) -> set[str]:
 class StrategyPicker(PickerLaunch, w.VBox):
     """Choose a builder and its options; see predicted throughput, its breakdown and scaling.
 
-    ``picker.value`` is the selected ``Strategy``; ``picker.save(path)`` writes it. The what-if
-    controls change only the prediction, not the cluster: ``hosts`` like the cluster's first one
-    (its cores kept), ``per_host`` ranks (devices) on each, and the ``network`` between hosts (a
-    preset, or ``net_bandwidth`` Gb/s and ``net_latency`` µs of one link). Given ``trace=`` (a run
-    launched with ``trace=True``, or ``dl.whatif.load(path)``), the plan line also shows that run
-    replayed with the selected plan (``run.whatif``) and where it differs from the prediction. With a Lab, predictions come from
-    ``lab.cost_model`` (the model's own step measured on the workers), and the Launch button runs
-    the selected strategy in the background on the first ``picker.world`` workers of the cluster
-    (all of them when the what-if asks for more), on ``data`` under ``loss`` (synthetic
-    data from the profile's input when no data is given), shows its steps, and adds the measured
-    point against the Lab's prediction to the chart; ``picker.wait()`` waits for it.
+    ``picker.value`` is the selected ``Strategy``; ``picker.save(path)`` writes it. The what-if controls
+    change only the prediction, not the cluster: ``hosts`` like the cluster's first one (its cores kept),
+    ``per_host`` ranks (devices) on each, and the ``network`` between hosts (a preset, or
+    ``net_bandwidth`` Gb/s and ``net_latency`` µs of one link). ``trace=`` (a traced run or
+    ``dl.whatif.load(path)``): the plan line shows it replayed with the plan beside the prediction. With a
+    Lab, predictions come from ``lab.cost_model`` (the model's own step measured on the workers), and the
+    Launch button runs the selected strategy in the background on the first ``picker.world`` workers of
+    the cluster (all of them when the what-if asks for more), on ``data`` under ``loss`` (synthetic data
+    from the profile's input when no data is given), shows its steps, and adds the measured point against
+    the Lab's prediction to the chart; ``picker.wait()`` waits for it.
 
     Adaptive strategies (AdaptiveBatch) also show goodput: the configuration their controller
     would choose at the gradient noise scale in the "noise scale" box (``noise_scale=``, or
@@ -337,11 +336,15 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self.value = self._build(self.builder.value, res, self.options())
             self.prediction = p = self._cm.predict(self.profile, res, self.value)
             self._plan_line = (
-                f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
-                f"step {p.step_time * 1e3:,.1f} ms on {workers_of(res.world)}{self._where(res)}"
-                f" <span style='color:#888'>({html.escape(p.basis_text())})</span>"
-                + "".join(f"<br><span style='color:#b35900'>{html.escape(n)}</span>" for n in p.notes)
-            ) + self._goodput_line(self.value, res) + self._replay_line(res)
+                (
+                    f"<b>{html.escape(self.value.name)}</b>: {p.throughput:,.0f} samples/s predicted, "
+                    f"step {p.step_time * 1e3:,.1f} ms on {workers_of(res.world)}{self._where(res)}"
+                    f" <span style='color:#888'>({html.escape(p.basis_text())})</span>"
+                    + "".join(f"<br><span style='color:#b35900'>{html.escape(n)}</span>" for n in p.notes)
+                )
+                + self._goodput_line(self.value, res)
+                + self._replay_line(res)
+            )
             if rank or self._ranked is None:
                 self._rank(res)
             self._draw(res)
@@ -349,27 +352,12 @@ class StrategyPicker(PickerLaunch, w.VBox):
             self._show()
 
     def _replay_line(self, res: Any) -> str:
-        """The plan line's replay clause: the traced run replayed with this plan (``trace=``)."""
-        if self.trace is None:
-            return ""
-        from distlab.whatif import Trace, of_run
+        """The traced run (``trace=``) replayed with this plan, for the plan line."""
+        from distlab.whatif import replay_clause
 
-        if not isinstance(self.trace, Trace):
-            self.trace = of_run(self.trace, self.current_cost_model())
-        link = self._network()
-        try:
-            w = self.trace.whatif(
-                strategy=self.value,
-                hosts=res.num_hosts if res.num_hosts != self.trace.graph.num_hosts else None,
-                bandwidth=link.bandwidth if link is not None and res.num_hosts > 1 else None,
-                latency=link.latency if link is not None and res.num_hosts > 1 else None,
-            )
-        except DistlabError as e:
-            return f"<br><span style='color:#888'>replay: {html.escape(str(e))}</span>"
-        return (
-            f"<br>{html.escape(self.trace.data.source)} replayed with this plan: {w.throughput:,.0f} samples/s, "
-            f"step {w.step_time * 1e3:,.1f} ms; {html.escape(w.versus(self.prediction))}"
-        )
+        cm, net = self.current_cost_model(), self._network()
+        self.trace, line = replay_clause(self.trace, cm, self.value, res, self.prediction, net)
+        return line
 
     def _where(self, res: Any) -> str:
         """ " on 4 hosts like this one (25 Gb/s Ethernet)": the what-if, when it is not the cluster."""

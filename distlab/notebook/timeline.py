@@ -215,7 +215,9 @@ def timeline_figure(run: Any, steps: int = 3, predicted: bool = True) -> Any:
     t0 = min(e["start"] for e in measured)
     extra = predicted_spans(run, steps, t0) if predicted else []
     shown = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in measured + extra]
-    return spans_figure(shown, f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below")
+    return spans_figure(
+        shown, f"{run.strategy.name}: the last {steps} step(s) per rank (ms), predicted below"
+    )
 
 
 def spans_figure(shown: list[dict[str, Any]], title: str) -> Any:
@@ -224,7 +226,11 @@ def spans_figure(shown: list[dict[str, Any]], title: str) -> Any:
     from distlab.notebook.figures import THEME, Figure
 
     def order(e: dict[str, Any]) -> tuple[int, str, int]:
-        return (0 if e["rank"] >= 0 and not e.get("who") else 1, e.get("who") or "", max(e["rank"], 0) * 100 + _tid(e))
+        return (
+            0 if e["rank"] >= 0 and not e.get("who") else 1,
+            e.get("who") or "",
+            max(e["rank"], 0) * 100 + _tid(e),
+        )
 
     rows = list(dict.fromkeys(_row(e) for e in sorted(shown, key=order)))
     fig = Figure()

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from distlab.whatif.result import Trace, WhatIf
-from distlab.whatif.trace import TraceError, from_run as _data_of_run, load_chrome
+from distlab.whatif.trace import TraceError, load_chrome
+from distlab.whatif.trace import from_run as _data_of_run
 
-__all__ = ["Trace", "TraceError", "WhatIf", "load", "of_run"]
+__all__ = ["Trace", "TraceError", "WhatIf", "load", "of_run", "replay_clause"]
 
 
 def load(path: str | Path, cost_model: Any = None, resources: Any = None, profile: Any = None) -> Trace:
@@ -33,4 +34,34 @@ def of_run(run: Any, cost_model: Any = None) -> Trace:
         cost_model if cost_model is not None else getattr(f, "cost_model", None),
         f.resources if f is not None else None,
         f.profile if f is not None else None,
+    )
+
+
+def replay_clause(
+    trace: Any, cost_model: Any, strategy: Any, res: Any, prediction: Any, link: Any
+) -> tuple[Trace, str]:
+    """The strategy picker's plan-line clause: ``trace`` (a traced Run or a ``Trace``) replayed with
+    ``strategy`` on ``res`` (its hosts; ``link``: the what-if's inter-host ``Link`` or None) beside
+    ``prediction``; returns the ``Trace`` (built once from a Run) and the HTML clause ("" without one)."""
+    import html
+
+    from distlab.errors import DistlabError
+
+    if trace is None:
+        return trace, ""
+    if not isinstance(trace, Trace):
+        trace = of_run(trace, cost_model)
+    across = link is not None and res.num_hosts > 1
+    try:
+        w = trace.whatif(
+            strategy=strategy,
+            hosts=res.num_hosts if res.num_hosts != trace.graph.num_hosts else None,
+            bandwidth=link.bandwidth if across else None,
+            latency=link.latency if across else None,
+        )
+    except DistlabError as e:
+        return trace, f"<br><span style='color:#888'>replay: {html.escape(str(e))}</span>"
+    return trace, (
+        f"<br>{html.escape(trace.data.source)} replayed with this plan: {w.throughput:,.0f} samples/s, "
+        f"step {w.step_time * 1e3:,.1f} ms; {html.escape(w.versus(prediction))}"
     )

@@ -1,5 +1,6 @@
 """A step graph from a trace: each rank's program of one training step, with durations measured
-(every step of typical length after the first, each with its own durations: ``_typical``), as dPRO and Lumos build from theirs.
+(every step of typical length after the first, each with its own durations: ``_typical``), as
+dPRO and Lumos build from theirs.
 
 Two lanes per rank, and the edges between them:
 
@@ -149,12 +150,12 @@ def build(data: TraceData) -> StepGraph:
     template = Counter(tuple(e["name"] for e in v) for k, v in compute.items() if k[1] != steps[0])
     names = template.most_common(1)[0][0]
     # the (rank, step)s that ran the common program, and whose step before was traced
-    keys = [
-        k for k, v in compute.items() if k[1] != steps[0] and tuple(e["name"] for e in v) == names
-    ]
+    keys = [k for k, v in compute.items() if k[1] != steps[0] and tuple(e["name"] for e in v) == names]
     ranks = range(data.world)
     if missing := [r for r in ranks if not any(k[0] == r for k in keys)]:
-        raise TraceError(f"{data.source}: rank {missing[0]} ran no complete step after the first; trace more steps")
+        raise TraceError(
+            f"{data.source}: rank {missing[0]} ran no complete step after the first; trace more steps"
+        )
     comm_names = Counter(tuple(e["name"] for e in comm.get(k, [])) for k in keys).most_common(1)[0][0]
     keys = [k for k in keys if tuple(e["name"] for e in comm.get(k, [])) == comm_names]
     by_step: dict[int, list[int]] = {}
@@ -237,7 +238,9 @@ def _collective_duration(
         spans = [compute[(r, s)][i] for r in range(p)]
         starts = np.array([e["start"] for e in spans])
         if node.kind == "gossip":
-            peers = [[int(q) for q in (e.get("args", {}).get("peers") or []) if 0 <= int(q) < p] for e in spans]
+            peers = [
+                [int(q) for q in (e.get("args", {}).get("peers") or []) if 0 <= int(q) < p] for e in spans
+            ]
             cycle.append(peers)
             for r, e in enumerate(spans):
                 arrive = max([starts[r], *(starts[q] for q in peers[r])])
@@ -329,7 +332,9 @@ def _typical(full: list[int], periods: dict[int, float]) -> list[int]:
     return [s for s in have if lo <= periods[s] <= hi]
 
 
-def _periods(compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]) -> dict[int, float]:
+def _periods(
+    compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]
+) -> dict[int, float]:
     """Each step's period: the last rank's end of it minus the last rank's end of the step before."""
     ends = {}
     for s in steps:
@@ -366,6 +371,8 @@ def _split_ddp_backward(
     b = nodes[b_index]
     b.dur = np.minimum(b.dur, compute_part)
     zero = np.zeros((len(full), p))
-    wait = Node("waiting for gradient communication (inside DDP's backward)", "wait", "compute", zero, zero.copy())
+    wait = Node(
+        "waiting for gradient communication (inside DDP's backward)", "wait", "compute", zero, zero.copy()
+    )
     nodes = nodes[: b_index + 1] + [wait] + nodes[b_index + 1 :]
     return nodes, tail, "DDP's backward waits for its buckets: cut at the last gradient's ready instant"

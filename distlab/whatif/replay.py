@@ -18,7 +18,6 @@ import numpy as np
 from distlab.whatif.graph import JOIN_ALL, Node, StepGraph, last_backward
 
 
-
 @dataclass
 class Replayed:
     """Each node's start and end per rank (arrays) for each replayed step."""
@@ -41,7 +40,9 @@ class Replayed:
         for times in steps:
             r = int(np.argmax(times[-1][1]))
             for node, (start, end) in zip(self.graph.compute, times):
-                part = {"forward": "compute", "backward": "compute", "optimizer": "optimizer"}.get(node.kind, "comm")
+                part = {"forward": "compute", "backward": "compute", "optimizer": "optimizer"}.get(
+                    node.kind, "comm"
+                )
                 parts[part] += float(end[r] - start[r]) / len(steps)
         parts["other"] = max(0.0, self.step_time - sum(parts.values()))
         return parts

@@ -79,7 +79,9 @@ class WhatIf:
             if 1 <= e["step"] <= steps
         ]
         what = ", ".join(f"{k}={v}" for k, v in self.changes.items()) or "nothing changed"
-        return spans_figure(shown + extra, f"what-if ({what}): replayed below the run's last {steps} step(s), ms")
+        return spans_figure(
+            shown + extra, f"what-if ({what}): replayed below the run's last {steps} step(s), ms"
+        )
 
     def _repr_html_(self) -> str:
         what = ", ".join(f"{k}={v}" for k, v in self.changes.items()) or "nothing changed (identity)"
@@ -87,7 +89,8 @@ class WhatIf:
         rows = [
             f"<b>what-if</b> {html.escape(what)}: step {self.step_time * 1e3:.2f} ms, "
             f"{self.throughput:,.0f} samples/s ({b} ms)",
-            f"the run: {self.measured_step * 1e3:.2f} ms measured, {self.identity_step * 1e3:.2f} ms replayed",
+            f"the run: {self.measured_step * 1e3:.2f} ms measured, "
+            f"{self.identity_step * 1e3:.2f} ms replayed",
         ]
         if self.difference:
             rows.append(html.escape(self.difference))
@@ -95,7 +98,10 @@ class WhatIf:
         return "<br>".join(rows)
 
     def __repr__(self) -> str:
-        return f"WhatIf(step_time={self.step_time:.5f}, throughput={self.throughput:.1f}, changes={self.changes})"
+        return (
+            f"WhatIf(step_time={self.step_time:.5f}, throughput={self.throughput:.1f}, "
+            f"changes={self.changes})"
+        )
 
 
 class Trace:
@@ -154,7 +160,13 @@ class Trace:
             notes.append(f"analytic: {why}")
         notes = list(self.graph.notes) + notes
         return WhatIf(
-            changes, out, self.identity.step_time, self.measured_step, analytic, notes, self.data.spans,
+            changes,
+            out,
+            self.identity.step_time,
+            self.measured_step,
+            analytic,
+            notes,
+            self.data.spans,
             time.perf_counter() - t0,
         )
 
@@ -182,13 +194,17 @@ class Trace:
             return None
         if world == self.graph.world and n_hosts == self.graph.num_hosts:
             return res
-        return hosts_like(res, n_hosts, math.ceil(world / n_hosts)).with_world(world, per_host=math.ceil(world / n_hosts))
+        return hosts_like(res, n_hosts, math.ceil(world / n_hosts)).with_world(
+            world, per_host=math.ceil(world / n_hosts)
+        )
 
     def _analytic(self, cm: Any, change: Change, g: StepGraph) -> tuple[Any, str]:
         """The cost model's prediction of the same configuration, or why there is none."""
         if self.profile is None or self.resources is None or self.graph.strategy is None:
             return None, "no prediction beside the replay: the trace came without the model's profile"
-        if missing := [k for k in ("bucket_mb", "overlap", "compute_scale") if getattr(change, k) is not None]:
+        if missing := [
+            k for k in ("bucket_mb", "overlap", "compute_scale") if getattr(change, k) is not None
+        ]:
             return None, f"the analytic model has no knob for {', '.join(missing)}"
         try:
             res = self._resources(g.world, change.hosts)
@@ -203,9 +219,14 @@ class Trace:
                 from distlab.costmodel.whatif import with_network
 
                 if g.num_hosts < 2:
-                    return None, "a bandwidth what-if on one host changes no inter-host link of the analytic model"
+                    return (
+                        None,
+                        "a bandwidth what-if on one host changes no inter-host link of the analytic model",
+                    )
                 link = cm.links(res)["inter"]
-                cm, res = with_network(cm, res, change.latency or link.latency, change.bandwidth or link.bandwidth)
+                cm, res = with_network(
+                    cm, res, change.latency or link.latency, change.bandwidth or link.bandwidth
+                )
             return cm.predict(self.profile, res, st, optimizer=self.graph.optimizer), ""
         except Exception as e:  # noqa: BLE001 - the analytic figure is a companion, never a reason to fail
             return None, f"could not predict the same configuration ({e})"

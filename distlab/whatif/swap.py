@@ -116,7 +116,9 @@ def swap(
     comm = bucket_nodes(g, buckets, cap, pricing, link, False) + pushes
     compute = _loop(g, strategy, sizes, ps_bytes, gossip_bytes, pricing, link)
     for kind in sorted({n.kind for n in comm + compute if n.repriced} - set(g.factors)):
-        notes.append(f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)")
+        notes.append(
+            f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)"
+        )
     return g.replace(comm=sorted(comm, key=lambda n: n.ready), compute=compute, strategy=strategy)
 
 
@@ -157,10 +159,23 @@ def _loop(
         if n.kind != "optimizer":
             continue
         if ps_bytes:
-            out.append(_exchange(g, old.get("ps_pull"), "ps_pull", "PS pull (servers broadcast new values)", ps_bytes, None, pricing, link))
+            out.append(
+                _exchange(
+                    g,
+                    old.get("ps_pull"),
+                    "ps_pull",
+                    "PS pull (servers broadcast new values)",
+                    ps_bytes,
+                    None,
+                    pricing,
+                    link,
+                )
+            )
         if gossip_bytes:
             peers = gossip_peers(strategy, p, g.hosts)
-            node = _exchange(g, old.get("gossip"), "gossip", "gossip exchange", gossip_bytes, peers, pricing, link)
+            node = _exchange(
+                g, old.get("gossip"), "gossip", "gossip exchange", gossip_bytes, peers, pricing, link
+            )
             out.append(node)
     return out
 

@@ -79,7 +79,9 @@ def from_run(run: Any) -> TraceData:
     """The run's trace (its latest restart), or a ``TraceError`` saying how to get one."""
     events = run.trace_events
     if not events:
-        how = f"launch it with trace=True (lab.launch(..., trace=True))" if not run.traced else "wait for steps"
+        how = (
+            "launch it with trace=True (lab.launch(..., trace=True))" if not run.traced else "wait for steps"
+        )
         raise TraceError(f"run {run.id}: has no trace to replay; {how}")
     restart = max(e["restart"] for e in events)
     spans = [e for e in events if e["restart"] == restart]
@@ -112,8 +114,9 @@ def load_chrome(path: str | Path) -> TraceData:
         ) from None
     other = doc.get("otherData", {}) if isinstance(doc, dict) else {}
     if not isinstance(other, dict) or other.get("format") != FORMAT:
+        found = other.get("format") if isinstance(other, dict) else None
         raise TraceError(
-            f"{path}: not a distlab trace (otherData.format is {other.get('format') if isinstance(other, dict) else None!r}, "
+            f"{path}: not a distlab trace (otherData.format is {found!r}, "
             f"expected {FORMAT!r}); a replay needs the run's strategy, hosts and batch, which "
             "run.save_trace(path) writes beside the spans"
         )
@@ -130,7 +133,9 @@ def load_chrome(path: str | Path) -> TraceData:
         args = dict(e.get("args", {}))
         step = args.pop("step", None)
         if step is None:
-            raise TraceError(f"{path}: span {e.get('name')!r} has no step in its args; save it again with run.save_trace")
+            raise TraceError(
+                f"{path}: span {e.get('name')!r} has no step in its args; save it again with run.save_trace"
+            )
         start = origin + e["ts"] / 1e6
         spans.append(
             {
@@ -175,4 +180,6 @@ def check(data: TraceData) -> None:
                 "run recorded no step: trace a run of at least 2 steps (lab.launch(..., trace=True))"
             )
     if data.samples_per_step <= 0:
-        raise TraceError(f"{data.source}: samples_per_step is missing; save the trace with run.save_trace(path)")
+        raise TraceError(
+            f"{data.source}: samples_per_step is missing; save the trace with run.save_trace(path)"
+        )

@@ -10,7 +10,7 @@ strategy's PS push) is priced with its kind's factor (measured / priced, summed 
 nodes), or by the cost model alone when the trace has no node of that kind (the result says so).
 
 A world of other size keeps the hosts of the trace (ranks spread evenly over them) unless
-``hosts`` says otherwise; ranks clone the trace's rank template (rank r plays rank r mod p), and
+``hosts`` says otherwise; ranks beyond the trace's play its last rank (a worker, not a server), and
 when more ranks share a host's cores than in the trace, their CPU work (compute, the Python
 between calls, the wait's tail) slows by the time slicing of ``costmodel.contention``.
 """
@@ -61,7 +61,9 @@ class Change:
             if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
                 raise ResourceError(f"whatif({name}={v!r}): must be a whole number of at least 1")
         if self.world is not None and self.hosts is not None and self.hosts > self.world:
-            raise ResourceError(f"whatif(hosts={self.hosts}): more hosts than the {self.world} ranks of world")
+            raise ResourceError(
+                f"whatif(hosts={self.hosts}): more hosts than the {self.world} ranks of world"
+            )
         if self.strategy is not None and self.world is not None and self.strategy.world != self.world:
             raise ResourceError(
                 f"whatif(strategy=..., world={self.world}): the strategy is built for {self.strategy.world} "
@@ -152,11 +154,15 @@ def effective_bytes(g: StepGraph, pricing: Pricing) -> None:
             n.nbytes = max(0.0, (float(n.dur.mean()) - zero) / max(per_byte, 1e-15) * 1e6)
 
 
-def apply(g: StepGraph, change: Change, cost_model: Any, resources: Any = None) -> tuple[StepGraph, list[str]]:
+def apply(
+    g: StepGraph, change: Change, cost_model: Any, resources: Any = None
+) -> tuple[StepGraph, list[str]]:
     """``g`` with ``change`` applied (see the module's docstring), and notes on how it was priced."""
     change.check()
     pricing = Pricing(cost_model, resources)
-    g = g.replace(compute=[replace(n) for n in g.compute], comm=[replace(n) for n in g.comm])  # g stays as it was
+    g = g.replace(
+        compute=[replace(n) for n in g.compute], comm=[replace(n) for n in g.comm]
+    )  # g stays as it was
     effective_bytes(g, pricing)
     g = g.replace(factors=factors(g, pricing))
     notes: list[str] = []
@@ -183,7 +189,11 @@ def apply(g: StepGraph, change: Change, cost_model: Any, resources: Any = None) 
                 continue
             now = pricing.time(n.kind, n.nbytes, p, link, degree(n), change.bandwidth, change.latency, turns)
             # a what-if's own node was priced at the link as calibrated; a traced one keeps its ratio
-            at = pricing.time(n.kind, n.nbytes, p, link, degree(n), sliced=turns) if n.repriced else before.get(n.name, 0.0)
+            at = (
+                pricing.time(n.kind, n.nbytes, p, link, degree(n), sliced=turns)
+                if n.repriced
+                else before.get(n.name, 0.0)
+            )
             if at > 1e-12:
                 n.dur = n.dur * (now / at)
     if change.overlap is False:
@@ -192,24 +202,28 @@ def apply(g: StepGraph, change: Change, cost_model: Any, resources: Any = None) 
         notes.append("overlap: the traced run launched nothing during backward; nothing to overlap")
     if change.compute_scale is not None:
         k = float(change.compute_scale)
-        g = g.replace(compute=[replace(n, dur=n.dur * k) if n.kind in COMPUTE_KINDS else n for n in g.compute])
+        g = g.replace(
+            compute=[replace(n, dur=n.dur * k) if n.kind in COMPUTE_KINDS else n for n in g.compute]
+        )
     return g, notes
 
 
 def _resize(g: StepGraph, p: int, n_hosts: int, notes: list[str]) -> StepGraph:
-    """The rank template cloned to ``p`` ranks on ``n_hosts`` hosts; CPU work slowed by time slicing."""
-    tmap = np.arange(p) % g.world
+    """The rank template cloned to ``p`` ranks on ``n_hosts`` hosts; CPU work slowed by time slicing.
+
+    Ranks the trace has play themselves; ranks beyond it play its last rank (a worker: PS servers
+    and gossip's special ranks are numbered from 0), so a server's work is not cloned."""
+    tmap = np.minimum(np.arange(p), g.world - 1)
     host_names = sorted(set(g.hosts), key=g.hosts.index)
-    hosts = [
-        host_names[h] if h < len(host_names) else f"host{h}" for h in (np.arange(p) * n_hosts // p)
-    ]
+    hosts = [host_names[h] if h < len(host_names) else f"host{h}" for h in (np.arange(p) * n_hosts // p)]
     per_host_before = max(g.hosts.count(h) for h in host_names)
     per_host = max(hosts.count(h) for h in set(hosts))
     cores = next((c for c in g.cores.values() if c), None)
     slow = time_slicing(per_host, cores) / time_slicing(per_host_before, cores)
     if slow != 1.0:
         notes.append(
-            f"{per_host} ranks per host on {cores} cores: their CPU work {slow:.2f}x the trace's (time slicing)"
+            f"{per_host} ranks per host on {cores} cores: "
+            f"their CPU work {slow:.2f}x the trace's (time slicing)"
         )
 
     def clone(n: Node) -> Node:
@@ -240,7 +254,9 @@ def gossip_peers(strategy: Strategy, p: int, hosts: list[str]) -> list[list[list
     if cfg.topology == "hierarchical":
         topo = topology.hierarchical(p, hosts=hosts)
     else:
-        topo = topology.get(cfg.topology, p, dynamic=bool(cfg.dynamic) and cfg.topology not in topology.DYNAMIC)
+        topo = topology.get(
+            cfg.topology, p, dynamic=bool(cfg.dynamic) and cfg.topology not in topology.DYNAMIC
+        )
     graphs = [topo.at(t) for t in range(topo.period)] if hasattr(topo, "at") else [topo]
     out = []
     for t in graphs:
@@ -256,12 +272,16 @@ def _bucket_nodes(
     out by the runtime's own ``bucket_layout``, priced by the kind's factor."""
     if not entries:
         return []
-    layout = bucket_layout([(key, n) for _, n, _, key in entries], cap, DDP_FIRST_BUCKET_BYTES if ddp else None)
+    layout = bucket_layout(
+        [(key, n) for _, n, _, key in entries], cap, DDP_FIRST_BUCKET_BYTES if ddp else None
+    )
     rows = len(g.tail)
     out = []
     for i, members in enumerate(layout):
         nbytes = float(sum(entries[m][1] for m in members))
-        t = g.factors.get("allreduce", 1.0) * pricing.time("allreduce", nbytes, g.world, link, sliced=sliced(g))
+        t = g.factors.get("allreduce", 1.0) * pricing.time(
+            "allreduce", nbytes, g.world, link, sliced=sliced(g)
+        )
         out.append(
             Node(
                 f"all-reduce bucket {i} (replayed)",
@@ -294,13 +314,16 @@ def _rebucket(g: StepGraph, bucket_mb: float, pricing: Pricing, link: str, notes
     cap = int(bucket_mb * 2**20)
     new = _bucket_nodes(g, entries, cap, pricing, link, ddp)
     rest = [n for n in g.comm if n.kind != "allreduce"]
-    notes.append(f"bucket_mb={bucket_mb:g}: {len(new)} all-reduce bucket(s) where the run had "
-                 f"{sum(n.kind == 'allreduce' for n in g.comm)}")
+    notes.append(
+        f"bucket_mb={bucket_mb:g}: {len(new)} all-reduce bucket(s) where the run had "
+        f"{sum(n.kind == 'allreduce' for n in g.comm)}"
+    )
     return g.replace(comm=sorted(rest + new, key=lambda n: n.ready))
 
 
 def _allreduce_variables(g: StepGraph) -> set[str]:
-    """The variables the run all-reduced (every gradient the trace saw, unless its strategy says otherwise)."""
+    """The variables the run all-reduced (every gradient the trace saw, unless its strategy says
+    otherwise)."""
     if g.strategy is None:
         return {v for v, _, _ in g.ready}
     out = set()

@@ -91,13 +91,20 @@ def test_a_traced_allreduce_run_records_forward_backward_buckets_and_optimizer(l
     ready = backward[-1]["args"]["ready"]
     assert sorted(v for v, _, _ in ready) == sorted(n for n, _ in TinyNet().named_parameters())
     offsets = [t for _, _, t in ready]
-    assert offsets == sorted(offsets) and 0 <= offsets[0] and offsets[-1] <= backward[-1]["end"] - backward[-1]["start"]
+    assert (
+        offsets == sorted(offsets)
+        and 0 <= offsets[0]
+        and offsets[-1] <= backward[-1]["end"] - backward[-1]["start"]
+    )
     # the replay: the identity reproduces the run's median step, the saved trace replays the same
     w = run.whatif()
     assert w.changes == {} and 0.5 < w.step_time / w.measured_step < 2
     assert dl.whatif.load(path).whatif().step_time == pytest.approx(w.step_time, rel=1e-6)
     assert run.whatif(world=3).replayed.graph.world == 3
-    assert {y for t in w.timeline().data for y in t.y} >= {"rank 0 · training loop", "what-if rank 1 · training loop"}
+    assert {y for t in w.timeline().data for y in t.y} >= {
+        "rank 0 · training loop",
+        "what-if rank 1 · training loop",
+    }
     untraced = lab.launch(TinyNet(), strategy="AllReduce", steps=2, data=Blobs(), batch_size=16, block=True)
     with pytest.raises(LaunchError, match="trace=True"):
         untraced.timeline()

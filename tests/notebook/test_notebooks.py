@@ -91,6 +91,15 @@ SMALL: dict[str, dict] = {
         "repeats": 1,
         "calibrate": False,
     },
+    "bench/trace-whatif": {  # zoo and notebook models: no test runs distlab.holdout's
+        "models": ["mlp", "tagger"],
+        "model_options": {"mlp": SMALL_MLP},
+        "families": ["AllReduce", "PS"],
+        "steps": 6,
+        "rounds": 1,
+        "calibrate": False,
+        "emulated_models": [],
+    },
     "bench/prediction-paths": {  # the diagnostic set: no test runs distlab.holdout's models
         "model_set": "diagnostic",
         "models": "mlp",
@@ -236,6 +245,12 @@ def test_benchmark_writes_its_figures(name, tmp_path):
         assert {"mape", "noise_floor", "spearman_min", "regret_max"} <= set(summary)
         assert 0.0 <= summary["ceiling_share_regret_max_met"] <= 1.0 and summary["ceiling_mape"] >= 0.0
         assert summary["gru_lm_mape"] == summary["mape"]  # per model, beside the overall figures
+    if name == "trace-whatif":  # identity, swap and world what-ifs, each beside the analytic error
+        summary = result["summary"]
+        kinds = {r.get("what") for r in result["rows"] if r.get("kind") == "whatif"}
+        assert kinds == {"world 2->3", "swap to PS"}, kinds
+        assert summary["identity_error_median"] >= 0 and summary["replay_seconds_1024_ranks"] > 0
+        assert summary["bandwidth_skipped"] == "no emulated_models"
     if name == "prediction-paths":  # both paths from one calibration, beside the noise's ceiling
         summary = result["summary"]
         assert summary["model_set"] == "diagnostic" and summary["configurations"] == 2  # AllReduce, 1 process

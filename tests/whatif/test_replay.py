@@ -19,7 +19,12 @@ from distlab.whatif.replay import replay
 from distlab.whatif.trace import TraceData
 
 MS = 1e-3
-VARS = [("fc2.bias", 16, 0.2), ("fc2.weight", 4096, 0.25), ("fc1.bias", 256, 0.6), ("fc1.weight", 2_000_000, 0.7)]
+VARS = [
+    ("fc2.bias", 16, 0.2),
+    ("fc2.weight", 4096, 0.25),
+    ("fc1.bias", 256, 0.6),
+    ("fc1.weight", 2_000_000, 0.7),
+]
 
 
 def _strategy(kind: str = "allreduce", world: int = 2) -> Strategy:
@@ -56,11 +61,22 @@ def fabricated(world: int = 2, steps: int = 6, bucket: float = 3 * MS, slow_rank
                 _span("all-reduce bucket 0", "allreduce", launch[r], done, r, s, "comm", bytes=2_004_368),
             ]
         ends = opt_end
-    return TraceData(spans, world, ["localhost"] * world, {"localhost": 2}, 32.0 * world, _strategy(world=world))
+    return TraceData(
+        spans, world, ["localhost"] * world, {"localhost": 2}, 32.0 * world, _strategy(world=world)
+    )
 
 
 def _span(name, cat, start, end, rank, step, track="compute", **args):
-    return {"name": name, "cat": cat, "track": track, "start": float(start), "end": float(end), "rank": rank, "step": step, "args": args}
+    return {
+        "name": name,
+        "cat": cat,
+        "track": track,
+        "start": float(start),
+        "end": float(end),
+        "rank": rank,
+        "step": step,
+        "args": args,
+    }
 
 
 def test_the_identity_replay_reproduces_the_run_it_came_from():
@@ -75,7 +91,11 @@ def test_the_identity_replay_reproduces_the_run_it_came_from():
         assert r.step_time == pytest.approx((0.2 + 2 * slow + 2.8 + 3 + 0.05 + 1) * MS)
     edges = build(fabricated()).edges()
     assert ("forward", "backward", "program order") in edges
-    assert ("all-reduce bucket 0", "waiting for gradient communication", "the optimizer waits for its gradients") in edges
+    assert (
+        "all-reduce bucket 0",
+        "waiting for gradient communication",
+        "the optimizer waits for its gradients",
+    ) in edges
 
 
 def test_what_ifs_move_the_step_as_their_physics_says():
@@ -93,7 +113,9 @@ def test_what_ifs_move_the_step_as_their_physics_says():
     assert slow.step_time > base.step_time + 5 * MS
     # more ranks on the same 2 cores: ring all-reduce costs more and CPU work is time-sliced
     w4 = t.whatif(world=4)
-    assert w4.replayed.graph.world == 4 and w4.breakdown["compute"] == pytest.approx(2 * base.breakdown["compute"])
+    assert w4.replayed.graph.world == 4 and w4.breakdown["compute"] == pytest.approx(
+        2 * base.breakdown["compute"]
+    )
     assert w4.breakdown["comm"] > base.breakdown["comm"]
     assert w4.throughput == pytest.approx(w4.replayed.graph.samples_per_step / w4.step_time)
     assert any("time slicing" in n for n in w4.notes)
@@ -138,7 +160,15 @@ def test_what_the_trace_cannot_answer_gets_one_line_naming_it(tmp_path):
     with pytest.raises(TraceError, match="at least 2"):
         Trace(TraceData([e for e in fabricated().spans if e["step"] == 0], 2, ["h"] * 2, {}, 64.0))
     with pytest.raises(TraceError, match="rank 1 has no optimizer span"):
-        Trace(TraceData([e for e in fabricated().spans if not (e["rank"] == 1 and e["cat"] == "optimizer")], 2, ["h"] * 2, {}, 64.0))
+        Trace(
+            TraceData(
+                [e for e in fabricated().spans if not (e["rank"] == 1 and e["cat"] == "optimizer")],
+                2,
+                ["h"] * 2,
+                {},
+                64.0,
+            )
+        )
     (tmp_path / "cut.json").write_text('{"traceEvents": [{"ph": "X", "na')
     with pytest.raises(TraceError, match="truncated or not a trace"):
         dl.whatif.load(tmp_path / "cut.json")
