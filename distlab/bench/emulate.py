@@ -5,7 +5,8 @@ Each host is a network namespace with its own address, its share of the cores (`
 ``workers_per_host`` Dask workers; the namespaces hang off a bridge in this (the notebook's)
 namespace, so the client reaches the scheduler and every worker. Traffic inside a namespace goes
 over its loopback (fast); traffic between them leaves each namespace through a veth whose egress
-a ``tbf`` queue holds to ``rate`` — two hosts with a slow link between them. Needs root, ``ip``,
+a ``tbf`` queue holds to ``rate`` (its burst ``BURST_MS`` of the rate, at least 64 KiB) — two hosts
+with a slow link between them. Needs root, ``ip``,
 ``tc`` and ``taskset``; ``EmulatedHosts.available()`` says why not where they are missing.
 
     with EmulatedHosts(rate="1gbit") as hosts:       # or: python -m distlab.bench.emulate
@@ -38,6 +39,10 @@ START_WITHIN = 60.0  # seconds for the scheduler and every worker to come up
 # the shaped link's queue, in time at its rate: a shorter one loses packets enough to halve
 # TCP's rate (evidence: datasets/measurements/README.md, "Figures behind the code")
 QUEUE = "200ms"
+# tbf's burst, in time at the rate (64 KiB at most rates): a larger one lets each message after an idle
+# link cross at the veth's speed (4 ms hid a 426 KB exchange at 1 Gbit/s: datasets/measurements/README.md,
+# trace-whatif); high-resolution timers hold the rate with it (121 MB/s measured at 1 Gbit/s)
+BURST_MS = 0.5
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.IGNORECASE)
 
 
@@ -62,7 +67,12 @@ class EmulatedHosts:
     ``scheduler``: the address to attach a Lab to; ``addresses``: each host's IP, in order.
     """
 
-    def __init__(self, rate: str = "1gbit", hosts: int = 2, workers_per_host: int = 2) -> None:
+    def __init__(
+        self, rate: str = "1gbit", hosts: int = 2, workers_per_host: int = 2, burst_ms: float = BURST_MS
+    ) -> None:
+        """``burst_ms``: the token bucket's burst in time at the rate (at least 64 KiB, one GSO
+        packet): what crosses at the veth's own speed after the link idled, which a real link has not."""
+        self.burst_ms = float(burst_ms)
         self.rate, self.bits = rate, rate_bits(rate)
         if hosts < 2 or workers_per_host < 1:
             raise LaunchError("EmulatedHosts: needs hosts >= 2 and workers_per_host >= 1")
@@ -127,7 +137,7 @@ class EmulatedHosts:
         _run("ip", "link", "add", br, "type", "bridge")
         _run("ip", "addr", "add", f"10.{self.net}.0.254/24", "dev", br)
         _run("ip", "link", "set", br, "up")
-        burst = max(64 * 1024, int(self.bits / 8 / 250))  # >= 4 ms of the rate: tbf needs a burst >= rate/HZ
+        burst = max(64 * 1024, int(self.bits / 8 * self.burst_ms / 1e3))
         for i, (ns, addr) in enumerate(zip(self.namespaces, self.addresses)):
             inner, outer = f"dl{self.tag}v{i}", f"dl{self.tag}p{i}"
             _run("ip", "netns", "add", ns)
