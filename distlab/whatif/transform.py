@@ -25,7 +25,7 @@ import numpy as np
 
 from distlab.costmodel.collectives import collective_time
 from distlab.costmodel.contention import time_slicing
-from distlab.errors import ResourceError
+from distlab.errors import ResourceError, check_positive
 from distlab.strategy.execution import BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, bucket_layout
 from distlab.strategy.types import Strategy
 from distlab.whatif.graph import COLLECTIVE, COMPUTE_KINDS, Node, StepGraph
@@ -57,9 +57,7 @@ class Change:
         if self.latency is not None and not (math.isfinite(self.latency) and self.latency >= 0):
             raise ResourceError(f"whatif(latency={self.latency!r}): must be seconds >= 0")
         for name in ("world", "hosts"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
-                raise ResourceError(f"whatif({name}={v!r}): must be a whole number of at least 1")
+            check_positive(f"whatif: {name}", getattr(self, name), ResourceError, optional=True)
         if self.world is not None and self.hosts is not None and self.hosts > self.world:
             raise ResourceError(
                 f"whatif(hosts={self.hosts}): more hosts than the {self.world} ranks of world"

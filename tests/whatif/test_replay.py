@@ -140,7 +140,7 @@ def test_a_strategy_swap_replaces_the_communication_and_the_optimizer_share():
 
 def test_what_the_trace_cannot_answer_gets_one_line_naming_it(tmp_path):
     t = Trace(fabricated(), dl.CostModel.default())
-    with pytest.raises(ResourceError, match=r"whatif\(world=0\): must be a whole number of at least 1"):
+    with pytest.raises(ResourceError, match=r"whatif: world must be an integer >= 1, got 0"):
         t.whatif(world=0)
     with pytest.raises(ResourceError, match=r"whatif\(bandwidth=-1\)"):
         t.whatif(bandwidth=-1)
