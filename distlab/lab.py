@@ -260,6 +260,7 @@ class Lab:
         backend: str = "torch",
         trace: bool = False,
         lr: float | None = None,
+        slowdown: dict[int, float] | None = None,
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen
         first).
@@ -283,7 +284,8 @@ class Lab:
         (a lost worker costs at most a tenth of a long run; writing the whole model every step of
         a short one would cost more than re-running it), never otherwise. ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
-        ``run.save_trace(path)``; runtime/trace.py).
+        ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
+        ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``).
         """
         # Long because its signature and docstring are the launch's reference; the body is the
         # checks every route shares, then the route's launch (runs/route.py)
@@ -292,6 +294,9 @@ class Lab:
         route = _route(backend, LaunchError)
         conv = resolve_conventions(model, loss, optimizer, backend, lr)
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
+        stragglers = _v.check_slowdown(slowdown)
+        if stragglers and not route.traced:
+            raise LaunchError("slowdown=: native TensorFlow runs cannot slow a rank; use backend='torch'")
         if trace and not route.traced:
             raise LaunchError(
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
@@ -313,6 +318,7 @@ class Lab:
             bool(trace),
             conv.optimizer_info,
             conv.metrics,
+            stragglers,
         )
         run, self.cost_model = route.launch(self._side(), request)
         self._runs.append(run)

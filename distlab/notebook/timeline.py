@@ -40,6 +40,7 @@ COLOURS = {
     "backward": "#4c78a8",
     "compute": "#eeca3b",  # the prediction's forward + backward: its own colour beside backward's
     "wait": "#bab0ac",
+    "slowdown": "#d6616b",  # a straggler's wait (lab.launch(..., slowdown=...))
     "optimizer": "#54a24b",
     "allreduce": "#f58518",
     "allgather": "#e45756",

@@ -53,6 +53,7 @@ class LaunchRequest:
     trace: bool
     optimizer_info: str = ""  # the card's words for the optimizer and where it came from
     metrics: tuple[Any, ...] = ()  # compile's metrics (distlab.step_metrics)
+    slowdown: tuple[tuple[int, float], ...] = ()  # (rank, factor): stragglers asked for
 
 
 @dataclasses.dataclass(frozen=True)

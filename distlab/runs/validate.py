@@ -236,3 +236,33 @@ def shapes_of(x: Any) -> str:
     if isinstance(x, (tuple, list)):
         return "(" + ", ".join(shapes_of(t) for t in x) + ")"
     return str(list(getattr(x, "shape", ())))
+
+
+def check_slowdown(slowdown: Any) -> tuple[tuple[int, float], ...]:
+    """``lab.launch(slowdown={rank: factor})`` as ``(rank, factor)`` pairs, or one ``LaunchError``
+    naming the entry: a rank is an integer >= 0 (whether it exists is checked against the
+    strategy), a factor a finite number >= 1."""
+    import math
+
+    if not slowdown:
+        return ()
+    if not isinstance(slowdown, dict):
+        raise LaunchError(
+            f"slowdown: expected {{rank: factor}}, e.g. {{1: 1.5}}; got {type(slowdown).__name__}"
+        )
+    out = []
+    for rank, factor in sorted(slowdown.items(), key=lambda kv: str(kv[0])):
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise LaunchError(f"slowdown[{rank!r}]: a rank is an integer >= 0")
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not math.isfinite(factor)
+            or factor < 1
+        ):
+            raise LaunchError(
+                f"slowdown[{rank}]: factor {factor!r} must be a number >= 1 "
+                "(1.5: that rank computes 1.5x slower)"
+            )
+        out.append((rank, float(factor)))
+    return tuple(out)

@@ -54,6 +54,11 @@ class RunOptions:
     """How sparse gradients travel: ``"packed"`` (every table in one exchange) or
     ``"per_table"``."""
 
+    slowdown: tuple[tuple[int, float], ...] = ()
+    """``(rank, factor)`` pairs: that rank's forward and backward take ``factor`` times as long (a
+    straggler a user asks for; runtime/trainer.py waits the difference before backward). Each
+    step's record gains ``delay``, the seconds it waited."""
+
     def __post_init__(self) -> None:
         check_positive("RunOptions.bucket_bytes", self.bucket_bytes, LaunchError)
         check_positive("RunOptions.base_batch", self.base_batch, LaunchError, optional=True)

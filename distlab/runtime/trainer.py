@@ -181,12 +181,41 @@ def _make_sync(
     )
 
 
+class Straggler:
+    """A rank slowed by ``factor`` (``RunOptions.slowdown``): before each backward it waits
+    ``factor - 1`` times this forward and the last backward, as a device that much slower would
+    take; gradients become ready that much later, so its collectives start late as a real
+    straggler's do. A factor of 1 waits for nothing."""
+
+    def __init__(self, factor: float, recorded: bool = False) -> None:
+        """``recorded``: some rank of the run is slowed, so every rank's records say how long it waited."""
+        self.factor, self.recorded = float(factor), recorded
+        self.last_backward, self.waited = 0.0, 0.0
+
+    def wait(self, forward: float, tracer: Any) -> None:
+        if self.factor <= 1.0:
+            return
+        seconds = (self.factor - 1.0) * (forward + self.last_backward)
+        with tracer.span("slowdown (a straggler asked for)", "slowdown", factor=self.factor):
+            time.sleep(seconds)
+        self.waited += seconds
+
+    def backward_took(self, seconds: float) -> None:
+        self.last_backward = seconds
+
+    def record(self) -> dict[str, float]:
+        """The step's ``delay`` (seconds waited since the last call) for its record; {} unless recorded."""
+        out, self.waited = self.waited, 0.0
+        return {"delay": out} if self.recorded else {}
+
+
 def _forward_backward(
-    job: RankJob, forward: Any, loss_fn: Any, sync: Any, batches: Any, pos: int, tracer: Any
+    job: RankJob, forward: Any, loss_fn: Any, sync: Any, batches: Any, pos: int, tracer: Any, slow: Any
 ) -> tuple[float, dict[str, float]]:
     """One step's forward and backward over its micro-batches, gradients accumulating (the last
     micro-batch syncs them); returns the step's mean loss and its metrics' means
-    (``job.options.metrics``: distlab.step_metrics, on each micro-batch before the update)."""
+    (``job.options.metrics``: distlab.step_metrics, on each micro-batch before the update).
+    ``slow``: a ``Straggler`` that waits before each backward when this rank is slowed."""
     loss_value = 0.0
     accum = batches.accum
     metrics = job.options.metrics
@@ -196,10 +225,14 @@ def _forward_backward(
         x, y = to_device(x, job.device), to_device(y, job.device)
         with sync.micro(micro == accum - 1):
             with tracer.span("forward", "forward", micro=micro):
+                t0 = time.perf_counter()
                 out = call_model(forward, x)
                 loss = loss_fn(out, y)
+            slow.wait(time.perf_counter() - t0, tracer)
             with tracer.span("backward", "backward", micro=micro):
+                t0 = time.perf_counter()
                 (loss / accum if accum > 1 else loss).backward()
+                slow.backward_took(time.perf_counter() - t0)
         loss_value += float(loss.detach()) / accum
         for m in metrics:
             values[m.name] += m(out, y) / accum
@@ -219,6 +252,7 @@ def _train(
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
     tracer = Tracer() if job.options.trace else OFF
+    slow = Straggler(dict(job.options.slowdown).get(job.rank, 1.0), bool(job.options.slowdown))
     if tracer.enabled:
         align(tracer, job.rank, job.world, job.device)
     sync = _make_sync(job, model, units, make_opt, wait, tracer)
@@ -251,7 +285,9 @@ def _train(
             t0 = time.perf_counter()
             sync.zero_grad()
             sync.begin(step)
-            loss_value, metric_values = _forward_backward(job, forward, loss_fn, sync, batches, pos, tracer)
+            loss_value, metric_values = _forward_backward(
+                job, forward, loss_fn, sync, batches, pos, tracer, slow
+            )
             t_bwd = time.perf_counter()
             gains = batches.gains()
             with batches.scaled(gains):
@@ -261,7 +297,7 @@ def _train(
             pos_before, pos = pos, pos + batches.global_batch
             values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
             rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
-            rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values)
+            rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values, **slow.record())
             if tracer.enabled:
                 rec["trace"] = tracer.take()
             records.append(rec)

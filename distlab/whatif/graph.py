@@ -129,11 +129,22 @@ def last_backward(nodes: list[Node]) -> Node | None:
 
 
 def _sequences(data: TraceData, track: str) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """Each (rank, step)'s spans on ``track`` in order; a straggler's wait (``lab.launch(slowdown=)``)
+    joins the forward before it, as the slower compute it stands for, so every rank runs one program."""
     out: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for e in data.spans:
         if e["track"] == track:
             out.setdefault((int(e["rank"]), int(e["step"])), []).append(e)
-    return {k: sorted(v, key=lambda e: (e["start"], e["end"])) for k, v in out.items()}
+    for key, seq in out.items():
+        seq.sort(key=lambda e: (e["start"], e["end"]))
+        merged: list[dict[str, Any]] = []
+        for e in seq:
+            if e["cat"] == "slowdown" and merged and merged[-1]["cat"] == "forward":
+                merged[-1] = {**merged[-1], "end": max(merged[-1]["end"], e["end"])}
+            else:
+                merged.append(e)
+        out[key] = merged
+    return out
 
 
 def build(data: TraceData) -> StepGraph:

@@ -17,6 +17,9 @@ import numpy as np
 
 from distlab.whatif.graph import JOIN_ALL, Node, StepGraph, last_backward
 
+# the breakdown's part of each compute-lane kind (the rest is communication)
+PART = {"forward": "compute", "backward": "compute", "optimizer": "optimizer"}
+
 
 @dataclass
 class Replayed:
@@ -40,9 +43,7 @@ class Replayed:
         for times in steps:
             r = int(np.argmax(times[-1][1]))
             for node, (start, end) in zip(self.graph.compute, times):
-                part = {"forward": "compute", "backward": "compute", "optimizer": "optimizer"}.get(
-                    node.kind, "comm"
-                )
+                part = PART.get(node.kind, "comm")
                 parts[part] += float(end[r] - start[r]) / len(steps)
         parts["other"] = max(0.0, self.step_time - sum(parts.values()))
         return parts

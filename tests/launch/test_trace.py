@@ -167,3 +167,32 @@ def test_a_failed_traced_run_keeps_the_steps_it_recorded(lab):
     steps = {e["step"] for e in run.trace_events if e["rank"] == 0}
     assert steps and max(steps) >= 3  # the part recorded before the failure
     assert run.timeline(steps=2).data
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_and_replay(lab):
+    run = lab.launch(
+        TinyNet(),
+        strategy="AllReduce",
+        steps=6,
+        data=Blobs(),
+        batch_size=16,
+        trace=True,
+        block=True,
+        slowdown={1: 3.0},
+    )
+    m = run.metrics
+    assert (m[m["rank"] == 0]["delay"] == 0).all() and (m[m["rank"] == 1]["delay"] > 0).all()
+    slowed = {e["rank"] for e in run.trace_events if e["cat"] == "slowdown"}
+    assert slowed == {1}
+    forward = run.whatif().replayed.graph.compute[0]  # the straggler's wait is its slower forward
+    assert forward.kind == "forward" and forward.dur[:, 1].mean() > 2 * forward.dur[:, 0].mean()
+    for bad, match in (
+        ({5: 2.0}, "slowdown: rank 5 does not exist"),
+        ({1: 0.5}, r"slowdown\[1\]: factor 0.5 must be a number >= 1"),
+        ({-1: 2.0}, r"slowdown\[-1\]: a rank is an integer >= 0"),
+        ([1.5], "expected {rank: factor}"),
+    ):
+        with pytest.raises(LaunchError, match=match):
+            lab.launch(TinyNet(), strategy="AllReduce", steps=2, data=Blobs(), batch_size=16, slowdown=bad)
