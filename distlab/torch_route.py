@@ -97,7 +97,8 @@ class TorchRoute(Route):
             route=self,
             elastic=r.elastic,
             replan=replan,
-            forecast=self.forecast(cost_model, profile(b), res, st, kind),
+            # a slowed run is not predicted (nor refitted on: its slowness was asked for)
+            forecast=None if r.slowdown else self.forecast(cost_model, profile(b), res, st, kind),
             data_info=prep.data_info,
             loss_info=prep.loss_info,
         )
@@ -128,6 +129,8 @@ class TorchRoute(Route):
         return unwrap(m)  # a Keras model launched comes back as a Keras model
 
     def no_prediction(self, run: Run) -> str:
+        if run.slowdown:
+            return "none: a run with slowdown= is not predicted, and lab.cost_model is not refitted on it"
         how = run.calibrate_call
         return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
 

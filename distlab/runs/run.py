@@ -398,6 +398,11 @@ class Run:
         """Launched with ``trace=True``: every rank records its timeline."""
         return self._job.options.trace
 
+    @property
+    def slowdown(self) -> dict[int, float]:
+        """The stragglers asked for (``lab.launch(slowdown=...)``): rank -> compute factor."""
+        return dict(self._job.options.slowdown)
+
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers.
         ``progress``: a progress bar after a second (not when the run's live view is showing)."""

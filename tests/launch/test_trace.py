@@ -184,6 +184,9 @@ def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_
     )
     m = run.metrics
     assert (m[m["rank"] == 0]["delay"] == 0).all() and (m[m["rank"] == 1]["delay"] > 0).all()
+    # asked-for slowness is neither predicted nor learned from: lab.cost_model is not refitted on it
+    assert run.slowdown == {1: 3.0} and run.forecast is None
+    assert "slowdown=" in run.route.no_prediction(run)
     slowed = {e["rank"] for e in run.trace_events if e["cat"] == "slowdown"}
     assert slowed == {1}
     forward = run.whatif().replayed.graph.compute[0]  # the straggler's wait is its slower forward
