@@ -308,6 +308,9 @@ def _rebucket(g: StepGraph, bucket_mb: float, pricing: Pricing, link: str, notes
     _need_ready(g, "bucket_mb")
     ddp = any(n.kind == "wait" and "DDP" in n.name for n in g.compute)
     names = _allreduce_variables(g)
+    if not names:
+        notes.append(f"bucket_mb={bucket_mb:g}: the run all-reduced no gradient; nothing to re-bucket")
+        return g
     entries = [(v, b, f, 0) for v, b, f in g.ready if v in names]
     cap = int(bucket_mb * 2**20)
     new = _bucket_nodes(g, entries, cap, pricing, link, ddp)

@@ -122,6 +122,11 @@ def test_what_ifs_move_the_step_as_their_physics_says():
     # the trace's own buckets against the runtime's layout at 0.25 MiB: the big weight alone in one
     small = t.whatif(bucket_mb=0.25)
     assert sum(n.kind == "allreduce" for n in small.replayed.graph.comm) == 2
+    # a trace whose strategy all-reduces nothing has nothing to re-bucket, and says so
+    ps_trace = Trace(
+        TraceData(fabricated().spans, 2, ["h"] * 2, {}, 64.0, _strategy("ps")), dl.CostModel.default()
+    )
+    assert any("nothing to re-bucket" in n for n in ps_trace.whatif(bucket_mb=1).notes)
     big = t.whatif(world=1024, hosts=128)
     assert big.replayed.graph.world == 1024 and np.isfinite(big.step_time)
 
