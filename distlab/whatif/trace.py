@@ -82,6 +82,8 @@ def from_run(run: Any) -> TraceData:
         how = (
             "launch it with trace=True (lab.launch(..., trace=True))" if not run.traced else "wait for steps"
         )
+        if getattr(run, "backend", "torch") != "torch":
+            how = "native TensorFlow runs are not traced: replay a run of the torch route (backend='torch')"
         raise TraceError(f"run {run.id}: has no trace to replay; {how}")
     restart = max(e["restart"] for e in events)
     spans = [e for e in events if e["restart"] == restart]
