@@ -178,8 +178,8 @@ class Trace:
 
         if self.profile is None:
             raise TraceError(
-                f"whatif(strategy={strategy!r}): a builder's name needs the model's profile, which this trace "
-                "lacks (a saved trace, or a run launched without a prediction): pass a Strategy "
+                f"whatif(strategy={strategy!r}): a builder's name needs the model's profile, which this "
+                "trace lacks (a saved trace, or a run launched without a prediction): pass a Strategy "
                 "(dl.strategy.build(name, profile, resources))"
             )
         from distlab.strategy import build as build_strategy
