@@ -97,6 +97,11 @@ class StepGraph:
     def num_hosts(self) -> int:
         return len(set(self.hosts))
 
+    @property
+    def link(self) -> str:
+        """The link class its collectives cross: ``inter`` across hosts, else ``intra``."""
+        return "inter" if self.num_hosts > 1 else "intra"
+
     def replace(self, **changes: Any) -> StepGraph:
         return dataclasses.replace(self, **changes)
 

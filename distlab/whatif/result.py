@@ -10,6 +10,7 @@ trace came with the model's profile, else None, with the reason in ``notes``), a
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import time
@@ -43,7 +44,7 @@ class WhatIf:
     def throughput(self) -> float:
         return self.replayed.graph.samples_per_step / self.step_time
 
-    @property
+    @functools.cached_property
     def breakdown(self) -> dict[str, float]:
         return self.replayed.breakdown()
 
@@ -67,10 +68,9 @@ class WhatIf:
         """The replayed steps (``what-if`` rows) below the run's own last ``steps`` steps."""
         from distlab.notebook.timeline import spans_figure
 
-        t0 = min((e["start"] for e in self.original), default=0.0)
         last = max((e["step"] for e in self.original), default=0)
         measured = [e for e in self.original if e["step"] > last - steps and e["rank"] < ranks]
-        m0 = min((e["start"] for e in measured), default=t0)
+        m0 = min((e["start"] for e in measured), default=0.0)
         shown = [dict(e, start=e["start"] - m0, end=e["end"] - m0) for e in measured]
         first = self.replayed.ends[0]
         extra = [
@@ -187,17 +187,12 @@ class Trace:
         return build_strategy(strategy, self.profile, self._resources(world or self.graph.world, hosts))
 
     def _resources(self, world: int, hosts: int | None) -> Any:
-        from distlab.costmodel.whatif import hosts_like
-
+        """The trace's resources at ``world`` ranks on ``hosts`` hosts (as traced when None)."""
         n_hosts = hosts or min(self.graph.num_hosts, world)
         res = self.resources
-        if res is None:
-            return None
-        if world == self.graph.world and n_hosts == self.graph.num_hosts:
+        if res is None or (world == self.graph.world and n_hosts == self.graph.num_hosts):
             return res
-        return hosts_like(res, n_hosts, math.ceil(world / n_hosts)).with_world(
-            world, per_host=math.ceil(world / n_hosts)
-        )
+        return res.with_world(world, per_host=math.ceil(world / n_hosts))
 
     def _analytic(self, cm: Any, change: Change, g: StepGraph) -> tuple[Any, str]:
         """The cost model's prediction of the same configuration, or why there is none."""

@@ -11,14 +11,14 @@ that exchanges a sparse variable another way gets a ``TraceError`` saying what t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
+from distlab.strategy.execution import BUCKET_BYTES
 from distlab.strategy.types import Strategy
 from distlab.whatif.graph import Node, StepGraph
+from distlab.whatif.pricing import Pricing, bucket_nodes, degree, gossip_peers, sliced
 from distlab.whatif.trace import TraceError
 
 SPARSE_KIND = {"allgather": "allgather", "ps_sparse": "ps"}  # the sync kind each sparse exchange serves
@@ -55,11 +55,10 @@ def stepped_bytes(strategy: Strategy | None, sizes: dict[str, tuple[int, float]]
 def swap(
     g: StepGraph,
     strategy: Strategy,
-    pricing: Any,
+    pricing: Pricing,
     link: str,
     notes: list[str],
-    bucket_nodes: Callable[..., list[Node]],
-    cap: int,
+    cap: int = BUCKET_BYTES,
 ) -> StepGraph:
     sizes = variables(g)
     planned = {v.name for v in strategy.variables}
@@ -82,8 +81,6 @@ def swap(
                 f"trace and by {'/'.join(sorted({s.kind for s in plan.syncs}))} in the strategy; the rows a "
                 "step touches are not in the trace: trace a run of that strategy instead"
             )
-    from distlab.whatif.transform import sliced
-
     p, rows, turns = g.world, len(g.tail), sliced(g)
     buckets, pushes, ps_bytes, gossip_bytes = [], [], 0.0, 0.0
     for name, (nbytes, frac) in sizes.items():
@@ -137,12 +134,10 @@ def _loop(
     sizes: dict[str, tuple[int, float]],
     ps_bytes: float,
     gossip_bytes: float,
-    pricing: Any,
+    pricing: Pricing,
     link: str,
 ) -> list[Node]:
     """The training loop with the new strategy's optimizer share, PS broadcast and gossip exchange."""
-    from distlab.whatif.transform import gossip_peers
-
     p = g.world
     old = {n.kind: n for n in g.compute if n.kind in ("ps_pull", "gossip")}
     before, after = stepped_bytes(g.strategy, sizes, p), stepped_bytes(strategy, sizes, p)
@@ -187,12 +182,10 @@ def _exchange(
     name: str,
     nbytes: float,
     peers: list[list[list[int]]] | None,
-    pricing: Any,
+    pricing: Pricing,
     link: str,
 ) -> Node:
     """A loop exchange of the new strategy: the trace's own node re-priced when it had one."""
-    from distlab.whatif.transform import degree, sliced
-
     p, rows = g.world, len(g.tail)
     node = Node(name, kind, "compute", np.zeros((rows, p)), np.zeros((rows, p)), nbytes=nbytes, peers=peers)
     node.repriced = True

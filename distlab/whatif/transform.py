@@ -23,12 +23,20 @@ from typing import Any
 
 import numpy as np
 
-from distlab.costmodel.collectives import collective_time
 from distlab.costmodel.contention import time_slicing
 from distlab.errors import ResourceError, check_positive
-from distlab.strategy.execution import BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, bucket_layout
 from distlab.strategy.types import Strategy
 from distlab.whatif.graph import COLLECTIVE, COMPUTE_KINDS, Node, StepGraph
+from distlab.whatif.pricing import (
+    Pricing,
+    bucket_nodes,
+    degree,
+    effective_bytes,
+    factors,
+    gossip_peers,
+    sliced,
+)
+from distlab.whatif.swap import swap
 from distlab.whatif.trace import TraceError
 
 
@@ -75,83 +83,6 @@ class Change:
         )
 
 
-class Pricing:
-    """What the cost model says one communication node costs inside a training step: the
-    collective's alpha-beta (within a host, scaled as calibration's training loops measured it:
-    ``CostParams.alpha_scale``, ``comm_scale``; between hosts at the link's own rate) plus the
-    runtime's work around each call (``call_overhead``, ``peer_call_overhead`` per peer while ranks
-    take turns on the cores, ``ps_unit_overhead`` per PS variable, gossip's per-byte work)."""
-
-    def __init__(self, cost_model: Any, resources: Any = None) -> None:
-        self.table = cost_model.link_table(resources)
-        self.links = cost_model.links(resources)
-        self.params = cost_model.params
-
-    def time(
-        self,
-        kind: str,
-        nbytes: float,
-        p: int,
-        link: str,
-        degree: float = 1.0,
-        bandwidth: float | None = None,
-        latency: float | None = None,
-        sliced: float = 1.0,
-    ) -> float:
-        prm = self.params
-        c = COLLECTIVE[kind]
-        alpha, beta = self.table[link][c]
-        if link == "intra":
-            turns = prm.comm_oversubscription * (sliced - 1.0)
-            alpha, beta = alpha * (prm.alpha_scale + turns), beta * (prm.comm_scale + turns)
-        if bandwidth is not None:  # every collective's beta in proportion to the link's own rate
-            beta *= self.links[link].bandwidth / bandwidth
-        if latency is not None:
-            alpha *= latency / max(self.links[link].latency, 1e-12)
-        t = float(collective_time(c, p, nbytes, alpha, beta))
-        if p > 1:
-            t += prm.call_overhead + prm.peer_call_overhead * (p - 1) * sliced
-            t += prm.ps_unit_overhead if kind == "ps_push" else 0.0
-            t += prm.gossip_per_byte * nbytes if kind == "gossip" else 0.0
-        return t * degree if kind == "gossip" else t
-
-
-def sliced(g: StepGraph) -> float:
-    """How many ranks take turns on each core of the busiest host (``contention.time_slicing``)."""
-    per_host = max(g.hosts.count(h) for h in set(g.hosts))
-    return time_slicing(per_host, next((c for c in g.cores.values() if c), None))
-
-
-def degree(node: Node) -> float:
-    """Gossip messages a rank receives per step (its in-neighbours, averaged over the cycle)."""
-    if not node.peers:
-        return 1.0
-    return float(np.mean([max(len(x) for x in step) for step in node.peers]))
-
-
-def factors(g: StepGraph, pricing: Pricing) -> dict[str, float]:
-    """Measured / priced per kind of communication node, at the trace's own world and link."""
-    link = "inter" if g.num_hosts > 1 else "intra"
-    seen: dict[str, list[float]] = {}
-    for n in g.nodes():
-        if n.kind in COLLECTIVE:
-            priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n), sliced=sliced(g))
-            m = seen.setdefault(n.kind, [0.0, 0.0])
-            m[0] += float(n.dur.mean())
-            m[1] += priced
-    return {k: (m[0] / m[1] if m[1] > 0 else 1.0) for k, m in seen.items()}
-
-
-def effective_bytes(g: StepGraph, pricing: Pricing) -> None:
-    """Sparse exchanges carry no byte count: the bytes that make the cost model price them as measured."""
-    link = "inter" if g.num_hosts > 1 else "intra"
-    for n in g.compute:
-        if n.kind in ("allgather", "ps_sparse") and not n.nbytes:
-            zero = pricing.time(n.kind, 0.0, g.world, link, sliced=sliced(g))
-            per_byte = pricing.time(n.kind, 1e6, g.world, link, sliced=sliced(g)) - zero
-            n.nbytes = max(0.0, (float(n.dur.mean()) - zero) / max(per_byte, 1e-15) * 1e6)
-
-
 def apply(
     g: StepGraph, change: Change, cost_model: Any, resources: Any = None
 ) -> tuple[StepGraph, list[str]]:
@@ -164,7 +95,7 @@ def apply(
     effective_bytes(g, pricing)
     g = g.replace(factors=factors(g, pricing))
     notes: list[str] = []
-    p0, link0 = g.world, "inter" if g.num_hosts > 1 else "intra"
+    p0, link0 = g.world, g.link
     p = change.world or (change.strategy.world if change.strategy is not None else p0)
     n_hosts = change.hosts or min(g.num_hosts, p)
     link = "inter" if n_hosts > 1 else "intra"
@@ -242,60 +173,6 @@ def _resize(g: StepGraph, p: int, n_hosts: int, notes: list[str]) -> StepGraph:
     )
 
 
-def gossip_peers(strategy: Strategy, p: int, hosts: list[str]) -> list[list[list[int]]]:
-    """Each rank's in-neighbours per step of the topology's cycle, over ``p`` ranks."""
-    from distlab import topology
-
-    cfg = strategy.gossip
-    if cfg is None:
-        return [[[] for _ in range(p)]]
-    if cfg.topology == "hierarchical":
-        topo = topology.hierarchical(p, hosts=hosts)
-    else:
-        topo = topology.get(
-            cfg.topology, p, dynamic=bool(cfg.dynamic) and cfg.topology not in topology.DYNAMIC
-        )
-    graphs = [topo.at(t) for t in range(topo.period)] if hasattr(topo, "at") else [topo]
-    out = []
-    for t in graphs:
-        w = np.asarray(t.weights)
-        out.append([[int(i) for i in np.nonzero(w[:, j])[0] if i != j] for j in range(p)])
-    return out
-
-
-def _bucket_nodes(
-    g: StepGraph, entries: list[tuple[str, int, float, Any]], cap: int, pricing: Pricing, link: str, ddp: bool
-) -> list[Node]:
-    """All-reduce buckets of ``entries`` (variable, bytes on the wire, ready fraction, key), laid
-    out by the runtime's own ``bucket_layout``, priced by the kind's factor."""
-    if not entries:
-        return []
-    layout = bucket_layout(
-        [(key, n) for _, n, _, key in entries], cap, DDP_FIRST_BUCKET_BYTES if ddp else None
-    )
-    rows = len(g.tail)
-    out = []
-    for i, members in enumerate(layout):
-        nbytes = float(sum(entries[m][1] for m in members))
-        t = g.factors.get("allreduce", 1.0) * pricing.time(
-            "allreduce", nbytes, g.world, link, sliced=sliced(g)
-        )
-        out.append(
-            Node(
-                f"all-reduce bucket {i} (replayed)",
-                "allreduce",
-                "comm",
-                np.full((rows, g.world), t),
-                np.zeros((rows, g.world)),
-                ready=max(entries[m][2] for m in members),
-                nbytes=nbytes,
-                variables=tuple(entries[m][0] for m in members)[:8],
-                repriced=True,
-            )
-        )
-    return out
-
-
 def _need_ready(g: StepGraph, what: str) -> None:
     if not g.ready:
         raise TraceError(
@@ -313,7 +190,7 @@ def _rebucket(g: StepGraph, bucket_mb: float, pricing: Pricing, link: str, notes
         return g
     entries = [(v, b, f, 0) for v, b, f in g.ready if v in names]
     cap = int(bucket_mb * 2**20)
-    new = _bucket_nodes(g, entries, cap, pricing, link, ddp)
+    new = bucket_nodes(g, entries, cap, pricing, link, ddp)
     rest = [n for n in g.comm if n.kind != "allreduce"]
     notes.append(
         f"bucket_mb={bucket_mb:g}: {len(new)} all-reduce bucket(s) where the run had "
@@ -342,7 +219,5 @@ def _plan(strategy: Strategy, label: str) -> Any:
 
 def _swap(g: StepGraph, strategy: Strategy, pricing: Pricing, link: str, notes: list[str]) -> StepGraph:
     """The communication subgraph of ``strategy`` in place of the trace's (see ``swap.py``)."""
-    from distlab.whatif.swap import swap
-
     _need_ready(g, "strategy=")
-    return swap(g, strategy, pricing, link, notes, _bucket_nodes, BUCKET_BYTES)
+    return swap(g, strategy, pricing, link, notes)
