@@ -5,7 +5,8 @@ model (Daydream, dPRO and Lumos replay traces so; see docs/whatif.md).
 ``run.whatif(bandwidth=..., world=..., strategy=...)`` on a run launched with ``trace=True``;
 ``dl.whatif.load("trace.json").whatif(...)`` on a trace ``run.save_trace`` wrote, here or on a
 bigger cluster. ``trace`` reads it, ``graph`` builds the step graph, ``replay`` schedules it,
-``transform`` and ``swap`` change it, ``result`` is what a user holds.
+``transform`` and ``swap`` change it (``pricing`` costs the nodes they build), ``result`` is what a
+user holds.
 """
 
 from __future__ import annotations
