@@ -108,7 +108,7 @@ def apply(
     if p != p0 or n_hosts != g.num_hosts:
         g = _resize(g, p, n_hosts, notes)
     if change.strategy is not None:
-        g = _swap(g, change.strategy, pricing, link, notes)
+        g = _swap(g, change.strategy, pricing, link, notes, change.bucket_mb)
     elif change.bucket_mb is not None:
         g = _rebucket(g, change.bucket_mb, pricing, link, notes)
     if change.comm_changed:
@@ -217,7 +217,12 @@ def _plan(strategy: Strategy, label: str) -> Any:
     return next((p for p in strategy.variables if p.name == name), None)
 
 
-def _swap(g: StepGraph, strategy: Strategy, pricing: Pricing, link: str, notes: list[str]) -> StepGraph:
-    """The communication subgraph of ``strategy`` in place of the trace's (see ``swap.py``)."""
+def _swap(
+    g: StepGraph, strategy: Strategy, pricing: Pricing, link: str, notes: list[str], bucket_mb: float | None
+) -> StepGraph:
+    """The communication subgraph of ``strategy`` in place of the trace's (see ``swap.py``), its
+    all-reduce buckets capped at ``bucket_mb`` when asked (else the runtime's default)."""
     _need_ready(g, "strategy=")
-    return swap(g, strategy, pricing, link, notes)
+    if bucket_mb is None:
+        return swap(g, strategy, pricing, link, notes)
+    return swap(g, strategy, pricing, link, notes, int(bucket_mb * 2**20))

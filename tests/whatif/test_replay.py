@@ -141,6 +141,9 @@ def test_a_strategy_swap_replaces_the_communication_and_the_optimizer_share():
     assert opt.dur[:, 0].mean() == pytest.approx(1 * MS) and opt.dur[:, 1].mean() == pytest.approx(0.0)
     assert any("priced by the cost model alone" in n for n in ps.notes)
     assert ps.changes == {"strategy": "PS"}
+    # a swap to all-reduce with a bucket cap lays its buckets at that cap
+    one = t.whatif(strategy=_strategy("allreduce"), bucket_mb=0.25).replayed.graph.comm
+    assert sum(n.kind == "allreduce" for n in one) == 2
 
 
 def test_what_the_trace_cannot_answer_gets_one_line_naming_it(tmp_path):
