@@ -54,24 +54,45 @@ class Kernel:
         assert not error, error
         return ast.literal_eval(out.strip().splitlines()[-1])
 
-    def spawned(self, settle: int | None = None, within: float = 30.0) -> int:
-        """How many worker processes the kernel has spawned that still run; with ``settle``, waits
-        up to ``within`` seconds for that many (closed workers take a moment to exit)."""
+    def process(self):
         import psutil
 
         out, _, error = self.cell("print(__import__('os').getpid())")
         assert not error, error
-        kernel = psutil.Process(int(out.strip()))
+        return psutil.Process(int(out.strip()))
+
+    @staticmethod
+    def _workers(kernel) -> int:
+        return sum(
+            1 for p in kernel.children(recursive=True) if p.is_running() and "spawn_main" in " ".join(p.cmdline())
+        )
+
+    def spawned(self, settle: int | None = None, within: float = 30.0) -> int:
+        """How many worker processes the kernel has spawned that still run; with ``settle``, waits
+        up to ``within`` seconds for that many (closed workers take a moment to exit)."""
+        kernel = self.process()
         deadline = time.time() + within
         while True:
-            n = sum(
-                1
-                for p in kernel.children(recursive=True)
-                if p.is_running() and "spawn_main" in " ".join(p.cmdline())
-            )
+            n = self._workers(kernel)
             if settle is None or n == settle or time.time() > deadline:
                 return n
             time.sleep(0.5)
+
+    def interrupt_once_spawning(self, beyond: int, within: float = 60.0) -> None:
+        """Presses the stop button as soon as the kernel has more than ``beyond`` worker processes:
+        a cluster is then starting (a spawned worker takes seconds to import and register), on a
+        fast machine as on a slow one, where a fixed delay can land after the start finished."""
+        kernel = self.process()
+
+        def watch() -> None:
+            deadline = time.time() + within
+            while time.time() < deadline:
+                if self._workers(kernel) > beyond:
+                    self.km.interrupt_kernel()
+                    return
+                time.sleep(0.02)
+
+        threading.Thread(target=watch, daemon=True).start()
 
     def reconnect(self) -> None:
         """As a browser tab closed and opened again: this connection ends, a new one starts."""
@@ -140,7 +161,7 @@ def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
 
         # the stop button while a cluster starts: the new one is closed, whole, and the Lab kept
         spawned, now = kernel.spawned(), kernel.pids()
-        threading.Timer(1.5, kernel.km.interrupt_kernel).start()
+        kernel.interrupt_once_spawning(beyond=spawned)
         out, err, error = kernel.cell("%distlab cluster local 1 -o other")
         assert not error and err == "distlab: %distlab cluster interrupted; the session is as it was\n", (
             out,
