@@ -101,17 +101,26 @@ def _json_value(x: Any, path: str, depth: int = 0) -> Any:
 
 
 # -- structure ------------------------------------------------------------------------------------
-def _parse_sync(x: Any, path: str) -> Sync:
+PS_CONSISTENCY = ("sync", "staleness", "local_replication")  # version 2 fields of a ps sync
+
+
+def _parse_sync(x: Any, path: str, version: int = STRATEGY_VERSION) -> Sync:
     kind = _str(
-        _obj(x, path, ("kind",), ("group", "compressor", "server"))["kind"], f"{path}.kind", SYNC_KINDS
+        _obj(x, path, ("kind",), ("group", "compressor", "server", *PS_CONSISTENCY))["kind"],
+        f"{path}.kind",
+        SYNC_KINDS,
     )
-    allowed = {"allreduce": ("group", "compressor"), "ps": ("server",)}.get(kind, ("compressor",))
+    allowed = {"allreduce": ("group", "compressor"), "ps": ("server", *PS_CONSISTENCY)}.get(
+        kind, ("compressor",)
+    )
     for k in x:
         if k != "kind" and k not in allowed:
             if k == "compressor":
                 raise _fail(
                     f"{path}.compressor", f"only allreduce compresses; {kind} sync takes no compressor"
                 )
+            if k in PS_CONSISTENCY:
+                raise _fail(f"{path}.{k}", f"only a ps sync has a consistency; {kind} sync is synchronous")
             raise _fail(
                 f"{path}.{k}", f"not a field of a {kind} sync (valid: {', '.join(allowed) or 'none'})"
             )
@@ -123,11 +132,26 @@ def _parse_sync(x: Any, path: str) -> Sync:
     if kind == "ps":
         if "server" not in x:
             raise _fail(f"{path}.server", "missing (a ps sync needs its server rank)")
-        return Sync("ps", server=_int(x["server"], f"{path}.server", 0))
+        given = [k for k in PS_CONSISTENCY if k in x]
+        if given and version < 2:
+            raise _fail(f"{path}.{given[0]}", f"version {version} has no {given[0]}; write version 2")
+        return Sync(
+            "ps",
+            server=_int(x["server"], f"{path}.server", 0),
+            sync=_bool(x.get("sync", True), f"{path}.sync"),
+            staleness=_int(x.get("staleness", 0), f"{path}.staleness", 0),
+            local_replication=_bool(x.get("local_replication", False), f"{path}.local_replication"),
+        )
     return Sync(kind)
 
 
-def _parse_variable(x: Any, path: str) -> VariablePlan:
+def _bool(x: Any, path: str) -> bool:
+    if not isinstance(x, bool):
+        raise _fail(path, f"expected true or false, got {_tname(x)}")
+    return x
+
+
+def _parse_variable(x: Any, path: str, version: int) -> VariablePlan:
     d = _obj(x, path, ("name",), ("sync", "partition", "shards"))
     name = _str(d["name"], f"{path}.name")
     if not name:
@@ -147,13 +171,13 @@ def _parse_variable(x: Any, path: str) -> VariablePlan:
         syncs = []
         for j, e in enumerate(entries):
             sp = f"{path}.shards[{j}]"
-            syncs.append(_parse_sync(_obj(e, sp, ("sync",))["sync"], f"{sp}.sync"))
+            syncs.append(_parse_sync(_obj(e, sp, ("sync",))["sync"], f"{sp}.sync", version))
         return VariablePlan(name, partition=part, shards=tuple(syncs))
     if "shards" in d:
         raise _fail(f"{path}.shards", "given without a 'partition'; add partition {axis, shards}")
     if "sync" not in d or d["sync"] is None:
         raise _fail(f"{path}.sync", "missing (every variable needs a sync, or a partition with shards)")
-    return VariablePlan(name, sync=_parse_sync(d["sync"], f"{path}.sync"))
+    return VariablePlan(name, sync=_parse_sync(d["sync"], f"{path}.sync", version))
 
 
 def _parse(d: Any) -> Strategy:
@@ -207,7 +231,8 @@ def _parse(d: Any) -> Strategy:
             _str(gd.get("mode", "atc"), "gossip.mode", GOSSIP_MODES),
         )
     variables = tuple(
-        _parse_variable(v, f"variables[{i}]") for i, v in enumerate(_list(top["variables"], "variables"))
+        _parse_variable(v, f"variables[{i}]", version)
+        for i, v in enumerate(_list(top["variables"], "variables"))
     )
     return Strategy(variables, tuple(ranks), servers, backend, batch, gossip, builder, options, version)
 
@@ -224,6 +249,9 @@ def _check_sync(s: Sync, path: str, st: Strategy, var: Any, groups: dict[int, tu
             raise _fail(f"{path}.server", f"rank {s.server} does not exist ({n} ranks)")
         if st.servers and s.server not in st.servers:
             raise _fail(f"{path}.server", f"rank {s.server} is not in servers {list(st.servers)}")
+        _check_consistency(s, path, st)
+    elif (s.sync, s.staleness, s.local_replication) != (True, 0, False):
+        raise _fail(f"{path}.kind", f"only a ps sync has a consistency; {s.kind} sync is synchronous")
     if s.kind == "allreduce":
         if not isinstance(s.group, int) or isinstance(s.group, bool) or s.group < 0:
             raise _fail(f"{path}.group", f"must be an integer >= 0, got {s.group!r}")
@@ -251,6 +279,26 @@ def _check_sync(s: Sync, path: str, st: Strategy, var: Any, groups: dict[int, tu
             raise _fail(
                 f"{path}.kind", f"allgather moves sparse gradients; {var.name!r} is dense (use allreduce)"
             )
+
+
+def _check_consistency(s: Sync, path: str, st: Strategy) -> None:
+    """AutoDist's rule (staleness needs sync) and distlab's: one consistency per strategy, which
+    the runtime keeps for all its PS variables."""
+    if not isinstance(s.staleness, int) or isinstance(s.staleness, bool) or s.staleness < 0:
+        raise _fail(f"{path}.staleness", f"must be an integer >= 0, got {s.staleness!r}")
+    if s.staleness > 0 and not s.sync:
+        raise _fail(
+            f"{path}.staleness",
+            f"{s.staleness} with sync false; staleness bounds a synchronous PS (AutoDist: 'if staleness is "
+            "positive, sync has to be set true'): set sync true, or staleness 0 for asynchronous PS",
+        )
+    first = st.consistency
+    if s.consistency != first:
+        raise _fail(
+            f"{path}.staleness" if s.sync == first[0] else f"{path}.sync",
+            f"sync {str(s.sync).lower()}, staleness {s.staleness} here but sync {str(first[0]).lower()}, "
+            f"staleness {first[1]} on an earlier PS variable; one consistency per strategy",
+        )
 
 
 def _check_gossip(st: Strategy) -> None:

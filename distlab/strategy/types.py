@@ -17,14 +17,20 @@ COMPRESSORS = ("none", "fp16", "bf16")
 LR_SCALING = ("none", "linear", "sqrt", "adascale")
 GOSSIP_MODES = ("atc", "awc")
 BACKENDS = ("auto", "gloo", "nccl")
-STRATEGY_VERSION = 1
+# 2: a ps sync carries its consistency (sync, staleness, local_replication); version 1 files read
+# as synchronous PS with no staleness
+STRATEGY_VERSION = 2
 
 
 @dataclass(frozen=True)
 class Sync:
     """How one variable (or shard) is synchronised.
 
-    kind ``allreduce``: ``group`` (bucket id) and ``compressor``; ``ps``: ``server`` (a rank);
+    kind ``allreduce``: ``group`` (bucket id) and ``compressor``; ``ps``: ``server`` (a rank) and
+    its consistency, as AutoDist's ``PSSynchronizer`` has it: ``sync`` (False: asynchronous, each
+    worker's gradient applied when it arrives), ``staleness`` (s > 0: stale-synchronous, a worker
+    at most s steps ahead of the slowest; needs ``sync``), ``local_replication`` (reads go to a
+    worker-side copy of the variable, refreshed after the worker's sync);
     ``allgather``: sparse gradients as indices + values; ``gossip``: neighbour averaging.
     """
 
@@ -32,17 +38,31 @@ class Sync:
     group: int | None = None
     compressor: str = "none"
     server: int | None = None
+    sync: bool = True
+    staleness: int = 0
+    local_replication: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def consistency(self) -> tuple[bool, int]:
+        """(sync, staleness): (True, 0) synchronous, (True, s) stale-synchronous, (False, 0) asynchronous."""
+        return self.sync, self.staleness
+
+    def to_dict(self, version: int = STRATEGY_VERSION) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind}
         if self.kind == "allreduce":
             d["group"] = self.group if self.group is not None else 0
             d["compressor"] = self.compressor
         elif self.kind == "ps":
             d["server"] = self.server
+            if version >= 2:
+                d.update(sync=self.sync, staleness=self.staleness, local_replication=self.local_replication)
         elif self.compressor != "none":
             d["compressor"] = self.compressor
         return d
+
+
+def _consistency_columns(s: Sync) -> dict[str, Any]:
+    return {"sync": s.sync, "staleness": s.staleness, "local_replication": s.local_replication}
 
 
 @dataclass(frozen=True)
@@ -75,13 +95,13 @@ class VariablePlan:
         """Every sync of this variable: the one, or one per shard."""
         return self.shards if self.partition is not None else ((self.sync,) if self.sync else ())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, version: int = STRATEGY_VERSION) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name}
         if self.partition is not None:
             d["partition"] = self.partition.to_dict()
-            d["shards"] = [{"sync": s.to_dict()} for s in self.shards]
+            d["shards"] = [{"sync": s.to_dict(version)} for s in self.shards]
         else:
-            d["sync"] = self.sync.to_dict() if self.sync else None
+            d["sync"] = self.sync.to_dict(version) if self.sync else None
         return d
 
 
@@ -142,6 +162,20 @@ class Strategy:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         return f"{self.builder}({opts})"
 
+    @property
+    def consistency(self) -> tuple[bool, int]:
+        """The PS variables' (sync, staleness), one per strategy; (True, 0) when it has none."""
+        for p in self.variables:
+            for s in p.syncs:
+                if s.kind == "ps":
+                    return s.consistency
+        return True, 0
+
+    @property
+    def stale(self) -> bool:
+        """Its PS variables are stale-synchronous or asynchronous (runtime/stale_ps.py runs them)."""
+        return self.consistency != (True, 0)
+
     def plan(self, name: str) -> VariablePlan:
         for p in self.variables:
             if p.name == name:
@@ -160,7 +194,7 @@ class Strategy:
             "backend": self.backend,
             "batch": self.batch.to_dict(),
             "gossip": self.gossip.to_dict() if self.gossip else None,
-            "variables": [v.to_dict() for v in self.variables],
+            "variables": [v.to_dict(self.version) for v in self.variables],
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -226,6 +260,15 @@ class Strategy:
                         "group": s.group,
                         "server": s.server,
                         "compressor": s.compressor,
+                        **(
+                            {
+                                "sync": s.sync,
+                                "staleness": s.staleness,
+                                "local_replication": s.local_replication,
+                            }
+                            if s.kind == "ps"
+                            else {}
+                        ),
                     }
                 )
         return pd.DataFrame(rows)

@@ -43,6 +43,22 @@ def pick_servers(builder: str, resources: ResourceSpec, servers: Servers = "firs
     return out
 
 
+def consistency(builder: str, sync: Any = True, staleness: Any = 0, local_replication: Any = False) -> dict:
+    """A PS-family builder's consistency options, checked, as ``Sync`` fields (AutoDist's
+    ``PSSynchronizer``: sync, staleness, local_replication)."""
+    for name, v in (("sync", sync), ("local_replication", local_replication)):
+        if not isinstance(v, bool):
+            raise StrategyError(f"{builder}: {name} must be True or False, got {v!r}")
+    if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
+        raise StrategyError(f"{builder}: staleness must be an integer >= 0, got {staleness!r}")
+    if staleness > 0 and not sync:
+        raise StrategyError(
+            f"{builder}: staleness={staleness} with sync=False; staleness bounds a synchronous PS: pass "
+            "sync=True, or staleness=0 for asynchronous PS"
+        )
+    return {"sync": sync, "staleness": staleness, "local_replication": local_replication}
+
+
 def check_chunk(builder: str, chunk_size: Any) -> int:
     check_positive(f"{builder}: chunk_size", chunk_size, StrategyError)
     return chunk_size
@@ -99,15 +115,19 @@ class Loads:
         return server
 
 
-def place_partitioned(var: Any, shards: int, loads: Loads) -> VariablePlan:
+def place_partitioned(var: Any, shards: int, loads: Loads, ps: dict | None = None) -> VariablePlan:
     """Split along axis 0 into ``shards``; shards go to servers by load, round-robin beyond their
     count, each charging the variable's bytes divided evenly by the shards (AutoDist's greedy
-    placement, uneven shards included: the load is what the balancer counted, not the shard's size)."""
+    placement, uneven shards included: the load is what the balancer counted, not the shard's size).
+    ``ps``: the consistency fields of every shard's sync (``consistency``)."""
+    ps = ps or {}
     if shards < 2:
-        return VariablePlan(var.name, sync=Sync("ps", server=loads.add(loads.least(), var.nbytes)))
+        return VariablePlan(var.name, sync=Sync("ps", server=loads.add(loads.least(), var.nbytes), **ps))
     part = Partition(0, shards)
     order = loads.by_load()
-    syncs = [Sync("ps", server=loads.add(order[k % len(order)], var.nbytes / shards)) for k in range(shards)]
+    syncs = [
+        Sync("ps", server=loads.add(order[k % len(order)], var.nbytes / shards), **ps) for k in range(shards)
+    ]
     return VariablePlan(var.name, partition=part, shards=tuple(syncs))
 
 

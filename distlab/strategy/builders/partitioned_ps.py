@@ -8,6 +8,7 @@ from distlab.strategy.builders._common import (
     Loads,
     Servers,
     assemble,
+    consistency,
     pick_servers,
     place_partitioned,
     shard_counts,
@@ -27,10 +28,11 @@ def _build(
     resources: ResourceSpec,
     servers: Servers,
     batch_size: int | None,
+    ps: dict,
 ) -> Strategy:
     chosen = pick_servers(name, resources, servers)
     loads = Loads(chosen)
-    plans = [place_partitioned(v, shard_counts(v, rule), loads) for v in profile.variables]
+    plans = [place_partitioned(v, shard_counts(v, rule), loads, ps) for v in profile.variables]
     return assemble(name, profile, resources, plans, servers=chosen, batch_size=batch_size)
 
 
@@ -41,10 +43,14 @@ def build_partitioned_ps(
     *,
     servers: Servers = "first",
     batch_size: int | None = None,
+    sync: bool = True,
+    staleness: int = 0,
+    local_replication: bool = False,
 ) -> Strategy:
     """Shards = smallest divisor >= 2 of dimension 0 (AutoDist ``PartitionedPS``); unsplit ones to the
     least-loaded server."""
-    return _build("PartitionedPS", "even", profile, resources, servers, batch_size)
+    ps = consistency("PartitionedPS", sync, staleness, local_replication)
+    return _build("PartitionedPS", "even", profile, resources, servers, batch_size, ps)
 
 
 @register("UnevenPartitionedPS")
@@ -54,6 +60,10 @@ def build_uneven_partitioned_ps(
     *,
     servers: Servers = "first",
     batch_size: int | None = None,
+    sync: bool = True,
+    staleness: int = 0,
+    local_replication: bool = False,
 ) -> Strategy:
     """As PartitionedPS, shards = smallest i >= 2 that does not divide dimension 0 (unequal shard sizes)."""
-    return _build("UnevenPartitionedPS", "uneven", profile, resources, servers, batch_size)
+    ps = consistency("UnevenPartitionedPS", sync, staleness, local_replication)
+    return _build("UnevenPartitionedPS", "uneven", profile, resources, servers, batch_size, ps)
