@@ -74,6 +74,14 @@ class DDPSynchronizer:
     def refresh_shadows(self) -> None:
         pass
 
+    stale = None  # no stale PS: DDP runs all-reduce strategies only
+
+    def settle(self) -> None:
+        """Nothing to settle: DDP's step ends with every replica equal."""
+
+    def finish(self) -> None:
+        """Nothing to finish after the last step."""
+
     def close(self) -> None:
         for h in self._hooks:
             h.remove()

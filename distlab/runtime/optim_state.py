@@ -18,10 +18,10 @@ from distlab.runtime.plan import SyncUnit
 Entry = tuple[str, int, int | None, dict[str, Any]]  # (variable, shard or -1, axis, state)
 
 
-def _entries(opt: Any, units: list[SyncUnit]) -> list[Entry]:
+def _entries(opt: Any, units: list[SyncUnit], targets: dict[int, SyncUnit] | None = None) -> list[Entry]:
     if opt is None:
         return []
-    by_target = {id(u.target): u for u in units}
+    by_target = targets if targets is not None else {id(u.target): u for u in units}
     out: list[Entry] = []
     for group in opt.param_groups:
         for p in group["params"]:
@@ -35,10 +35,18 @@ def _entries(opt: Any, units: list[SyncUnit]) -> list[Entry]:
 
 
 def gather_state(
-    local_opt: Any, server_opt: Any, units: list[SyncUnit], rank: int, world: int
+    local_opt: Any,
+    server_opt: Any,
+    units: list[SyncUnit],
+    rank: int,
+    world: int,
+    stale: tuple[Any, dict[int, SyncUnit]] | None = None,
 ) -> dict[str, dict[str, Any]] | None:
-    """Every variable's full optimizer state on rank 0 (``None`` on other ranks). Collective."""
+    """Every variable's full optimizer state on rank 0 (``None`` on other ranks). Collective.
+    ``stale``: a stale PS server's optimizer and its own tensors' units (``StalePS.targets``)."""
     mine = _entries(server_opt, units)
+    if stale is not None:
+        mine += _entries(stale[0], units, stale[1])
     if rank == 0:
         mine += _entries(local_opt, units)
     if world > 1:
@@ -68,11 +76,14 @@ def _stitch(entries: list[Entry]) -> dict[str, Any]:
     return out
 
 
-def restore_state(opt: Any, units: list[SyncUnit], state: dict[str, dict[str, Any]]) -> None:
-    """Load each of ``opt``'s parameters' state from the per-variable form, sliced to its shard."""
+def restore_state(
+    opt: Any, units: list[SyncUnit], state: dict[str, dict[str, Any]], targets: dict[int, SyncUnit] | None = None
+) -> None:
+    """Load each of ``opt``'s parameters' state from the per-variable form, sliced to its shard;
+    ``targets``: the units of its tensors by id when they are not the units' own (a stale PS server)."""
     if opt is None:
         return
-    by_target = {id(u.target): u for u in units}
+    by_target = targets if targets is not None else {id(u.target): u for u in units}
     sd = opt.state_dict()
     new_state: dict[int, dict[str, Any]] = {}
     i = 0

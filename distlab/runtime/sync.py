@@ -17,6 +17,7 @@ from distlab.runtime.plan import SyncUnit
 from distlab.runtime.process_group import block
 from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_servers
 from distlab.runtime.sparse import sparse_param_ids
+from distlab.runtime.stale_ps import StalePS, stale_units
 from distlab.runtime.trace import OFF
 
 
@@ -44,24 +45,30 @@ class Synchronizer:
         packed: bool = True,
         noise: Any = None,
         tracer: Any = OFF,
+        timeout: float = 300.0,
     ) -> None:
         """``packed``: every sparse table in one exchange (runtime/sparse.py); False runs one per table.
         ``noise``: a ``runtime.noise.GradNoise`` that sees each local gradient before the sync and
-        the averaged ones after it. ``tracer``: a ``runtime.trace.Tracer`` the sync's spans go to."""
+        the averaged ones after it. ``tracer``: a ``runtime.trace.Tracer`` the sync's spans go to.
+        ``timeout``: the longest a stale or asynchronous PS waits for a peer (runtime/stale_ps.py)."""
         self.wait, self.packed, self.noise, self.tracer = wait, packed, noise, tracer
         self.model, self.units, self.rank, self.world = model, units, rank, world
         sparse = sparse_param_ids(model)
         order = {id(p): i for i, p in enumerate(model.parameters())}
         # gradients arrive roughly in reverse model order: launch work in that order
         rev = sorted(units, key=lambda u: (-order[id(u.param)], u.shard or 0))
+        stale = stale_units(units)  # stale-synchronous or asynchronous PS: runtime/stale_ps.py
+        rev = [u for u in rev if u not in stale]
         ar = [
             u
             for u in rev
             if u.sync.kind == "allreduce" or (u.sync.kind == "allgather" and id(u.param) not in sparse)
         ]
         ps_dense = [u for u in rev if u.sync.kind == "ps" and id(u.param) not in sparse]
-        self.sparse_units = [u for u in units if u.sync.kind in ("allgather", "ps") and id(u.param) in sparse]
-        self.ps_units = [u for u in units if u.sync.kind == "ps"]
+        self.sparse_units = [
+            u for u in rev if u.sync.kind in ("allgather", "ps") and id(u.param) in sparse
+        ]
+        self.ps_units = [u for u in units if u.sync.kind == "ps" and u not in stale]
         gossip_units = [u for u in units if u.sync.kind == "gossip"]
         tasks = build_buckets(ar, world, error_feedback, bucket_bytes, wait) + [
             DenseReduce(u, world, rank, wait) for u in ps_dense
@@ -82,7 +89,7 @@ class Synchronizer:
         for p in {id(u.param): u.param for u in units}.values():
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_ready))
         local = [u.target for u in units if u.sync.kind != "ps"]
-        served = [u.target for u in units if u.sync.kind == "ps" and u.sync.server == rank]
+        served = [u.target for u in self.ps_units if u.sync.server == rank]
         self.local_opt = make_optimizer(local) if local else None
         self.server_opt = make_optimizer(served) if served else None
         self.broadcast = ServerBroadcast(self.ps_units, rank, sparse, wait, packed)
@@ -91,6 +98,7 @@ class Synchronizer:
             if gossip_units
             else None
         )
+        self.stale = StalePS(stale, make_optimizer, rank, world, timeout, sparse, tracer) if stale else None
         self.comm_time = 0.0
         self._syncing = True  # False during the micro-batches before the last one of a step
 
@@ -218,6 +226,9 @@ class Synchronizer:
             ):
                 self.gossip.after_step(step)
         comm += time.perf_counter() - t1
+        if self.stale is not None:  # pushes to the servers, then the values the staleness allows
+            self.stale.step()
+            comm += self.stale.waited
         with torch.no_grad():
             for u in self.units:  # replicated shards: write the stepped shard back into the variable
                 if u.shadow is not None and u.sync.kind != "ps":
@@ -225,11 +236,25 @@ class Synchronizer:
         self.comm_time = comm
 
     def refresh_shadows(self) -> None:
-        """Reload every shard's own parameter from the variable (after a checkpoint restore)."""
+        """Reload every shard's own parameter from the variable (after a checkpoint restore), and
+        a stale PS server's values."""
         with torch.no_grad():
             for u in self.units:
                 if u.shadow is not None:
                     u.shadow.copy_(u.view(u.param))
+        if self.stale is not None and self.stale.server is not None:
+            self.stale.server.reload()
+
+    def settle(self) -> None:
+        """Every rank's variables equal, with every push applied (a stale PS's checkpoint is a
+        barrier); nothing to do for the synchronous kernels, whose step ends in agreement."""
+        if self.stale is not None:
+            self.stale.settle()
+
+    def finish(self) -> None:
+        """After the last step: a stale PS's final values on every rank."""
+        if self.stale is not None:
+            self.stale.finish()
 
     def close(self) -> None:
         for h in self._hooks:
@@ -237,6 +262,8 @@ class Synchronizer:
         self._hooks = []
         if self.noise is not None:
             self.noise.close()
+        if self.stale is not None:
+            self.stale.close()
 
 
 def _nbytes(t: Any) -> int:

@@ -91,6 +91,7 @@ def run_rank(
         try:
             return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
+            import sys, traceback as _tb; print("DEBUG rank", job.rank, file=sys.stderr); _tb.print_exc()
             _release(exc)
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
             if other is not None and not isinstance(exc, DistlabError):
@@ -178,7 +179,22 @@ def _make_sync(
         packed=job.options.sparse_exchange == "packed",
         noise=noise,
         tracer=tracer,
+        timeout=job.timeout,
     )
+
+
+def _stop_margin(sync: Any, world: int) -> int:
+    """Steps between a stop request and the agreed stop: collectives keep ranks within one step of
+    each other, gossip ranks within the graph's diameter, a stale PS's within its staleness (an
+    asynchronous one is unbounded: a rank already past the agreed step stops where it is)."""
+    if sync.stale is not None:
+        return (sync.stale.gate or 0) + 2
+    return world + 1 if sync.gossip is not None else 2
+
+
+def _consistency(sync: Any) -> dict[str, int]:
+    """A stale PS step's record: this rank's clock and the staleness of the values it read."""
+    return {} if sync.stale is None else {"clock": sync.stale.clock, "staleness": sync.stale.seen}
 
 
 class Straggler:
@@ -266,9 +282,10 @@ def _train(
         sync.refresh_shadows()
         restore_state(sync.local_opt, units, state["optimizer"])
         restore_state(sync.server_opt, units, state["optimizer"])
+        if sync.stale is not None:
+            restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
         batches.load_state_dict(state.get("adaptive"))
-    # collectives keep ranks within one step of each other; gossip ranks within the graph's diameter
-    stop = StopSignal(store, should_stop, margin=job.world + 1 if sync.gossip is not None else 2)
+    stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world))
     records: list[dict[str, Any]] = []
     last_ckpt = None
     step = job.start_step
@@ -298,6 +315,7 @@ def _train(
             values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
             rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
             rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values, **slow.record())
+            rec.update(_consistency(sync))
             if tracer.enabled:
                 rec["trace"] = tracer.take()
             records.append(rec)
@@ -305,6 +323,7 @@ def _train(
                 emit(rec)
             if job.checkpoint_dir and job.checkpoint_every and (step + 1) % job.checkpoint_every == 0:
                 last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos, batches)
+        sync.finish()
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
     finally:
         sync.close()
@@ -351,7 +370,9 @@ def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) 
 def _checkpoint(
     job: RankJob, model: torch.nn.Module, sync: Any, units: list, step: int, samples: int, batches: Any
 ) -> Any:
-    opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world)
+    sync.settle()  # a stale PS: every push applied and every replica equal, a consistent cut
+    stale = (sync.stale.optimizer, sync.stale.targets()) if sync.stale is not None else None
+    opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world, stale)
     if job.rank != 0:
         return None
     payload = {

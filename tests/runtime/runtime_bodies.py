@@ -656,3 +656,92 @@ def nccl_probe_body(rank: int, world: int, addr: str, port: int) -> dict:
         "broadcast": b.cpu().tolist(),
         "all_gather": [g.cpu().tolist() for g in got],
     }
+
+
+# -- stale-synchronous and asynchronous PS ----------------------------------------------------------
+class LinearLoss(torch.nn.Module):
+    """``(w * x).sum()``: its gradient is the data, whatever the weights, so the final weights
+    tell whether every gradient was applied exactly once, in whatever order and staleness."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(6, dtype=torch.float64))
+        self.b = torch.nn.Parameter(torch.zeros(5, 6, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.w * x).sum(1) + (self.b * x[:, None, :]).sum((1, 2))
+
+
+def linear_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return out.mean()
+
+
+def plain_sgd(params: list) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def stale_job(
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    staleness: int,
+    sync: bool,
+    steps: int,
+    model_kind: str = "dense",
+    slowdown: tuple = (),
+    proxy: bool = False,
+    **kw: Any,
+) -> RankJob:
+    """A PSLoadBalancing run over every rank at the given consistency (``model_kind`` "linear":
+    ``LinearLoss`` on float64 data)."""
+    import distlab as dl
+    from distlab.resources import ResourceSpec
+
+    model = LinearLoss() if model_kind == "linear" else MODELS[model_kind]()
+    data = dataset("sparse" if model_kind == "sparse" else "dense")
+    if model_kind == "linear":
+        data = TensorDataset(data.tensors[0].double(), data.tensors[1])
+        kw.setdefault("loss", linear_loss)
+    strategy = dl.strategy.build(
+        "PSLoadBalancing",
+        profile_of(model),
+        ResourceSpec.local(world),
+        servers="all",
+        sync=sync,
+        staleness=staleness,
+        local_replication=proxy,
+        batch_size=BATCH,
+    )
+    kw.setdefault("optimizer", plain_sgd)
+    return job_for(
+        rank,
+        world,
+        addr,
+        port,
+        model,
+        strategy,
+        data=data,
+        steps=steps,
+        shuffle=True,
+        seed=3,
+        timeout=30.0,
+        run_id=f"stale-{staleness}-{sync}-{model_kind}-{kw.pop('tag', '')}",
+        options=RunOptions(slowdown=tuple(slowdown)),
+        **kw,
+    )
+
+
+def linear_reference(steps: int, world: int) -> dict[str, torch.Tensor]:
+    """``LinearLoss`` trained by one process on the global batch: w -= lr * mean gradient per step."""
+    model = LinearLoss()
+    data = dataset("dense")
+    ds = TensorDataset(data.tensors[0].double(), data.tensors[1])
+    opt = plain_sgd(list(model.parameters()))
+    batches = RankBatches(ds, BATCH * world, 0, 1, True, 3)
+    for t in range(steps):
+        x, y = batches.get(t * BATCH * world)
+        opt.zero_grad()
+        linear_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
