@@ -36,7 +36,7 @@ from distlab.runtime.allreduce import dense_grad
 from distlab.runtime.plan import SyncUnit
 from distlab.runtime.trace import OFF
 
-PUSH, DONE, STOP = 1, 2, 3
+PUSH, DONE = 1, 2
 
 
 def _arrived(head: torch.Tensor) -> bool:
@@ -176,10 +176,17 @@ class StalePS:
         self._answers: list[tuple[int, int]] = []  # (remote worker, the clock it enters), gated
         self._stop = threading.Event()
         self._finished = False
-        self._thread: threading.Thread | None = None
-        if self.server is not None and world > 1:
-            self._thread = threading.Thread(target=self._serve, name=f"distlab-ps-server-{rank}", daemon=True)
-            self._thread.start()
+        # a receiver thread per other worker, each with its receive always posted: a peer's
+        # failure closes that pair and ends its thread; no thread waits on a receive from any source
+        self._threads = [
+            threading.Thread(
+                target=self._serve, args=(w,), name=f"distlab-ps-server-{rank}-from-{w}", daemon=True
+            )
+            for w in range(world)
+            if self.server is not None and w != rank
+        ]
+        for t in self._threads:
+            t.start()
 
     @property
     def optimizer(self) -> Any:
@@ -268,9 +275,10 @@ class StalePS:
                 self._check_server()
                 if time.monotonic() > deadline:
                     slow = min(range(self.world), key=lambda w: server.clocks[w])
+                    need, at = clock - (self.gate or 0), server.clocks[slow]
                     raise LaunchError(
-                        f"rank {self.rank}: waited {self.timeout:g} s for rank {slow} to reach clock "
-                        f"{clock - (self.gate or 0)} (staleness {self.gate}); it stays at {server.clocks[slow]}"
+                        f"rank {self.rank}: waited {self.timeout:g} s for rank {slow} to reach clock {need} "
+                        f"(staleness {self.gate}); it stays at {at}"
                     )
                 server.cond.wait(0.2)
         return server.snapshot()
@@ -282,42 +290,41 @@ class StalePS:
         peer that fails destroys its groups, which ends this wait at once with an error."""
         try:
             work.wait()
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # a lost peer: run_rank names the rank that failed first
             self._check_server()
-            raise LaunchError(
-                f"rank {self.rank}: lost the PS connection while waiting for {what}: {str(exc).splitlines()[0]}"
-            ) from None
+            raise RuntimeError(f"rank {self.rank}: waiting for {what}: {str(exc).splitlines()[0]}") from None
 
     def _check_server(self) -> None:
-        if self.server is not None and self.server.error is not None:
-            raise LaunchError(
-                f"rank {self.rank}: its PS server failed: {self.server.error}"
-            ) from self.server.error
+        """Raise what ended this rank's server thread: its own error as it is, a lost connection
+        as the RuntimeError gloo gave (run_rank then names the rank that failed first)."""
+        err = self.server.error if self.server is not None else None
+        if isinstance(err, LaunchError):
+            raise err
+        if err is not None:
+            raise RuntimeError(f"rank {self.rank}: its PS server thread stopped: {str(err).splitlines()[0]}")
 
     # -- the server thread -----------------------------------------------------------------------
-    def _serve(self) -> None:
+    def _serve(self, src: int) -> None:
+        """One worker's pushes, in clock order, until it is done (or its connection is lost)."""
         server = self.server
         assert server is not None
         layout = server.layout
         try:
-            while not all(d for w, d in enumerate(server.done) if w != self.rank):
+            while not self._stop.is_set():
                 head = torch.zeros(2, dtype=torch.long)
-                work = dist.irecv(head, src=None, group=self.push_group, tag=1)
-                work.wait()
-                src, kind = work._source_rank(), int(head[0])
-                if kind == STOP or self._stop.is_set():
-                    return
-                if kind == DONE:
+                dist.irecv(head, src=src, group=self.push_group, tag=1).wait()
+                if int(head[0]) == DONE:
                     with server.cond:
                         server.finish(src)
                         self._answer()
-                    continue
+                    return
                 flat = torch.empty(layout.numel, dtype=layout.dtype)
                 dist.irecv(flat, src=src, group=self.push_group, tag=2).wait()
                 self._server_apply(src, int(head[1]), flat)
         except BaseException as exc:  # noqa: BLE001 - the worker thread raises it
-            server.error = exc
             with server.cond:
+                if server.error is None and not self._stop.is_set():
+                    server.error = exc
                 server.cond.notify_all()
 
     def _answer(self) -> None:
@@ -351,9 +358,10 @@ class StalePS:
                 msg = torch.tensor([DONE, self.clock], dtype=torch.long)
                 self._wait(dist.isend(msg, s, group=self.push_group, tag=1), f"rank {s} to hear the end")
         self._read(block=True)
-        if self._thread is not None:
-            self._thread.join(self.timeout)
-            if self._thread.is_alive():
+        deadline = time.monotonic() + self.timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
                 raise LaunchError(f"rank {self.rank}: its PS server did not hear every worker finish")
         self._check_server()
         self._finished = True
@@ -390,14 +398,20 @@ class StalePS:
                     u.shadow.copy_(buf)
 
     def close(self) -> None:
-        """Stop the server threads: this rank's STOP to every other server (fire and forget: a
-        server already gone takes none), and this rank's own thread leaves on its peers' STOP, on
-        their finish, or when the run's group is destroyed under it (the end of run_rank)."""
+        """After a run that did not finish (an error, a lost rank): close every connection of the
+        PS's groups, which ends this rank's receiver threads at once and tells every peer waiting
+        on this rank that it is gone (gloo has no abort: a receive's timed wait that expires
+        closes every pair of its group, and that is what this does, with 1 ms)."""
         self._stop.set()
-        if not self._finished:
-            for s in self.layouts:
-                if s != self.rank and self.push_group is not None:
-                    try:
-                        dist.isend(torch.tensor([STOP, 0], dtype=torch.long), s, group=self.push_group, tag=1)
-                    except RuntimeError:
-                        pass
+        if self._finished or self.world == 1:
+            return
+        other = (self.rank + 1) % self.world
+        for group in (self.push_group, self.reply_group):
+            try:
+                dist.irecv(torch.empty(1), src=other, group=group, tag=99).wait(
+                    datetime.timedelta(milliseconds=1)
+                )
+            except RuntimeError:
+                pass
+        for t in self._threads:
+            t.join(1.0)

@@ -78,6 +78,16 @@ def ranks(world: int) -> tuple[RankSpec, ...]:
     return tuple(RankSpec(r, "127.0.0.1", f"cpu:{r}") for r in range(world))
 
 
+def _option(text: str) -> Any:
+    """A builder option from a case name: a number or True/False as such, else the text."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def strategy_for(case: str, model: torch.nn.Module, world: int) -> Strategy:
     """A builder's strategy (``builder:NAME[:opt=value]``) or a hand-built one."""
     import distlab as dl
@@ -85,7 +95,7 @@ def strategy_for(case: str, model: torch.nn.Module, world: int) -> Strategy:
 
     if case.startswith("builder:"):
         _, name, *opts = case.split(":")
-        options = dict(o.split("=") for o in opts)
+        options = {k: _option(v) for k, v in (o.split("=") for o in opts)}
         return dl.strategy.build(name, profile_of(model), ResourceSpec.local(world), **options)
     names = [n for n, _ in model.named_parameters()]
     shapes = {n: p.shape for n, p in model.named_parameters()}
@@ -342,7 +352,9 @@ class Boom(torch.nn.Module):
         return self.lin(x)
 
 
-def failing_rank_body(rank: int, world: int, addr: str, port: int, fail_rank: int, case: str) -> dict:
+def failing_rank_body(
+    rank: int, world: int, addr: str, port: int, fail_rank: int, case: str, tag: str = ""
+) -> dict:
     from distlab.runtime.trainer import run_rank
 
     torch.manual_seed(0)
@@ -358,7 +370,7 @@ def failing_rank_body(rank: int, world: int, addr: str, port: int, fail_rank: in
         steps=5,
         data=dataset("dense"),
         batch_size=BATCH,
-        run_id=f"fail-{case}",
+        run_id=f"fail-{case}{tag}",
         timeout=20.0,
     )
     return run_rank(job)
@@ -416,6 +428,16 @@ def gossip_suite_body(rank: int, world: int, addr: str, port: int, digits_steps:
     }
 
 
+FAILING_CASES = (
+    "builder:AllReduce",
+    "mixed",
+    "builder:PS:servers=all",
+    "builder:PS:servers=all:staleness=1",  # the stale PS's server threads and their groups
+    "builder:PSLoadBalancing:servers=all:sync=False",
+    "builder:AllReduce",  # after them: a run in the same processes still forms and fails cleanly
+)
+
+
 def faults_body(rank: int, world: int, addr: str, port: int) -> dict:
     """Mismatched strategies (fail before step 0) and a rank raising mid-run, for several kernels."""
     import time
@@ -427,14 +449,24 @@ def faults_body(rank: int, world: int, addr: str, port: int) -> dict:
             out[kind] = None
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             out[kind] = exc
-    for case in ("builder:AllReduce", "mixed", "builder:PS:servers=all"):
+    for i, case in enumerate(FAILING_CASES):
         t0 = time.monotonic()
         try:
-            failing_rank_body(rank, world, addr, port, fail_rank=1, case=case)
+            failing_rank_body(rank, world, addr, port, fail_rank=1, case=case, tag=str(i))
             out[case] = (None, time.monotonic() - t0)
         except Exception as exc:  # noqa: BLE001
             out[case] = (exc, time.monotonic() - t0)
+    deadline = time.monotonic() + 5.0  # a stale PS's server thread ends with its run's groups
+    while time.monotonic() < deadline and _ps_threads():
+        time.sleep(0.1)
+    out["ps threads"] = _ps_threads()
     return out
+
+
+def _ps_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("distlab-ps-server")]
 
 
 def checkpoint_body(

@@ -4,7 +4,7 @@ the others."""
 from __future__ import annotations
 
 import pytest
-from runtime_bodies import faults_body, stop_body
+from runtime_bodies import FAILING_CASES, faults_body, stop_body
 
 from distlab.errors import LaunchError, StrategyError
 from distlab.runtime.spawn import spawn_local
@@ -36,7 +36,7 @@ def test_mismatched_strategy_fails_on_every_rank_before_the_first_step(faults, k
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", ["builder:AllReduce", "mixed", "builder:PS:servers=all"])
+@pytest.mark.parametrize("case", sorted(set(FAILING_CASES)))
 def test_failing_rank_ends_every_rank_quickly_naming_it(faults, case):
     err1, t1 = faults[1][case]
     assert isinstance(err1, LaunchError)
@@ -46,6 +46,12 @@ def test_failing_rank_ends_every_rank_quickly_naming_it(faults, case):
     assert "rank 0: stopped because rank 1 failed: ValueError: injected failure" in str(err0)
     # the collective timeout is 20 s: the survivor must learn of the failure long before it
     assert t0 < 10, f"rank 0 took {t0:.1f} s to stop"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_failed_stale_run_leaves_no_server_thread_behind(faults):
+    assert [faults[r]["ps threads"] for r in range(WORLD)] == [[], []]
 
 
 @pytest.mark.slow
