@@ -730,8 +730,11 @@ def stale_job(
     import distlab as dl
     from distlab.resources import ResourceSpec
 
-    model = LinearLoss() if model_kind == "linear" else MODELS[model_kind]()
-    data = dataset("sparse" if model_kind == "sparse" else "dense")
+    model = LinearLoss() if model_kind == "linear" else MODELS["dense" if model_kind == "learnable" else model_kind]()
+    data = dataset("sparse" if model_kind == "sparse" else "dense", n=384 if model_kind == "learnable" else 96)
+    if model_kind == "learnable":  # labels a fixed linear map of the inputs decides: a loss that falls
+        x = data.tensors[0]
+        data = TensorDataset(x, (x @ torch.randn(6, 5, generator=torch.Generator().manual_seed(7))).argmax(1))
     if model_kind == "linear":
         data = TensorDataset(data.tensors[0].double(), data.tensors[1])
         kw.setdefault("loss", linear_loss)
@@ -777,3 +780,55 @@ def linear_reference(steps: int, world: int) -> dict[str, torch.Tensor]:
         linear_loss(model(x), y).backward()
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def stale_suite_body(rank: int, world: int, addr: str, port: int, directory: str) -> dict:
+    """Every stale-PS behaviour the tests check, in one process group (one spawn):
+
+    - ``once``: LinearLoss at s=1, async, and async with proxies: final weights on every rank;
+    - ``learn``: a learnable task's losses at s=2 and async;
+    - ``straggler``: rank ``world - 1`` slowed 4x, at s=1 and async: each rank's staleness seen;
+    - ``v1``/``s0``: synchronous PS from a version-1 file and from staleness=0, bit for bit;
+    - ``ckpt``: 6 steps checkpointing every 3 (momentum), and a resume from step 3.
+    """
+    from distlab.runtime.trainer import run_rank
+    from distlab.strategy.types import Strategy as St
+
+    out: dict = {}
+
+    def run(key, *args, **kw):
+        job = stale_job(rank, world, addr, port, *args, tag=key, **kw)
+        res = run_rank(job)
+        res["weights"] = {k: v.detach().clone() for k, v in job.model.state_dict().items()}
+        out[key] = res
+        return res
+
+    run("once-s1", 1, True, 8, "linear")
+    run("once-async", 0, False, 8, "linear")
+    run("once-proxy", 0, False, 8, "linear", proxy=True)
+    run("learn-s2", 2, True, 40, "learnable")
+    run("learn-async", 0, False, 40, "learnable")
+    slow = ((world - 1, 4.0),)
+    run("straggler-s1", 1, True, 10, "dense", slowdown=slow)
+    run("straggler-async", 0, False, 10, "dense", slowdown=slow)
+    sync = stale_job(rank, world, addr, port, 0, True, 4, "dense", tag="s0")
+    v1 = sync.strategy.to_dict()
+    v1["version"] = 1
+    for v in v1["variables"]:
+        for key in ("sync", "staleness", "local_replication"):
+            v["sync"].pop(key)
+    for key, strategy in (("s0", sync.strategy), ("v1", St.from_dict(v1))):
+        job = stale_job(rank, world, addr, port, 0, True, 4, "dense", tag=key)
+        job = dataclasses.replace(job, strategy=strategy, optimizer=sgd_momentum)
+        res = run_rank(job)
+        out[key] = {k: v.detach().clone() for k, v in job.model.state_dict().items()}
+        out[f"{key}-record"] = res["records"][-1]
+    run("ckpt-full", 1, True, 6, "linear", checkpoint_dir=directory, checkpoint_every=3)
+    from distlab.runtime import checkpoint
+
+    path = str(checkpoint.path_for(directory, 3))
+    run("ckpt-resumed", 1, True, 6, "linear", resume_from=path, start_step=3, sample_offset=3 * BATCH * world)
+    momentum = f"{directory}/momentum"
+    run("ckpt-momentum", 0, False, 3, "dense", checkpoint_dir=momentum, checkpoint_every=3, optimizer=sgd_momentum)
+    out["ckpt-state"] = checkpoint.load(checkpoint.path_for(momentum, 3)) if rank == 0 else None
+    return out
