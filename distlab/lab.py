@@ -261,6 +261,7 @@ class Lab:
         trace: bool = False,
         lr: float | None = None,
         slowdown: dict[int, float] | None = None,
+        jitter: float | None = None,
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen
         first).
@@ -285,7 +286,9 @@ class Lab:
         a short one would cost more than re-running it), never otherwise. ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
-        ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``).
+        ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``);
+        ``jitter=σ``: every rank's compute varies step to step by σ of its step (an exponential
+        extra wait, RunOptions.jitter), the noise a busy or shared machine adds.
         """
         # Long because its signature and docstring are the launch's reference; the body is the
         # checks every route shares, then the route's launch (runs/route.py)
@@ -294,9 +297,10 @@ class Lab:
         route = _route(backend, LaunchError)
         conv = resolve_conventions(model, loss, optimizer, backend, lr)
         checkpoint_every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
-        stragglers = _v.check_slowdown(slowdown)
-        if stragglers and not route.traced:
-            raise LaunchError("slowdown=: native TensorFlow runs cannot slow a rank; use backend='torch'")
+        stragglers, jitter = _v.check_slowdown(slowdown), _v.check_jitter(jitter)
+        if (stragglers or jitter) and not route.traced:
+            what = "slowdown=" if stragglers else "jitter="
+            raise LaunchError(f"{what}: native TensorFlow runs cannot slow a rank; use backend='torch'")
         if trace and not route.traced:
             raise LaunchError(
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
@@ -319,6 +323,7 @@ class Lab:
             conv.optimizer_info,
             conv.metrics,
             stragglers,
+            jitter,
         )
         run, self.cost_model = route.launch(self._side(), request)
         self._runs.append(run)

@@ -75,6 +75,7 @@ class TorchRoute(Route):
                 trace=r.trace,
                 metrics=r.metrics,
                 slowdown=r.slowdown,
+                jitter=r.jitter,
                 **_adaptive_options(cost_model, profile(b), res, st, b, kind),
             ),
         )
@@ -98,7 +99,7 @@ class TorchRoute(Route):
             elastic=r.elastic,
             replan=replan,
             # a slowed run is not predicted (nor refitted on: its slowness was asked for)
-            forecast=None if r.slowdown else self.forecast(cost_model, profile(b), res, st, kind),
+            forecast=None if r.slowdown or r.jitter else self.forecast(cost_model, profile(b), res, st, kind),
             data_info=prep.data_info,
             loss_info=prep.loss_info,
         )
@@ -129,8 +130,9 @@ class TorchRoute(Route):
         return unwrap(m)  # a Keras model launched comes back as a Keras model
 
     def no_prediction(self, run: Run) -> str:
-        if run.slowdown:
-            return "none: a run with slowdown= is not predicted, and lab.cost_model is not refitted on it"
+        if run.slowdown or run.jitter:
+            what = "slowdown=" if run.slowdown else "jitter="
+            return f"none: a run with {what} is not predicted, and lab.cost_model is not refitted on it"
         how = run.calibrate_call
         return f"none: the Lab had no cost model at launch; {how} measures this cluster (seconds, cached)"
 

@@ -54,6 +54,7 @@ class LaunchRequest:
     optimizer_info: str = ""  # the card's words for the optimizer and where it came from
     metrics: tuple[Any, ...] = ()  # compile's metrics (distlab.step_metrics)
     slowdown: tuple[tuple[int, float], ...] = ()  # (rank, factor): stragglers asked for
+    jitter: float = 0.0  # every rank's compute varies step to step by this fraction (RunOptions.jitter)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -403,6 +403,11 @@ class Run:
         """The stragglers asked for (``lab.launch(slowdown=...)``): rank -> compute factor."""
         return dict(self._job.options.slowdown)
 
+    @property
+    def jitter(self) -> float:
+        """The step-to-step variation asked for (``lab.launch(jitter=...)``; RunOptions.jitter)."""
+        return self._job.options.jitter
+
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers.
         ``progress``: a progress bar after a second (not when the run's live view is showing)."""

@@ -238,6 +238,20 @@ def shapes_of(x: Any) -> str:
     return str(list(getattr(x, "shape", ())))
 
 
+def check_jitter(jitter: Any) -> float:
+    """``lab.launch(jitter=σ)``: a finite number in [0, 5] (0.2: each rank's compute varies by 20%
+    of its step), or one ``LaunchError``."""
+    import math
+
+    if jitter is None:
+        return 0.0
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter):
+        raise LaunchError(f"jitter: expected a number, e.g. 0.2 (20% of the step), got {jitter!r}")
+    if not 0 <= jitter <= 5:
+        raise LaunchError(f"jitter: {jitter!r} must be between 0 and 5 (0.2: 20% of the step)")
+    return float(jitter)
+
+
 def check_slowdown(slowdown: Any) -> tuple[tuple[int, float], ...]:
     """``lab.launch(slowdown={rank: factor})`` as ``(rank, factor)`` pairs, or one ``LaunchError``
     naming the entry: a rank is an integer >= 0 (whether it exists is checked against the

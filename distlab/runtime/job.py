@@ -59,6 +59,12 @@ class RunOptions:
     straggler a user asks for; runtime/trainer.py waits the difference before backward). Each
     step's record gains ``delay``, the seconds it waited."""
 
+    jitter: float = 0.0
+    """Step-to-step variation asked for: before each backward every rank also waits ``jitter``
+    times its compute times a draw of an exponential of mean 1 (so its compute varies with a
+    standard deviation of ``jitter`` times the step, and grows by as much on average), from a
+    generator seeded by the run's seed and the rank. 0: none."""
+
     def __post_init__(self) -> None:
         check_positive("RunOptions.bucket_bytes", self.bucket_bytes, LaunchError)
         check_positive("RunOptions.base_batch", self.base_batch, LaunchError, optional=True)

@@ -77,7 +77,10 @@ def _stitch(entries: list[Entry]) -> dict[str, Any]:
 
 
 def restore_state(
-    opt: Any, units: list[SyncUnit], state: dict[str, dict[str, Any]], targets: dict[int, SyncUnit] | None = None
+    opt: Any,
+    units: list[SyncUnit],
+    state: dict[str, dict[str, Any]],
+    targets: dict[int, SyncUnit] | None = None,
 ) -> None:
     """Load each of ``opt``'s parameters' state from the per-variable form, sliced to its shard;
     ``targets``: the units of its tensors by id when they are not the units' own (a stale PS server)."""

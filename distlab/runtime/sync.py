@@ -65,9 +65,7 @@ class Synchronizer:
             if u.sync.kind == "allreduce" or (u.sync.kind == "allgather" and id(u.param) not in sparse)
         ]
         ps_dense = [u for u in rev if u.sync.kind == "ps" and id(u.param) not in sparse]
-        self.sparse_units = [
-            u for u in rev if u.sync.kind in ("allgather", "ps") and id(u.param) in sparse
-        ]
+        self.sparse_units = [u for u in rev if u.sync.kind in ("allgather", "ps") and id(u.param) in sparse]
         self.ps_units = [u for u in units if u.sync.kind == "ps" and u not in stale]
         gossip_units = [u for u in units if u.sync.kind == "gossip"]
         tasks = build_buckets(ar, world, error_feedback, bucket_bytes, wait) + [

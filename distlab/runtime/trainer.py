@@ -91,7 +91,11 @@ def run_rank(
         try:
             return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
-            import sys, traceback as _tb; print("DEBUG rank", job.rank, file=sys.stderr); _tb.print_exc()
+            import sys
+            import traceback as _tb
+
+            print("DEBUG rank", job.rank, file=sys.stderr)
+            _tb.print_exc()
             _release(exc)
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
             if other is not None and not isinstance(exc, DistlabError):
@@ -198,21 +202,27 @@ def _consistency(sync: Any) -> dict[str, int]:
 
 
 class Straggler:
-    """A rank slowed by ``factor`` (``RunOptions.slowdown``): before each backward it waits
-    ``factor - 1`` times this forward and the last backward, as a device that much slower would
-    take; gradients become ready that much later, so its collectives start late as a real
-    straggler's do. A factor of 1 waits for nothing."""
+    """A rank slowed by ``factor`` (``RunOptions.slowdown``) and varied by ``jitter``
+    (``RunOptions.jitter``): before each backward it waits ``factor - 1 + jitter * E`` (E an
+    exponential draw of mean 1) times this forward and the last backward, as a device that much
+    slower would take; gradients become ready that much later, so its collectives start late as
+    a real straggler's do. A factor of 1 and no jitter wait for nothing."""
 
-    def __init__(self, factor: float, recorded: bool = False) -> None:
-        """``recorded``: some rank of the run is slowed, so every rank's records say how long it waited."""
-        self.factor, self.recorded = float(factor), recorded
+    def __init__(self, factor: float, recorded: bool = False, jitter: float = 0.0, seed: int = 0) -> None:
+        """``recorded``: some rank of the run is slowed, so every rank's records say how long it
+        waited; ``seed``: the jitter's generator (the run's seed and this rank)."""
+        import random
+
+        self.factor, self.recorded, self.jitter = float(factor), recorded, float(jitter)
         self.last_backward, self.waited = 0.0, 0.0
+        self._rng = random.Random(seed)
 
     def wait(self, forward: float, tracer: Any) -> None:
-        if self.factor <= 1.0:
+        extra = self.factor - 1.0 + (self.jitter * self._rng.expovariate(1.0) if self.jitter else 0.0)
+        if extra <= 0.0:
             return
-        seconds = (self.factor - 1.0) * (forward + self.last_backward)
-        with tracer.span("slowdown (a straggler asked for)", "slowdown", factor=self.factor):
+        seconds = extra * (forward + self.last_backward)
+        with tracer.span("slowdown (a straggler asked for)", "slowdown", factor=1.0 + extra):
             time.sleep(seconds)
         self.waited += seconds
 
@@ -268,7 +278,13 @@ def _train(
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
     tracer = Tracer() if job.options.trace else OFF
-    slow = Straggler(dict(job.options.slowdown).get(job.rank, 1.0), bool(job.options.slowdown))
+    o = job.options
+    slow = Straggler(
+        dict(o.slowdown).get(job.rank, 1.0),
+        bool(o.slowdown or o.jitter),
+        o.jitter,
+        job.seed * 1000 + job.rank,
+    )
     if tracer.enabled:
         align(tracer, job.rank, job.world, job.device)
     sync = _make_sync(job, model, units, make_opt, wait, tracer)

@@ -199,3 +199,13 @@ def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_
     ):
         with pytest.raises(LaunchError, match=match):
             lab.launch(TinyNet(), strategy="AllReduce", steps=2, data=Blobs(), batch_size=16, slowdown=bad)
+    for bad, match in ((-0.1, "jitter: -0.1 must be between 0 and 5"), ("lots", "jitter: expected a number")):
+        with pytest.raises(LaunchError, match=match):
+            lab.launch(TinyNet(), strategy="AllReduce", steps=2, data=Blobs(), batch_size=16, jitter=bad)
+    # jitter: every rank waits a different extra share each step, and the run is not predicted
+    run = lab.launch(
+        TinyNet(), strategy="AllReduce", steps=6, data=Blobs(), batch_size=16, jitter=0.5, block=True
+    )
+    m = run.metrics
+    assert (m["delay"] > 0).mean() > 0.5 and m.groupby("rank")["delay"].std().min() > 0
+    assert run.jitter == 0.5 and run.forecast is None and "jitter=" in run.route.no_prediction(run)

@@ -64,7 +64,9 @@ class Kernel:
     @staticmethod
     def _workers(kernel) -> int:
         return sum(
-            1 for p in kernel.children(recursive=True) if p.is_running() and "spawn_main" in " ".join(p.cmdline())
+            1
+            for p in kernel.children(recursive=True)
+            if p.is_running() and "spawn_main" in " ".join(p.cmdline())
         )
 
     def spawned(self, settle: int | None = None, within: float = 30.0) -> int:

@@ -730,8 +730,14 @@ def stale_job(
     import distlab as dl
     from distlab.resources import ResourceSpec
 
-    model = LinearLoss() if model_kind == "linear" else MODELS["dense" if model_kind == "learnable" else model_kind]()
-    data = dataset("sparse" if model_kind == "sparse" else "dense", n=384 if model_kind == "learnable" else 96)
+    model = (
+        LinearLoss()
+        if model_kind == "linear"
+        else MODELS["dense" if model_kind == "learnable" else model_kind]()
+    )
+    data = dataset(
+        "sparse" if model_kind == "sparse" else "dense", n=384 if model_kind == "learnable" else 96
+    )
     if model_kind == "learnable":  # labels a fixed linear map of the inputs decides: a loss that falls
         x = data.tensors[0]
         data = TensorDataset(x, (x @ torch.randn(6, 5, generator=torch.Generator().manual_seed(7))).argmax(1))
@@ -829,6 +835,15 @@ def stale_suite_body(rank: int, world: int, addr: str, port: int, directory: str
     path = str(checkpoint.path_for(directory, 3))
     run("ckpt-resumed", 1, True, 6, "linear", resume_from=path, start_step=3, sample_offset=3 * BATCH * world)
     momentum = f"{directory}/momentum"
-    run("ckpt-momentum", 0, False, 3, "dense", checkpoint_dir=momentum, checkpoint_every=3, optimizer=sgd_momentum)
+    run(
+        "ckpt-momentum",
+        0,
+        False,
+        3,
+        "dense",
+        checkpoint_dir=momentum,
+        checkpoint_every=3,
+        optimizer=sgd_momentum,
+    )
     out["ckpt-state"] = checkpoint.load(checkpoint.path_for(momentum, 3)) if rank == 0 else None
     return out

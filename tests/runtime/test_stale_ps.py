@@ -73,8 +73,8 @@ def test_staleness_zero_is_synchronous_ps_bit_for_bit_and_reads_version_1(suite)
 def test_a_stale_run_checkpoints_a_consistent_cut_and_resumes_exactly(suite):
     ref = linear_reference(6, WORLD)
     for r in range(WORLD):
-        assert _err(suite[r]["ckpt-full"]["weights"], ref) < 1e-12
-        assert _err(suite[r]["ckpt-resumed"]["weights"], ref) < 1e-12  # nothing applied twice
+        assert _err(suite[r]["ckpt-full"]["weights"], ref) < 1e-12, ("full", r)
+        assert _err(suite[r]["ckpt-resumed"]["weights"], ref) < 1e-12, ("resumed", r)  # nothing twice
         assert suite[r]["ckpt-resumed"]["steps"] == 3
     state = suite[0]["ckpt-state"]
     assert state["step"] == 3
