@@ -34,11 +34,14 @@ ASYNC = None  # staleness of an asynchronous PS (no gate)
 
 @dataclass(frozen=True)
 class RankTime:
-    """One rank's compute per step: ``base`` seconds, ``noise`` its natural step-to-step spread
-    (standard deviation over mean)."""
+    """One rank's own time per step, outside communication: ``base`` seconds of forward and
+    backward (what a slowdown or jitter scales, as the runtime's straggler waits a share of
+    them), ``rest`` seconds of the rest (optimizer, data, Python), ``noise`` the whole's natural
+    step-to-step spread (standard deviation over mean)."""
 
     base: float
     noise: float = 0.0
+    rest: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,11 @@ def simulate(
     n, rng = len(ranks), np.random.default_rng(seed)
     slow = np.array([float((slowdown or {}).get(i, 1.0)) for i in range(n)])
     base = np.array([r.base for r in ranks], dtype=float)
+    rest = np.array([r.rest for r in ranks], dtype=float)
     noise = np.array([r.noise for r in ranks], dtype=float)
     factor = slow[:, None] + jitter * rng.exponential(1.0, (n, steps))
     natural = np.clip(1.0 + noise[:, None] * rng.standard_normal((n, steps)), 0.2, None)
-    x = base[:, None] * factor * natural  # (rank, clock) compute seconds
+    x = (base[:, None] * factor + rest[:, None]) * natural  # (rank, clock) seconds outside communication
     done = np.zeros((n, steps))  # when each rank's push of each clock lands
     start = np.zeros(n)
     seen = np.zeros((n, steps))
@@ -126,20 +130,23 @@ def simulate(
 
 
 def rank_times(records: Any) -> list[RankTime]:
-    """Each rank's compute per step from a run's records (``run.metrics``): its step minus the
-    communication it waited for and any asked-for delay; ``noise``: that time's spread (its
-    standard deviation over its mean) after the first fifth of the steps."""
+    """Each rank's own time per step from a run's records (``run.metrics``): its step minus the
+    communication it waited for and any asked-for delay, split into forward and backward (the
+    records' ``compute``; all of it when a record has none) and the rest; ``noise``: that time's
+    spread (its standard deviation over its mean) after the first fifth of the steps."""
     import pandas as pd
 
     df = pd.DataFrame(records)
     if df.empty:
         raise DistlabError("consistency: the run has no step records to read rank times from")
     df = df[df["step"] >= df["step"].min() + max(1, (df["step"].max() - df["step"].min()) // 5)]
-    own = df["step_time"] - df["comm_time"] - (df["delay"] if "delay" in df else 0.0)
+    own = (df["step_time"] - df["comm_time"] - (df["delay"] if "delay" in df else 0.0)).clip(lower=1e-6)
+    compute = df["compute"].clip(upper=own) if "compute" in df else own
     out = []
-    for _, t in own.groupby(df["rank"]):
-        t = t.clip(lower=1e-6)
-        out.append(RankTime(float(t.mean()), float(t.std() / t.mean()) if len(t) > 1 else 0.0))
+    for rank, t in own.groupby(df["rank"]):
+        c = float(compute[df["rank"] == rank].mean())
+        noise = float(t.std() / t.mean()) if len(t) > 1 else 0.0
+        out.append(RankTime(c, noise, max(0.0, float(t.mean()) - c)))
     return out
 
 

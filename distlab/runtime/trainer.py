@@ -214,10 +214,11 @@ class Straggler:
         import random
 
         self.factor, self.recorded, self.jitter = float(factor), recorded, float(jitter)
-        self.last_backward, self.waited = 0.0, 0.0
+        self.last_backward, self.waited, self.compute = 0.0, 0.0, 0.0
         self._rng = random.Random(seed)
 
     def wait(self, forward: float, tracer: Any) -> None:
+        self.compute += forward
         extra = self.factor - 1.0 + (self.jitter * self._rng.expovariate(1.0) if self.jitter else 0.0)
         if extra <= 0.0:
             return
@@ -228,11 +229,14 @@ class Straggler:
 
     def backward_took(self, seconds: float) -> None:
         self.last_backward = seconds
+        self.compute += seconds
 
     def record(self) -> dict[str, float]:
-        """The step's ``delay`` (seconds waited since the last call) for its record; {} unless recorded."""
-        out, self.waited = self.waited, 0.0
-        return {"delay": out} if self.recorded else {}
+        """The step's ``compute`` (seconds of forward and backward, every micro-batch, the wait
+        excluded) and, when recorded, its ``delay`` (seconds waited), both since the last call."""
+        out = {"compute": self.compute, **({"delay": self.waited} if self.recorded else {})}
+        self.waited = self.compute = 0.0
+        return out
 
 
 def _forward_backward(
@@ -298,8 +302,9 @@ def _train(
         sync.refresh_shadows()
         restore_state(sync.local_opt, units, state["optimizer"])
         restore_state(sync.server_opt, units, state["optimizer"])
-        if sync.stale is not None:
+        if sync.stale is not None:  # the servers reloaded before any rank pushes: a barrier
             restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
+            sync.settle()
         batches.load_state_dict(state.get("adaptive"))
     stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world))
     records: list[dict[str, Any]] = []

@@ -66,6 +66,9 @@ def test_a_runs_records_give_each_ranks_compute_and_the_measured_figures():
         for t in range(10)
     ]
     times = rank_times(records)
-    assert [round(t.base, 3) for t in times] == [0.08, 0.12] and times[0].noise == 0.0
+    assert [round(t.base, 3) for t in times] == [0.08, 0.12] and times[0].noise == 0.0 and times[0].rest == 0
+    split = rank_times([{**r, "compute": 0.05} for r in records])  # forward and backward, the rest apart
+    assert [(round(t.base, 3), round(t.rest, 3)) for t in split] == [(0.05, 0.03), (0.05, 0.07)]
+    assert simulate(split, 0, 0.0, 0.0, 16, {1: 2.0}).step_time == pytest.approx(0.17, rel=0.01)
     m = measured(records, batch=16)
     assert m["throughput"] == pytest.approx(16 / 0.1 + 16 / 0.15) and m["staleness_seen"] == 0.5

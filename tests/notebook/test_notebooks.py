@@ -100,6 +100,14 @@ SMALL: dict[str, dict] = {
         "calibrate": False,
         "emulated_models": [],
     },
+    "bench/consistency": {
+        "models": ["tabular"],
+        "workers": 2,
+        "steps": 12,
+        "staleness": [0, 1, "async"],
+        "rounds": 1,
+        "probe_steps": 8,
+    },
     "bench/prediction-paths": {  # the diagnostic set: no test runs distlab.holdout's models
         "model_set": "diagnostic",
         "models": "mlp",
@@ -251,6 +259,14 @@ def test_benchmark_writes_its_figures(name, tmp_path):
         assert kinds == {"world 2->3", "swap to PS"}, kinds
         assert summary["identity_error_median"] >= 0 and summary["replay_seconds_1024_ranks"] > 0
         assert summary["bandwidth_skipped"] == "no emulated_models"
+    if name == "consistency":  # every staleness in every condition, priced, and the goodput probe
+        summary = result["summary"]
+        runs = [r for r in result["rows"] if "condition" in r]
+        assert {(r["condition"], r["staleness"]) for r in runs} == {
+            (c, s) for c in ("none", "jitter", "straggler") for s in ("0", "1", "async")
+        }
+        assert all(r["predicted_throughput"] > 0 and r["measured_throughput"] > 0 for r in runs)
+        assert summary["error_median_out_of_sample"] >= 0 and "goodput_spearman_median" in summary
     if name == "prediction-paths":  # both paths from one calibration, beside the noise's ceiling
         summary = result["summary"]
         assert summary["model_set"] == "diagnostic" and summary["configurations"] == 2  # AllReduce, 1 process
