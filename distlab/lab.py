@@ -332,6 +332,33 @@ class Lab:
             run.wait()
         return run
 
+    def probe_staleness(
+        self,
+        model: Any,
+        data: Any = None,
+        staleness: Any = (1, 4, "async"),
+        steps: int = 60,
+        builder: str = "PSLoadBalancing",
+        batch_size: int | None = None,
+        **launch_options: Any,
+    ) -> dict[Any, float]:
+        """g(s): how many more steps ``model`` needs to reach a target loss at each staleness
+        (``"async"``: asynchronous PS) than synchronously, from a short run of each on this Lab
+        (runs/staleness.py); ``launch_options`` go to every run (``slowdown=``, ``jitter=``,
+        ``loss=``, ``optimizer=``). Pass the result as ``g`` to ``consistency.price`` or as
+        ``staleness_cost`` to ``CostModel.rank``: goodput = throughput / g(s)."""
+        from distlab import strategy as strategies
+        from distlab.keras_model import as_module
+        from distlab.runs import staleness as probe
+
+        prof = _v.variables_profile(as_module(model))  # names and shapes: what a builder places
+
+        def build(options: dict[str, Any]) -> Any:
+            sized = {"batch_size": batch_size} if batch_size else {}
+            return strategies.build(builder, prof, self.resources, servers="all", **sized, **options)
+
+        return probe.probe(self.launch, build, model, data, staleness, steps, **launch_options)
+
     def _side(self) -> LabSide:
         """What a route may use of this Lab (runs/route.py)."""
         return LabSide(

@@ -164,3 +164,172 @@ def measured(records: Any, batch: int) -> dict[str, float]:
         "step_time": float(periods.mean()),
         "staleness_seen": float(df["staleness"].mean()) if "staleness" in df else 0.0,
     }
+
+
+#: the step-to-step spread a prediction assumes when no run measured one (a share of the step):
+#: runs on this project's 2-core machine measured 2-8% (datasets/measurements, consistency)
+DEFAULT_NOISE = 0.05
+
+
+def exchange(cm: Any, resources: Any, strategy: Any, profile: Any) -> tuple[float, float, float]:
+    """(push, pull, server_rate) of the stale runtime: each worker sends one flat message of
+    each server's gradients and receives one of its values, one server after the other (the
+    calibrated point-to-point link: in-host or inter-host, the slower where ranks span hosts);
+    a server's link carries at most ``bandwidth / (2 x its bytes)`` pushes per second."""
+    from distlab.costmodel.collectives import LINK_CLASSES
+
+    links = cm.links(resources)
+    hosts = {r.host for r in strategy.ranks}
+    link = links[LINK_CLASSES[-1] if len(hosts) > 1 else LINK_CLASSES[0]]
+    sizes = {v.name: v.nbytes for v in profile.variables}
+    per_server: dict[int, float] = {}
+    for p in strategy.variables:
+        for s in p.syncs:
+            if s.kind == "ps":
+                share = sizes.get(p.name, 0.0) / (p.partition.shards if p.partition is not None else 1)
+                per_server[s.server] = per_server.get(s.server, 0.0) + share
+    one_way = sum(link.time(b) for b in per_server.values())
+    busiest = max(per_server.values(), default=0.0)
+    rate = link.bandwidth / (2 * busiest) if busiest else None
+    return one_way, one_way, rate
+
+
+def price(
+    cm: Any,
+    profile: Any,
+    resources: Any,
+    strategy: Any,
+    slowdown: Mapping[int, float] | None = None,
+    jitter: float = 0.0,
+    noise: float = DEFAULT_NOISE,
+    optimizer: str | None = None,
+    g: float | None = None,
+    base: Any = None,
+) -> Any:
+    """The cost model's ``Prediction`` of a PS strategy at its consistency: every rank computes the
+    model's predicted forward and backward (and its optimizer), spread by ``noise``, slowed by
+    ``slowdown`` and varied by ``jitter``; the exchange is the synchronous kernels' (s = 0) or
+    the stale runtime's (``exchange``). ``g``: steps to a target loss relative to synchronous
+    (``Lab.probe_staleness``): efficiency 1/g, goodput = throughput / g. ``base``: the strategy's
+    prediction as its kernels price it (``CostModel.predict`` passes its own)."""
+    import dataclasses
+
+    base = base if base is not None else cm.predict(profile, resources, strategy, optimizer=optimizer)
+    sync, s = strategy.consistency
+    staleness = None if not sync else s
+    b = base.breakdown
+    ranks = [RankTime(b["compute"], noise, b["optimizer"])] * strategy.world
+    if staleness == 0:
+        push, pull, rate = b["comm"] / 2, b["comm"] / 2, None
+    else:
+        push, pull, rate = exchange(cm, resources, strategy, profile)
+    got = simulate(
+        ranks, staleness, push, pull, base.global_batch // strategy.world, slowdown, jitter, server_rate=rate
+    )
+    eff = 1.0 / g if g else None
+    notes = (
+        base.notes
+        + got.notes
+        + (
+            (
+                f"consistency {got.label}: each rank's steps run through the clocks (consistency.py); "
+                f"staleness read {got.staleness_seen:.1f} on average",
+            )
+            if staleness != 0
+            else ()
+        )
+    )
+    return dataclasses.replace(
+        base,
+        step_time=got.step_time,
+        breakdown={**b, "comm": max(0.0, got.step_time - b["compute"] - b["optimizer"])},
+        throughput=got.throughput,
+        efficiency=eff if eff is not None else base.efficiency,
+        goodput=got.throughput * eff if eff is not None else base.goodput,
+        notes=notes,
+    )
+
+
+def smoothed_loss(records: Any, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds since the first record, the mean of the last ``window`` losses of every rank) in
+    the order the steps ended; ``window`` defaults to two steps of every rank."""
+    import pandas as pd
+
+    df = pd.DataFrame(records).sort_values("wall_time")
+    if df.empty:
+        raise DistlabError("consistency: the run has no step records")
+    w = window or 2 * int(df["rank"].nunique())
+    t = (df["wall_time"] - df["wall_time"].iloc[0]).to_numpy()
+    return t, df["loss"].rolling(w, min_periods=w).mean().to_numpy()
+
+
+def steps_to(records: Any, target: float) -> float:
+    """Steps of every rank (pushes) before the smoothed loss first reaches ``target``; NaN if never."""
+    _, loss = smoothed_loss(records)
+    hit = np.flatnonzero(loss <= target)
+    return float(hit[0] + 1) if len(hit) else float("nan")
+
+
+def time_to(records: Any, target: float) -> float:
+    """Seconds before the smoothed loss first reaches ``target``; NaN if never."""
+    t, loss = smoothed_loss(records)
+    hit = np.flatnonzero(loss <= target)
+    return float(t[hit[0]]) if len(hit) else float("nan")
+
+
+def statistical_cost(runs: Mapping[Any, Any], target_at: float = 0.7) -> dict[Any, float]:
+    """g(s) from short runs of the same model at each staleness (``runs``: staleness -> records,
+    with the synchronous run under key 0): steps to a target loss over the synchronous run's
+    steps to it, the target being the synchronous run's smoothed loss at ``target_at`` of its
+    steps (as AdaptDL measures statistical efficiency, on the user's own model and data). A
+    staleness that never reaches the target gets its steps so far over that (a lower bound)."""
+    if 0 not in runs:
+        raise DistlabError("consistency: the probe needs its synchronous run (staleness 0) for the target")
+    _, loss0 = smoothed_loss(runs[0])
+    finite = np.flatnonzero(np.isfinite(loss0))
+    if not len(finite):
+        raise DistlabError(
+            "consistency: the synchronous probe ran too few steps to smooth its loss; give it more"
+        )
+    target = float(loss0[finite[min(len(finite) - 1, int(target_at * len(loss0)))]])
+    ref = steps_to(runs[0], target)
+    out = {}
+    for s, records in runs.items():
+        n = steps_to(records, target)
+        out[s] = (n if n == n else float(len(records))) / ref
+    return out
+
+
+def key_of(strategy: Any) -> Any:
+    """A strategy's staleness as ``staleness_cost`` keys it: 0, s, or ``"async"``."""
+    sync, s = strategy.consistency
+    return s if sync else "async"
+
+
+def rerank(
+    cm: Any,
+    df: Any,
+    profile: Any,
+    resources: Any,
+    optimizer: str | None,
+    staleness_cost: Mapping[Any, float] | None,
+) -> Any:
+    """``CostModel.rank``'s table with every stale or asynchronous plan priced at its consistency
+    and, with ``staleness_cost`` (g per staleness, ``Lab.probe_staleness``), every PS plan's
+    efficiency divided by its g and a goodput column (throughput x efficiency)."""
+    df = df.copy()
+    for i, plan in enumerate(df["plan"]):
+        if plan.stale:
+            p = price(cm, profile, resources, plan, optimizer=optimizer)
+            df.loc[i, ["throughput", "step_time", "comm"]] = [p.throughput, p.step_time, p.breakdown["comm"]]
+    if staleness_cost:
+        eff = df["efficiency"].to_numpy() if "efficiency" in df else np.ones(len(df))
+        g = [
+            float(staleness_cost.get(key_of(plan), 1.0))
+            if any(s.kind == "ps" for v in plan.variables for s in v.syncs)
+            else 1.0
+            for plan in df["plan"]
+        ]
+        df["efficiency"] = eff / np.asarray(g)
+        df["goodput"] = df["throughput"] * df["efficiency"]
+    return df

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from distlab.adaptive.goodput import statistical_efficiency
+from distlab.costmodel import consistency
 from distlab.costmodel.calibrate import check_links_measured, fit_microbenchmarks, fit_overhead
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
@@ -41,6 +42,9 @@ from distlab.strategy.types import Strategy
 MODEL_VERSION = 1
 _CACHE_PRUNE = 50_000
 _BATCHES_KEPT = 8
+
+
+DETAIL = ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total")  # Prediction.detail
 
 
 class CostModel:
@@ -111,10 +115,8 @@ class CostModel:
             t = (weakref.ref(profile), profile_timing(profile))
             self._timings[id(profile)] = t
         compiled = compile_strategy(profile, strategy, t[1], self.params.bucket_bytes, self.params.ddp)
-        if len(self._compiled) > _CACHE_PRUNE:
-            self._compiled = {
-                k: v for k, v in self._compiled.items() if v[0]() is not None and v[1]() is not None
-            }
+        if len(self._compiled) > _CACHE_PRUNE:  # drop the entries whose profile or strategy is gone
+            self._compiled = {k: v for k, v in self._compiled.items() if None not in (v[0](), v[1]())}
         self._compiled[key] = (weakref.ref(profile), weakref.ref(strategy), compiled)
         return compiled
 
@@ -273,22 +275,22 @@ class CostModel:
             eff = float(statistical_efficiency(gb, noise_scale, base_batch or profile.batch_size))
             good = float(out["throughput"][0]) * eff
         step = float(out["step_time"][0])
-        return Prediction(
+        pred = Prediction(
             basis=self.basis(c),
             notes=self.notes(profile, resources, strategy) + self._bottleneck(c, resources, step, optimizer),
             strategy=strategy.name,
             world=c.world,
             global_batch=gb,
-            step_time=float(out["step_time"][0]),
+            step_time=step,
             throughput=float(out["throughput"][0]),
             breakdown={k: float(out[k][0]) for k in ("compute", "comm", "optimizer")},
-            detail={
-                k: float(out[k][0])
-                for k in ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total")
-            },
+            detail={k: float(out[k][0]) for k in DETAIL},
             goodput=good,
             efficiency=eff,
         )
+        if strategy.stale:  # a stale or asynchronous PS: its clocks priced (costmodel/consistency.py)
+            pred = consistency.price(self, profile, resources, strategy, optimizer=optimizer, base=pred)
+        return pred
 
     def _bottleneck(
         self, c: CompiledStrategy, resources: ResourceSpec | None, step: float, optimizer: str | None
@@ -356,8 +358,11 @@ class CostModel:
         noise_scale: float | None = None,
         base_batch: int | None = None,
         optimizer: str | None = None,
+        staleness_cost: Mapping[Any, float] | None = None,
     ):  # -> pandas.DataFrame
-        """Every candidate's prediction, best first (by goodput when a noise scale is given, else throughput).
+        """Every candidate's prediction, best first (by goodput when a noise scale or ``staleness_cost``,
+        g per staleness from ``Lab.probe_staleness``, is given, else throughput). Stale and
+        asynchronous PS plans are priced at their consistency (costmodel/consistency.py).
 
         Columns: strategy (name), builder, world, per_replica, throughput, step_time, compute, comm,
         optimizer, basis (``"measured step"`` or ``"profile"``), [efficiency, goodput], index
@@ -368,12 +373,10 @@ class CostModel:
 
         cands = list(candidates)
         items = [self.compile(profile, s) for s in cands]
-        if items:
-            out = self.evaluate_compiled(items, resources, optimizer)
-        else:
-            out = {
-                k: np.zeros(0) for k in ("throughput", "step_time", "compute", "comm", "optimizer", "world")
-            }
+        empty = dict.fromkeys(
+            ("throughput", "step_time", "compute", "comm", "optimizer", "world"), np.zeros(0)
+        )
+        out = self.evaluate_compiled(items, resources, optimizer) if items else empty
         df = pd.DataFrame(
             {
                 "strategy": [c.name for c in items],
@@ -397,6 +400,9 @@ class CostModel:
             key = "goodput"
         df["index"] = np.arange(len(cands))
         df["plan"] = cands
+        if staleness_cost or any(s.stale for s in cands):
+            df = consistency.rerank(self, df, profile, resources, optimizer, staleness_cost)
+            key = "goodput" if "goodput" in df else key
         order = np.argsort(-df[key].to_numpy(), kind="stable")
         return df.iloc[order].reset_index(drop=True)
 

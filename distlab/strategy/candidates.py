@@ -43,6 +43,12 @@ def option_grid(profile: ModelProfile, resources: ResourceSpec) -> list[tuple[st
         if any(v.embedding for v in profile.variables):
             best = "one_peer_exp2" if world & (world - 1) == 0 else "exp2"  # BlueFog's recommended graph
             grid.append(("Gossip", {"topology": best, "sparse": "ps"}))
+    if world >= 2:  # AutoDist's consistency: stale-synchronous and asynchronous PS (costmodel/consistency.py)
+        spread = {"servers": "all"} if world > n_hosts else {}
+        grid += [
+            ("PSLoadBalancing", {**spread, **c})
+            for c in ({"staleness": 1}, {"staleness": 4}, {"sync": False})
+        ]
     grid.append(("AdaptiveBatch", {}))
     return grid
 

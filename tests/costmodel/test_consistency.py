@@ -72,3 +72,25 @@ def test_a_runs_records_give_each_ranks_compute_and_the_measured_figures():
     assert simulate(split, 0, 0.0, 0.0, 16, {1: 2.0}).step_time == pytest.approx(0.17, rel=0.01)
     m = measured(records, batch=16)
     assert m["throughput"] == pytest.approx(16 / 0.1 + 16 / 0.15) and m["staleness_seen"] == 0.5
+
+
+def test_the_cost_model_prices_a_stale_plan_at_its_consistency_and_ranks_by_goodput():
+    import distlab as dl
+    from distlab.costmodel.model import CostModel
+    from distlab.resources import ResourceSpec
+
+    prof = dl.profile(dl.zoo.get("mlp", width=64, in_features=32), batch_size=16)
+    res, cm = ResourceSpec.local(workers=4), CostModel.default()
+    sync = dl.strategy.build("PSLoadBalancing", prof, res, servers="all")
+    stale = dl.strategy.build("PSLoadBalancing", prof, res, servers="all", staleness=4)
+    p = cm.predict(prof, res, stale)
+    assert any(n.startswith("consistency s=4") for n in p.notes)
+    assert p.step_time == pytest.approx(sum(p.breakdown.values()), rel=1e-6)
+    assert not any(n.startswith("consistency") for n in cm.predict(prof, res, sync).notes)
+    cands = [c for c in dl.strategy.candidates(prof, res) if c.builder == "PSLoadBalancing"]
+    g = {0: 1.0, 1: 1.2, 4: 2.0, "async": 4.0}
+    table = cm.rank(prof, res, cands, staleness_cost=g)
+    assert list(table["goodput"]) == sorted(table["goodput"], reverse=True)
+    for _, row in table.iterrows():
+        want = g[0 if not row["plan"].stale else (row["plan"].consistency[1] or "async")]
+        assert row["goodput"] == pytest.approx(row["throughput"] / want)

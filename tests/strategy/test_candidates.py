@@ -28,8 +28,14 @@ def test_identical_plans_are_kept_once(mlp, one_node):
     # 5 variables: chunk sizes 128, 32 and 8 give the same all-reduce plan; the default is kept
     allreduce = [c for c in cands if c.builder == "AllReduce" and "compressor" not in c.options]
     assert [c.options for c in allreduce] == [{}]
-    # one server per host on one host: PS and PSLoadBalancing coincide; servers="all" differs
-    assert [c.options for c in cands if c.builder == "PSLoadBalancing"] == [{"servers": "all"}]
+    # one server per host on one host: PS and PSLoadBalancing coincide; servers="all" differs, and
+    # so do its stale-synchronous and asynchronous variants
+    assert [c.options for c in cands if c.builder == "PSLoadBalancing"] == [
+        {"servers": "all"},
+        {"servers": "all", "staleness": 1},
+        {"servers": "all", "staleness": 4},
+        {"servers": "all", "sync": False},
+    ]
 
 
 def test_gossip_skipped_at_world_one_and_one_peer_only_for_powers_of_two(recsys):

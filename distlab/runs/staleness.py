@@ -1,0 +1,49 @@
+"""g(s), the statistical cost of staleness, measured on the user's own model and data by a short
+probe (``Lab.probe_staleness``): a run per staleness, steps to a target loss over the synchronous
+run's (costmodel/consistency.statistical_cost). Goodput = throughput / g(s) then ranks the
+consistencies (``consistency.price(g=...)``, ``CostModel.rank(staleness_cost=...)``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from distlab.errors import LaunchError
+
+ASYNC_NAME = "async"
+
+
+def consistency_options(s: Any) -> dict[str, Any]:
+    """A builder's consistency options for a staleness: an integer >= 0, or ``"async"``."""
+    if s == ASYNC_NAME or s is None:
+        return {"sync": False}
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise LaunchError(f"staleness: {s!r} is not an integer >= 0 or 'async'")
+    return {"staleness": s}
+
+
+def probe(
+    launch: Callable[..., Any],
+    build: Callable[[dict[str, Any]], Any],
+    model: Any,
+    data: Any,
+    staleness: Sequence[Any] = (1, 4, ASYNC_NAME),
+    steps: int = 60,
+    target_at: float = 0.7,
+    **launch_options: Any,
+) -> dict[Any, float]:
+    """Launch ``model`` for ``steps`` at staleness 0 and at each of ``staleness`` (``build(options)``
+    makes the strategy), one after the other; returns g per staleness (0 -> 1.0). Every run is a
+    real run of the Lab (``lab.runs`` lists them); ``launch_options`` go to each launch
+    (``slowdown=``, ``jitter=``: probe under the conditions the runs will have)."""
+    from distlab.costmodel.consistency import statistical_cost
+
+    if steps < 10:
+        raise LaunchError(f"steps: {steps} is too few to smooth a loss; probe with 10 or more")
+    chosen = [0, *(s for s in staleness if s != 0)]
+    runs = {}
+    for s in chosen:
+        st = build(consistency_options(s))
+        run = launch(model, st, steps=steps, data=data, elastic=False, block=True, **launch_options)
+        runs[s] = run.metrics
+    return statistical_cost(runs, target_at)
