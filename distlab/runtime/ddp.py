@@ -76,8 +76,9 @@ class DDPSynchronizer:
 
     stale = None  # no stale PS: DDP runs all-reduce strategies only
 
-    def settle(self) -> None:
+    def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
         """Nothing to settle: DDP's step ends with every replica equal."""
+        return step, samples
 
     def finish(self) -> None:
         """Nothing to finish after the last step."""

@@ -367,13 +367,19 @@ class StalePS:
         self._finished = True
         self.publish()
 
-    def settle(self) -> None:
+    def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
         """Every push of every worker applied and every rank holding the servers' values (a
-        checkpoint's consistent cut): this worker's answers drained, a barrier, the broadcast."""
+        checkpoint's consistent cut): this worker's answers drained, a barrier, the broadcast.
+        Returns the furthest rank's (``step``, ``samples``): asynchronous ranks stopped by a cancel
+        may stand at different steps, and a resume goes on after the furthest (every update is in
+        the values; the slower ranks' last batches are skipped, none is trained twice)."""
         self._read(block=True)
         if self.world > 1:
-            dist.barrier()
+            agreed = torch.tensor([step, samples], dtype=torch.long)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # also the barrier: every rank drained
+            step, samples = (int(v) for v in agreed)
         self.publish()
+        return step, samples
 
     def publish(self) -> None:
         """Every rank's variables to the servers' values (collective on the default group)."""

@@ -243,11 +243,11 @@ class Synchronizer:
         if self.stale is not None and self.stale.server is not None:
             self.stale.server.reload()
 
-    def settle(self) -> None:
+    def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
         """Every rank's variables equal, with every push applied (a stale PS's checkpoint is a
-        barrier); nothing to do for the synchronous kernels, whose step ends in agreement."""
-        if self.stale is not None:
-            self.stale.settle()
+        barrier), and the (step, samples) every rank checkpoints at (StalePS.settle); nothing to
+        do for the synchronous kernels, whose step ends in agreement."""
+        return self.stale.settle(step, samples) if self.stale is not None else (step, samples)
 
     def finish(self) -> None:
         """After the last step: a stale PS's final values on every rank."""

@@ -391,7 +391,7 @@ def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) 
 def _checkpoint(
     job: RankJob, model: torch.nn.Module, sync: Any, units: list, step: int, samples: int, batches: Any
 ) -> Any:
-    sync.settle()  # a stale PS: every push applied and every replica equal, a consistent cut
+    step, samples = sync.settle(step, samples)  # a stale PS: every push applied, every replica equal
     stale = (sync.stale.optimizer, sync.stale.targets()) if sync.stale is not None else None
     opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world, stale)
     if job.rank != 0:

@@ -813,6 +813,7 @@ def stale_suite_body(rank: int, world: int, addr: str, port: int, directory: str
     run("once-async", 0, False, 8, "linear")
     run("once-proxy", 0, False, 8, "linear", proxy=True)
     run("learn-s2", 2, True, 40, "learnable")
+    run("sparse-s1", 1, True, 6, "sparse")  # sparse rows pushed dense, stepped as sparse on the server
     run("learn-async", 0, False, 40, "learnable")
     slow = ((world - 1, 4.0),)
     run("straggler-s1", 1, True, 10, "dense", slowdown=slow)

@@ -46,6 +46,14 @@ def test_a_stale_or_asynchronous_run_learns(suite, key):
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
+def test_sparse_variables_train_stale_and_end_equal_on_every_rank(suite):
+    weights = [suite[r]["sparse-s1"]["weights"] for r in range(WORLD)]
+    assert all(suite[r]["sparse-s1"]["steps"] == 6 for r in range(WORLD))
+    assert all(_err(w, weights[0]) == 0 for w in weights[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
 def test_the_staleness_bound_holds_against_a_straggler_and_async_has_none(suite):
     ssp = [[rec["staleness"] for rec in suite[r]["straggler-s1"]["records"]] for r in range(WORLD)]
     asp = [[rec["staleness"] for rec in suite[r]["straggler-async"]["records"]] for r in range(WORLD)]
