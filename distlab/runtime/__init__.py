@@ -1,10 +1,11 @@
 """distlab.runtime: execute a Strategy per rank with torch.distributed (gloo on CPU, NCCL on GPUs).
 
 Kernels, one file each: ``allreduce`` (bucketed, overlapped), ``ps`` (parameter servers on
-collectives), ``allgather`` (sparse indices + values), ``gossip`` (neighbour averaging),
-``compress`` (fp16/bf16 wire casts), composed per variable and shard by ``sync``; ``ddp`` is
-the fast path for pure all-reduce. ``trainer.run_rank`` is the entry point the launcher calls;
-``spawn.spawn_local`` runs ranks as local processes; ``checkpoint`` saves and restores runs.
+collectives), ``stale_ps`` (stale-synchronous and asynchronous servers on point-to-point
+messages, a receiver thread per worker), ``allgather`` (sparse indices + values), ``gossip``
+(neighbour averaging), ``compress`` (fp16/bf16 wire casts), composed per variable and shard by
+``sync``; ``ddp`` is the fast path for pure all-reduce. ``trainer.run_rank`` is the entry point
+the launcher calls; ``spawn.spawn_local`` runs ranks as local processes; ``checkpoint`` saves and restores runs.
 Beside them: ``job`` (what a rank is given), ``data`` (its batches), ``adaptive`` and ``noise`` (an
 adaptive batch, the noise scale measured as it trains; ``noise_probe`` before a run, in this
 process), ``trace`` (a rank's timeline), ``microbench`` and ``loopbench`` (calibration's

@@ -91,11 +91,6 @@ def run_rank(
         try:
             return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
-            import sys
-            import traceback as _tb
-
-            print("DEBUG rank", job.rank, file=sys.stderr)
-            _tb.print_exc()
             _release(exc)
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
             if other is not None and not isinstance(exc, DistlabError):

@@ -788,6 +788,11 @@ def linear_reference(steps: int, world: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _after(rank: int, seen: list, steps: int):
+    """Rank 1's should_stop: true once it has done ``steps`` steps."""
+    return lambda: rank == 1 and len(seen) >= steps
+
+
 def stale_suite_body(rank: int, world: int, addr: str, port: int, directory: str) -> dict:
     """Every stale-PS behaviour the tests check, in one process group (one spawn):
 
@@ -814,6 +819,16 @@ def stale_suite_body(rank: int, world: int, addr: str, port: int, directory: str
     run("once-proxy", 0, False, 8, "linear", proxy=True)
     run("learn-s2", 2, True, 40, "learnable")
     run("sparse-s1", 1, True, 6, "sparse")  # sparse rows pushed dense, stepped as sparse on the server
+    for key, s, sync in (
+        ("stop-s1", 1, True),
+        ("stop-async", 0, False),
+    ):  # a cancel: rank 1 asks after 3 steps
+        seen: list[int] = []
+        job = stale_job(rank, world, addr, port, s, sync, 200, "dense", tag=key)
+        res = run_rank(
+            job, emit=lambda r, seen=seen: seen.append(r["step"]), should_stop=_after(rank, seen, 3)
+        )
+        out[key] = {"steps": res["steps"], "stopped": res["stopped"]}
     run("learn-async", 0, False, 40, "learnable")
     slow = ((world - 1, 4.0),)
     run("straggler-s1", 1, True, 10, "dense", slowdown=slow)

@@ -54,6 +54,15 @@ def test_sparse_variables_train_stale_and_end_equal_on_every_rank(suite):
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
+def test_a_cancel_stops_every_rank_cleanly(suite):
+    ssp = [suite[r]["stop-s1"] for r in range(WORLD)]
+    assert all(x["stopped"] for x in ssp) and len({x["steps"] for x in ssp}) == 1 and ssp[0]["steps"] < 20
+    asp = [suite[r]["stop-async"] for r in range(WORLD)]  # no gate: each stops at or past the agreed step
+    assert all(x["stopped"] and x["steps"] < 100 for x in asp)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
 def test_the_staleness_bound_holds_against_a_straggler_and_async_has_none(suite):
     ssp = [[rec["staleness"] for rec in suite[r]["straggler-s1"]["records"]] for r in range(WORLD)]
     asp = [[rec["staleness"] for rec in suite[r]["straggler-async"]["records"]] for r in range(WORLD)]
