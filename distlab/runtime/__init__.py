@@ -5,11 +5,12 @@ collectives), ``stale_ps`` (stale-synchronous and asynchronous servers on point-
 messages, a receiver thread per worker), ``allgather`` (sparse indices + values), ``gossip``
 (neighbour averaging), ``compress`` (fp16/bf16 wire casts), composed per variable and shard by
 ``sync``; ``ddp`` is the fast path for pure all-reduce. ``trainer.run_rank`` is the entry point
-the launcher calls; ``spawn.spawn_local`` runs ranks as local processes; ``checkpoint`` saves and
-restores runs. Beside them: ``job`` (what a rank is given), ``data`` (its batches), ``adaptive`` and ``noise`` (an
-adaptive batch, the noise scale measured as it trains; ``noise_probe`` before a run, in this
-process), ``trace`` (a rank's timeline), ``microbench`` and ``loopbench`` (calibration's
-measurements), ``process_group`` (rendezvous with a timeout), ``progress`` (ticks to the client).
+the launcher calls; ``spawn.spawn_local`` runs ranks as local processes; ``checkpoint`` saves
+and restores runs. Beside them: ``job`` (what a rank is given), ``data`` (its batches),
+``adaptive`` and ``noise`` (an adaptive batch, the noise scale measured as it trains;
+``noise_probe`` before a run, in this process), ``trace`` (a rank's timeline), ``microbench``
+and ``loopbench`` (calibration's measurements), ``process_group`` (rendezvous with a timeout),
+``progress`` (ticks to the client).
 """
 
 from __future__ import annotations
