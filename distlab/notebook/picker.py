@@ -52,7 +52,9 @@ class StrategyPicker(PickerLaunch, w.VBox):
 
     Adaptive strategies (AdaptiveBatch) also show goodput: the configuration their controller
     would choose at the gradient noise scale in the "noise scale" box (``noise_scale=``, or
-    "measure" on the model's data: ``distlab.runtime.noise_probe.measure_noise_scale``).
+    "measure" on the model's data: ``distlab.runtime.noise_probe.measure_noise_scale``). Stale and
+    asynchronous PS plans are priced at their consistency; ``staleness_cost=`` (g per staleness,
+    ``lab.probe_staleness``) ranks the list by goodput = throughput / g(s) (docs/consistency.md).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
         noise_scale: float | None = None,
         top: int = 8,
         trace: Any = None,
+        staleness_cost: Any = None,
     ) -> None:
         from distlab.costmodel import CostModel
 
@@ -84,7 +87,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
             if self.lab.cost_model is None:
                 self.lab.cost_model = self.cost_model
             self.lab.measure_model(model, batch_size=profile.batch_size)
-        self.top = top
+        self.top, self.staleness_cost = top, staleness_cost
         self.trace = trace  # a traced Run or a distlab.whatif.Trace: its replay beside each prediction
         self._busy = False
         self._ranked: Any = None
@@ -104,7 +107,6 @@ class StrategyPicker(PickerLaunch, w.VBox):
 
         self.view, self.measured_view = FigureView(plan_figure()), FigureView(measured_figure())
         self.figure, self.measured = self.view.figure, self.measured_view.figure
-
         self._arrange()
         self.add_class("distlab-picker")
         self.value: Any = None
@@ -119,7 +121,6 @@ class StrategyPicker(PickerLaunch, w.VBox):
         from distlab import strategy as st
 
         names = list(st.builders())
-
         self.builder = w.Dropdown(
             options=names,
             value="AllReduce" if "AllReduce" in names else names[0],
@@ -214,16 +215,8 @@ class StrategyPicker(PickerLaunch, w.VBox):
 
     def _arrange(self) -> None:
         """Observe every control and lay the picker out: controls left, the list right, charts below."""
-        controls = [
-            self.builder,
-            self.chunk_size,
-            self.servers,
-            self.topology,
-            self.dynamic,
-            self.mode,
-            self.compressor,
-            self.batch,
-        ]
+        controls = [self.builder, self.chunk_size, self.servers, self.topology, self.dynamic, self.mode]
+        controls += [self.compressor, self.batch]
         what_if = [self.hosts, self.per_host, self.network, self.net_bandwidth, self.net_latency]
         for c in (*controls, *what_if):
             c.observe(self._on_change, names="value")
@@ -372,7 +365,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
         from distlab import strategy as st
         from distlab.notebook.ranking import SINGLE_PROCESS, ranking
 
-        table = ranking(self._cm, self.profile, res, st.candidates(self.profile, res))
+        table = ranking(self._cm, self.profile, res, st.candidates(self.profile, res), self.staleness_cost)
         note = table.attrs.get("single_note", "")  # the cost model's notes are on the plan line
         head = table.head(self.top)
         single = table[table["strategy"] == SINGLE_PROCESS]

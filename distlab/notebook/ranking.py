@@ -13,6 +13,7 @@ SINGLE_PROCESS = "1 process (no distribution)"
 # two predictions this close (relative) are the same prediction: the strategies differ in nothing
 # the cost model sees (fp16 and bf16 move the same bytes; gossip graphs that coincide at 2 ranks)
 TIE = 1e-9
+GOODPUT = {"goodput"}  # compared too when present: plans of one speed and different statistical costs
 
 
 def single_process(profile: Any, resources: Any) -> Any:
@@ -24,22 +25,28 @@ def single_process(profile: Any, resources: Any) -> Any:
     return st.build("AllReduce", profile, one, batch_size=profile.batch_size)
 
 
-def ranking(cost_model: Any, profile: Any, resources: Any, candidates: Sequence[Any]) -> Any:
+def ranking(
+    cost_model: Any, profile: Any, resources: Any, candidates: Sequence[Any], staleness_cost: Any = None
+) -> Any:
     """``cost_model.rank`` of ``candidates`` plus the single-process row, best first, with
     strategies of exactly equal predictions merged into one row ("AllReduce(fp16) = AllReduce(bf16)").
 
     ``table.attrs["single_wins"]`` is True when one process is predicted faster than every
     distributed strategy; ``table.attrs["single_note"]`` says so in a sentence (else ""), and
     ``table.attrs["note"]`` is that and the cost model's notes (``CostModel.notes``) in one line.
+    ``staleness_cost``: g per staleness (``Lab.probe_staleness``): best first by goodput then.
     """
     import pandas as pd
 
-    table = cost_model.rank(profile, resources, list(candidates))
+    table = cost_model.rank(profile, resources, list(candidates), staleness_cost=staleness_cost)
     one = resources.with_world(1) if resources.world != 1 else resources
     base = cost_model.rank(profile, one, [single_process(profile, resources)])
     base["strategy"], base["builder"] = SINGLE_PROCESS, "none"
     rows = pd.concat([table, base], ignore_index=True)
-    rows = rows.sort_values("throughput", ascending=False, kind="stable").reset_index(drop=True)
+    key = "goodput" if staleness_cost and "goodput" in table else "throughput"
+    if key == "goodput":  # one process steps synchronously: its goodput is its throughput
+        rows["goodput"] = rows["goodput"].fillna(rows["throughput"])
+    rows = rows.sort_values(key, ascending=False, kind="stable").reset_index(drop=True)
     rows = _merge_ties(rows)
     rows["index"] = range(len(rows))
     distributed = rows[rows["strategy"] != SINGLE_PROCESS]
@@ -65,7 +72,14 @@ def _merge_ties(rows: Any) -> Any:
             k = rows.loc[keep[-1]]
             same = all(
                 abs(float(r[c]) - float(k[c])) <= TIE * max(abs(float(k[c])), 1e-12)
-                for c in ("throughput", "step_time", "compute", "comm", "optimizer")
+                for c in (
+                    "throughput",
+                    "step_time",
+                    "compute",
+                    "comm",
+                    "optimizer",
+                    *GOODPUT.intersection(rows),
+                )
             )
             # an adaptive strategy is its own row: its batch changes as it trains (goodput tells it apart)
             adaptive = (r.get("builder") == "AdaptiveBatch") != (k.get("builder") == "AdaptiveBatch")

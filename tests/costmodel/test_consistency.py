@@ -94,3 +94,22 @@ def test_the_cost_model_prices_a_stale_plan_at_its_consistency_and_ranks_by_good
     for _, row in table.iterrows():
         want = g[0 if not row["plan"].stale else (row["plan"].consistency[1] or "async")]
         assert row["goodput"] == pytest.approx(row["throughput"] / want)
+
+
+def test_the_notebooks_ranking_and_the_picker_order_by_goodput_with_a_staleness_cost():
+    import distlab as dl
+    from distlab.costmodel.model import CostModel
+    from distlab.notebook.picker import StrategyPicker
+    from distlab.notebook.ranking import ranking
+
+    prof = dl.profile(dl.zoo.get("mlp", width=64, in_features=32), batch_size=16)
+    res, cm = dl.ResourceSpec.local(workers=2), CostModel.default()
+    cands = dl.strategy.candidates(prof, res)
+    g = {0: 1.0, 1: 1.0, 4: 1.0, "async": 1000.0}  # asynchronous PS never reaches the loss
+    table = ranking(cm, prof, res, cands, g)
+    assert list(table["goodput"]) == sorted(table["goodput"], reverse=True)
+    assert table["strategy"].iloc[-1] == "PSLoadBalancing(servers=all,sync=False)"
+    # without g, asynchronous PS ties with staleness 4 here (2 ranks, no straggler): one row
+    assert any("sync=False" in s and "staleness=4" in s for s in ranking(cm, prof, res, cands)["strategy"])
+    picker = StrategyPicker(prof, res, cm, top=60, staleness_cost=g)
+    assert "sync=False" in picker.table.options[-1][0]
