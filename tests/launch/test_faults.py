@@ -13,6 +13,7 @@ import pytest
 import torch
 from launch_helpers import Blobs, Gate, HeldBlobs, allreduce_strategy
 
+import distlab as dl
 from distlab.cluster import spmd
 from distlab.errors import DistlabError, LaunchError, StrategyError
 from tests.polling import poll_for
@@ -190,10 +191,22 @@ def test_a_rank_that_never_arrives_is_a_clear_error_within_the_timeout(clean_lab
     _assert_reusable(clean_lab, tiny, blobs)
 
 
-def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(clean_lab, tiny, tmp_path):
+@pytest.mark.parametrize("consistency", ["synchronous", "stale"])
+def test_a_killed_worker_resumes_from_the_last_checkpoint_on_the_survivors(
+    clean_lab, tiny, tmp_path, consistency
+):
     steps, every, batch = 240, 40, 16
     gate = Gate(tmp_path)  # the ranks hold after step every + 5 until the worker is killed
     st = allreduce_strategy(tiny, clean_lab.resources, batch=batch)
+    if (
+        consistency == "stale"
+    ):  # a stale PS resumes like a synchronous one: its checkpoint is a consistent cut
+        from distlab.runs.validate import variables_profile
+
+        prof = variables_profile(tiny)
+        st = dl.strategy.build(
+            "PSLoadBalancing", prof, clean_lab.resources, servers="all", staleness=1, batch_size=batch
+        )
     victim = clean_lab.resources.addresses[1]
     pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
     run = clean_lab.launch(
