@@ -139,13 +139,19 @@ def rank_times(records: Any) -> list[RankTime]:
     df = pd.DataFrame(records)
     if df.empty:
         raise DistlabError("consistency: the run has no step records to read rank times from")
-    df = df[df["step"] >= df["step"].min() + max(1, (df["step"].max() - df["step"].min()) // 5)]
-    own = (df["step_time"] - df["comm_time"] - (df["delay"] if "delay" in df else 0.0)).clip(lower=1e-6)
-    compute = df["compute"].clip(upper=own) if "compute" in df else own
+    step = np.asarray(df["step"], dtype=float)
+    keep = step >= step.min() + max(1, (step.max() - step.min()) // 5)
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(df[name], dtype=float)[keep] if name in df else np.zeros(int(keep.sum()))
+
+    own = np.maximum(col("step_time") - col("comm_time") - col("delay"), 1e-6)
+    compute = np.minimum(col("compute"), own) if "compute" in df else own
+    ranks = np.asarray(df["rank"])[keep]
     out = []
-    for rank, t in own.groupby(df["rank"]):
-        c = float(compute[df["rank"] == rank].mean())
-        noise = float(t.std() / t.mean()) if len(t) > 1 else 0.0
+    for rank in np.unique(ranks):
+        t, c = own[ranks == rank], float(compute[ranks == rank].mean())
+        noise = float(t.std(ddof=1) / t.mean()) if len(t) > 1 else 0.0
         out.append(RankTime(c, noise, max(0.0, float(t.mean()) - c)))
     return out
 
@@ -171,7 +177,7 @@ def measured(records: Any, batch: int) -> dict[str, float]:
 DEFAULT_NOISE = 0.05
 
 
-def exchange(cm: Any, resources: Any, strategy: Any, profile: Any) -> tuple[float, float, float]:
+def exchange(cm: Any, resources: Any, strategy: Any, profile: Any) -> tuple[float, float, float | None]:
     """(push, pull, server_rate) of the stale runtime: each worker sends one flat message of
     each server's gradients and receives one of its values, one server after the other (the
     calibrated point-to-point link: in-host or inter-host, the slower where ranks span hosts);
@@ -259,8 +265,8 @@ def smoothed_loss(records: Any, window: int | None = None) -> tuple[np.ndarray, 
     if df.empty:
         raise DistlabError("consistency: the run has no step records")
     w = window or 2 * int(df["rank"].nunique())
-    t = (df["wall_time"] - df["wall_time"].iloc[0]).to_numpy()
-    return t, df["loss"].rolling(w, min_periods=w).mean().to_numpy()
+    t = df["wall_time"].to_numpy(dtype=float)
+    return t - t[0], np.asarray(df["loss"].rolling(w, min_periods=w).mean(), dtype=float)
 
 
 def steps_to(records: Any, target: float) -> float:
