@@ -8,7 +8,8 @@ messages, a receiver thread per worker), ``allgather`` (sparse indices + values)
 the launcher calls; ``spawn.spawn_local`` runs ranks as local processes; ``checkpoint`` saves
 and restores runs. Beside them: ``job`` (what a rank is given), ``data`` (its batches),
 ``adaptive`` and ``noise`` (an adaptive batch, the noise scale measured as it trains;
-``noise_probe`` before a run, in this process), ``trace`` (a rank's timeline), ``microbench``
+``noise_probe`` before a run, in this process), ``straggler`` (a slowdown or jitter asked for),
+``trace`` (a rank's timeline), ``microbench``
 and ``loopbench`` (calibration's measurements), ``process_group`` (rendezvous with a timeout),
 ``progress`` (ticks to the client).
 """

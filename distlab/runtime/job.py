@@ -146,7 +146,8 @@ class RankJob:
         )
 
 
-# What run_rank reports per step through ``emit``: one dict with these keys.
+# What run_rank reports per step through ``emit``: one dict with these keys first, then ``compute``
+# (the step's forward and backward seconds, runtime/straggler.py) and the keys its options add.
 # samples: the data position after the step (global samples seen so far, sample_offset included);
 # step_time: seconds for the whole step on this rank; comm_time: seconds of it spent waiting on
 # communication (what backward did not hide, plus the sync after it); wall_time: time.time().

@@ -18,6 +18,9 @@ push is dropped), so no gradient is applied twice. Every worker posts its answer
 before it pushes, and servers answer with non-blocking sends of snapshots, so neither side can
 wait on the other in a cycle. ``staleness=0`` with ``sync=True`` never comes here: it is the
 synchronous PS of runtime/ps.py, bit for bit.
+
+Long because the worker's side, the servers' receiver threads and their ending (finish, settle,
+close) share one protocol (the message layout, the clocks, the gate) that reads best in one place.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from distlab.runtime.process_group import (
     resolve_backend,
 )
 from distlab.runtime.sparse import sparse_names
+from distlab.runtime.straggler import Straggler
 from distlab.runtime.sync import Synchronizer
 from distlab.runtime.trace import OFF, Tracer, align
 from distlab.strategy.execution import ddp_applies
@@ -196,44 +197,6 @@ def _consistency(sync: Any) -> dict[str, int]:
     return {} if sync.stale is None else {"clock": sync.stale.clock, "staleness": sync.stale.seen}
 
 
-class Straggler:
-    """A rank slowed by ``factor`` (``RunOptions.slowdown``) and varied by ``jitter``
-    (``RunOptions.jitter``): before each backward it waits ``factor - 1 + jitter * E`` (E an
-    exponential draw of mean 1) times this forward and the last backward, as a device that much
-    slower would take; gradients become ready that much later, so its collectives start late as
-    a real straggler's do. A factor of 1 and no jitter wait for nothing."""
-
-    def __init__(self, factor: float, recorded: bool = False, jitter: float = 0.0, seed: int = 0) -> None:
-        """``recorded``: some rank of the run is slowed, so every rank's records say how long it
-        waited; ``seed``: the jitter's generator (the run's seed and this rank)."""
-        import random
-
-        self.factor, self.recorded, self.jitter = float(factor), recorded, float(jitter)
-        self.last_backward, self.waited, self.compute = 0.0, 0.0, 0.0
-        self._rng = random.Random(seed)
-
-    def wait(self, forward: float, tracer: Any) -> None:
-        self.compute += forward
-        extra = self.factor - 1.0 + (self.jitter * self._rng.expovariate(1.0) if self.jitter else 0.0)
-        if extra <= 0.0:
-            return
-        seconds = extra * (forward + self.last_backward)
-        with tracer.span("slowdown (a straggler asked for)", "slowdown", factor=1.0 + extra):
-            time.sleep(seconds)
-        self.waited += seconds
-
-    def backward_took(self, seconds: float) -> None:
-        self.last_backward = seconds
-        self.compute += seconds
-
-    def record(self) -> dict[str, float]:
-        """The step's ``compute`` (seconds of forward and backward, every micro-batch, the wait
-        excluded) and, when recorded, its ``delay`` (seconds waited), both since the last call."""
-        out = {"compute": self.compute, **({"delay": self.waited} if self.recorded else {})}
-        self.waited = self.compute = 0.0
-        return out
-
-
 def _forward_backward(
     job: RankJob, forward: Any, loss_fn: Any, sync: Any, batches: Any, pos: int, tracer: Any, slow: Any
 ) -> tuple[float, dict[str, float]]:
@@ -277,13 +240,7 @@ def _train(
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
     tracer = Tracer() if job.options.trace else OFF
-    o = job.options
-    slow = Straggler(
-        dict(o.slowdown).get(job.rank, 1.0),
-        bool(o.slowdown or o.jitter),
-        o.jitter,
-        job.seed * 1000 + job.rank,
-    )
+    slow = Straggler.for_job(job)
     if tracer.enabled:
         align(tracer, job.rank, job.world, job.device)
     sync = _make_sync(job, model, units, make_opt, wait, tracer)
@@ -292,15 +249,7 @@ def _train(
     batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, _controller(job))
     pos = job.sample_offset
     if job.resume_from:
-        state = ckpt.load(job.resume_from)
-        _load_model_state(model, state, job.resume_from)
-        sync.refresh_shadows()
-        restore_state(sync.local_opt, units, state["optimizer"])
-        restore_state(sync.server_opt, units, state["optimizer"])
-        if sync.stale is not None:  # the servers reloaded before any rank pushes: a barrier
-            restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
-            sync.settle()
-        batches.load_state_dict(state.get("adaptive"))
+        _resume(job, model, sync, units, batches)
     stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world))
     records: list[dict[str, Any]] = []
     last_ckpt = None
@@ -354,6 +303,19 @@ def _train(
         "consensus_distance": distance,
         "stopped": stopped,
     }
+
+
+def _resume(job: RankJob, model: torch.nn.Module, sync: Any, units: list, batches: Any) -> None:
+    """The checkpoint ``job.resume_from`` into the model, the optimizers and the batch state."""
+    state = ckpt.load(job.resume_from)
+    _load_model_state(model, state, job.resume_from)
+    sync.refresh_shadows()
+    restore_state(sync.local_opt, units, state["optimizer"])
+    restore_state(sync.server_opt, units, state["optimizer"])
+    if sync.stale is not None:  # the servers reloaded before any rank pushes: a barrier
+        restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
+        sync.settle()
+    batches.load_state_dict(state.get("adaptive"))
 
 
 def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) -> None:

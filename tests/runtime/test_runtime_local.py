@@ -81,7 +81,8 @@ def test_single_rank_run_emits_records_and_returns_weights():
     job = make_job(0, 1, "", 0, "builder:PS", "dense", "sgd", 3)
     res = run_rank(job, emit=records.append, store=dist.HashStore())
     assert [r["step"] for r in records] == [0, 1, 2] and res["records"] == records
-    assert all(tuple(r) == STEP_RECORD_KEYS for r in records)
+    # the keys every record has, then each step's forward and backward seconds
+    assert all(tuple(r) == (*STEP_RECORD_KEYS, "compute") and r["compute"] > 0 for r in records)
     assert [r["samples"] for r in records] == [BATCH, 2 * BATCH, 3 * BATCH]
     assert all(r["comm_time"] >= 0 and r["step_time"] > 0 for r in records)
     assert torch.equal(res["state_dict"]["0.weight"], job.model[0].weight.detach())
