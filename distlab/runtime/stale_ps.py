@@ -1,8 +1,8 @@
 """Stale-synchronous and asynchronous parameter servers (AutoDist's ``sync``/``staleness``), on
 point-to-point messages over two gloo groups of their own.
 
-Each server rank runs a server thread that owns the authoritative copy of the PS variables it
-serves and their optimizer. A worker, after its backward, pushes its gradient (divided by the
+Each server rank owns the authoritative copy of the PS variables it serves and their optimizer,
+and runs a receiver thread per other worker that takes that worker's pushes. A worker, after its backward, pushes its gradient (divided by the
 world, so a round of pushes moves the variables as one synchronous step of the mean would) to
 every server; the server applies it at once (AutoDist's ``take_grad(1)``) and answers with the
 new values when the worker may go on:
@@ -15,8 +15,8 @@ new values when the worker may go on:
 
 Each push carries its clock and a server applies a worker's clock once (a resent or replayed
 push is dropped), so no gradient is applied twice. Every worker posts its answers' receives
-before it pushes, and servers answer with non-blocking sends of snapshots, so neither side can
-wait on the other in a cycle. ``staleness=0`` with ``sync=True`` never comes here: it is the
+before it pushes, and servers answer with sends of snapshots (never a tensor being stepped), so a
+send finds its receive posted and neither side can wait on the other in a cycle. ``staleness=0`` with ``sync=True`` never comes here: it is the
 synchronous PS of runtime/ps.py, bit for bit.
 
 Long because the worker's side, the servers' receiver threads and their ending (finish, settle,
@@ -76,7 +76,7 @@ class _Layout:
 class _Server:
     """The authoritative values of one rank's PS variables, their optimizer and every worker's clock.
 
-    Driven by its thread (pushes from other ranks) and by its own rank's worker (in process), one
+    Driven by its receiver threads (pushes from other ranks) and by its own rank's worker (in process), one
     at a time under ``cond``.
     """
 
@@ -141,7 +141,7 @@ class _Server:
 
 class StalePS:
     """One rank's side of the stale or asynchronous PS units: its worker's pushes and reads, and
-    (on a server rank) the server thread answering every worker's pushes."""
+    (on a server rank) the receiver threads answering every other worker's pushes."""
 
     def __init__(
         self,
@@ -290,7 +290,8 @@ class StalePS:
         """Wait for a point-to-point message; the groups' timeout bounds it (a wait with its own
         timeout would close gloo's pair when it expired, and ``is_completed`` of a gloo send or
         receive stays False until it is waited on, so neither slices nor polls can watch it). A
-        peer that fails destroys its groups, which ends this wait at once with an error."""
+        peer that fails closes the PS groups' connections (``close``), which ends this wait at once
+        with an error."""
         try:
             work.wait()
         except RuntimeError as exc:  # a lost peer: run_rank names the rank that failed first
@@ -298,7 +299,7 @@ class StalePS:
             raise RuntimeError(f"rank {self.rank}: waiting for {what}: {str(exc).splitlines()[0]}") from None
 
     def _check_server(self) -> None:
-        """Raise what ended this rank's server thread: its own error as it is, a lost connection
+        """Raise what ended this rank's receiver threads: its own error as it is, a lost connection
         as the RuntimeError gloo gave (run_rank then names the rank that failed first)."""
         err = self.server.error if self.server is not None else None
         if isinstance(err, LaunchError):
@@ -306,7 +307,7 @@ class StalePS:
         if err is not None:
             raise RuntimeError(f"rank {self.rank}: its PS server thread stopped: {str(err).splitlines()[0]}")
 
-    # -- the server thread -----------------------------------------------------------------------
+    # -- the receiver threads ---------------------------------------------------------------------
     def _serve(self, src: int) -> None:
         """One worker's pushes, in clock order, until it is done (or its connection is lost)."""
         server = self.server
