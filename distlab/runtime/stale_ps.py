@@ -2,10 +2,10 @@
 point-to-point messages over two gloo groups of their own.
 
 Each server rank owns the authoritative copy of the PS variables it serves and their optimizer,
-and runs a receiver thread per other worker that takes that worker's pushes. A worker, after its backward, pushes its gradient (divided by the
-world, so a round of pushes moves the variables as one synchronous step of the mean would) to
-every server; the server applies it at once (AutoDist's ``take_grad(1)``) and answers with the
-new values when the worker may go on:
+and runs a receiver thread per other worker that takes that worker's pushes. A worker, after its
+backward, pushes its gradient (divided by the world, so a round of pushes moves the variables as
+one synchronous step of the mean would) to every server; the server applies it at once
+(AutoDist's ``take_grad(1)``) and answers with the new values when the worker may go on:
 
 - ``staleness`` s (SSP, Ho et al. 2013): the answer to a worker entering clock c waits until
   every worker has pushed clocks 0..c-s-1, so it sees every update from those clocks and runs at
@@ -15,9 +15,10 @@ new values when the worker may go on:
 
 Each push carries its clock and a server applies a worker's clock once (a resent or replayed
 push is dropped), so no gradient is applied twice. Every worker posts its answers' receives
-before it pushes, and servers answer with sends of snapshots (never a tensor being stepped), so a
-send finds its receive posted and neither side can wait on the other in a cycle. ``staleness=0`` with ``sync=True`` never comes here: it is the
-synchronous PS of runtime/ps.py, bit for bit.
+before it pushes, and servers answer with sends of snapshots (never a tensor being stepped), so
+a send finds its receive posted and neither side can wait on the other in a cycle.
+``staleness=0`` with ``sync=True`` never comes here: it is the synchronous PS of runtime/ps.py,
+bit for bit.
 
 Long because the worker's side, the servers' receiver threads and their ending (finish, settle,
 close) share one protocol (the message layout, the clocks, the gate) that reads best in one place.
@@ -76,8 +77,8 @@ class _Layout:
 class _Server:
     """The authoritative values of one rank's PS variables, their optimizer and every worker's clock.
 
-    Driven by its receiver threads (pushes from other ranks) and by its own rank's worker (in process), one
-    at a time under ``cond``.
+    Driven by its receiver threads (pushes from other ranks) and by its own rank's worker (in
+    process), one at a time under ``cond``.
     """
 
     def __init__(self, layout: _Layout, make_optimizer: Callable[[list], Any], world: int, gate: int | None):
