@@ -172,8 +172,8 @@ def measured(records: Any, batch: int) -> dict[str, float]:
     }
 
 
-#: the step-to-step spread a prediction assumes when no run measured one (a share of the step):
-#: runs on this project's 2-core machine measured 2-8% (datasets/measurements, consistency)
+#: the step-to-step spread the cost-model path assumes (a share of the step), a default no run
+#: was fitted to; the path from a run (``rank_times``) measures each rank's own instead
 DEFAULT_NOISE = 0.05
 
 
