@@ -33,8 +33,83 @@ def resolve_topology(strategy: Any, given: Any = None) -> Any:
     return for_strategy(strategy)
 
 
+def step_weights(topology: Any, step: int, rank: int) -> tuple[float, dict[int, float], dict[int, float]]:
+    """``rank``'s (self_weight, src_weights, dst_weights) at ``step``, as BlueFog's
+    ``neighbor_allreduce`` takes them per call: the topology's own ``neighbor_weights(step, rank)``
+    when it has one (a custom schedule), else read off the weights of its graph at that step
+    (the column of ``rank`` for what it receives, weight 1 to each out-neighbour)."""
+    if hasattr(topology, "neighbor_weights"):
+        sw, src, dst = topology.neighbor_weights(step, rank)
+        return (
+            float(sw),
+            {int(k): float(v) for k, v in src.items()},
+            {int(k): float(v) for k, v in dst.items()},
+        )
+    g = topology.at(step) if hasattr(topology, "at") else topology
+    w = g.weights
+    src = {int(i): float(w[i, rank]) for i in g.in_neighbors(rank) if i != rank}
+    return float(w[rank, rank]), src, {int(j): 1.0 for j in g.out_neighbors(rank) if j != rank}
+
+
+def start_neighbor_allreduce(
+    tensor: torch.Tensor, src_weights: dict[int, float], dst_weights: dict[int, float], group: Any = None
+) -> tuple[dict[int, torch.Tensor], list[Any]]:
+    """Send ``tensor`` times each ``dst_weights[j]`` to j and post a receive from each source
+    (BlueFog's ``neighbor_allreduce`` with per-call weights, started); ``finish_neighbor_allreduce``
+    combines."""
+    wire = host_staged(tensor)
+    recv = {j: torch.empty_like(wire) for j in src_weights}
+    ops = [dist.P2POp(dist.isend, wire if w == 1.0 else wire * w, j, group) for j, w in dst_weights.items()]
+    ops += [dist.P2POp(dist.irecv, recv[j], j, group) for j in recv]
+    return recv, dist.batch_isend_irecv(ops) if ops else []
+
+
+def finish_neighbor_allreduce(
+    tensor: torch.Tensor,
+    self_weight: float,
+    src_weights: dict[int, float],
+    started: tuple[dict[int, torch.Tensor], list[Any]],
+    wait: Callable[[Any], None] = lambda w: w.wait(),
+) -> torch.Tensor:
+    """``self_weight * tensor + sum_j src_weights[j] * received_j`` once every message is across."""
+    recv, works = started
+    for w in works:
+        wait(w)  # gloo send/recv works complete only inside wait(): they cannot be polled
+    out = tensor * float(self_weight)
+    for j, buf in recv.items():
+        out.add_(buf.to(tensor.device), alpha=float(src_weights[j]))
+    return out
+
+
+def neighbor_allreduce(
+    tensor: torch.Tensor,
+    self_weight: float,
+    src_weights: dict[int, float],
+    dst_weights: dict[int, float],
+    group: Any = None,
+) -> torch.Tensor:
+    """BlueFog's ``neighbor_allreduce(tensor, self_weight, src_weights, dst_weights)``: one
+    synchronous exchange with weights given for this call (a dynamic topology's step)."""
+    started = start_neighbor_allreduce(tensor, src_weights, dst_weights, group)
+    return finish_neighbor_allreduce(tensor, self_weight, src_weights, started)
+
+
+def consensus_distance(
+    flat: torch.Tensor, world: int, wait: Callable[[Any], None] = lambda w: w.wait()
+) -> float:
+    """Mean over ranks of ||x_r - mean_r x_r||^2 (0 when every replica agrees); collective."""
+    flat = flat.double()
+    mean = flat.clone()
+    wait(dist.all_reduce(mean, async_op=True))
+    mean /= world
+    d = ((flat - mean) ** 2).sum().reshape(1)
+    wait(dist.all_reduce(d, async_op=True))
+    return float(d.item()) / world
+
+
 class Gossip:
-    """Average the gossip variables with the in-neighbours, using the topology's weights.
+    """Average the gossip variables with the in-neighbours, with each step's weights
+    (``step_weights``: the topology's graph at that step, or its own per-call weights).
 
     Receiver r computes ``x_r <- W[r, r] x_r + sum_j W[j, r] x_j`` over its in-neighbours j
     (``weights[i, j]`` is the weight of edge i -> j). A dynamic topology (one with ``.at(step)``,
@@ -68,28 +143,13 @@ class Gossip:
     def _flat(self) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in self.tensors])
 
-    def _start(self, step: int, flat: torch.Tensor) -> tuple[Any, Any, list, torch.Tensor]:
-        g = self.graph(step)
-        r = self.rank
-        ins = [j for j in g.in_neighbors(r) if j != r]
-        outs = [j for j in g.out_neighbors(r) if j != r]
-        wire = host_staged(flat)
-        recv = {j: torch.empty_like(wire) for j in ins}
-        ops = [dist.P2POp(dist.isend, wire, j) for j in outs] + [
-            dist.P2POp(dist.irecv, recv[j], j) for j in ins
-        ]
-        works = dist.batch_isend_irecv(ops) if ops else []
-        return g, recv, works, flat
+    def _start(self, step: int, flat: torch.Tensor) -> tuple[Any, Any, torch.Tensor]:
+        sw, src, dst = step_weights(self.topology, step, self.rank)
+        return (sw, src), start_neighbor_allreduce(flat, src, dst), flat
 
     def _combine(self, pending: tuple) -> torch.Tensor:
-        g, recv, works, flat = pending
-        for w in works:
-            w.wait()  # gloo send/recv works complete only inside wait(): they cannot be polled
-        w = g.weights
-        out = flat * float(w[self.rank, self.rank])
-        for j, buf in recv.items():
-            out.add_(buf.to(flat.device), alpha=float(w[j, self.rank]))
-        return out
+        (sw, src), started, flat = pending
+        return finish_neighbor_allreduce(flat, sw, src, started)
 
     def _write(self, flat: torch.Tensor) -> None:
         offset = 0
@@ -107,7 +167,7 @@ class Gossip:
         if not self.tensors:
             return
         if self.mode == "awc":
-            old = self._pending[3]
+            old = self._pending[2]
             avg = self._combine(self._pending)
             self._pending = None
             self._write(avg.add_(self._flat()).sub_(old))
@@ -118,10 +178,4 @@ class Gossip:
         """Mean over ranks of ||x_r - mean_r x_r||^2 (0 when every replica agrees)."""
         if not self.tensors:
             return 0.0
-        flat = self._flat().double()
-        mean = flat.clone()
-        self.wait(dist.all_reduce(mean, async_op=True))
-        mean /= self.world
-        d = ((flat - mean) ** 2).sum().reshape(1)
-        self.wait(dist.all_reduce(d, async_op=True))
-        return float(d.item()) / self.world
+        return consensus_distance(self._flat(), self.world, self.wait)

@@ -12,6 +12,7 @@ import torch
 
 from distlab.runtime.allgather import allgather_sparse
 from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES, build_buckets
+from distlab.runtime.async_gossip import AsyncGossip
 from distlab.runtime.gossip import Gossip
 from distlab.runtime.plan import SyncUnit
 from distlab.runtime.process_group import block
@@ -19,6 +20,7 @@ from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_se
 from distlab.runtime.sparse import sparse_param_ids
 from distlab.runtime.stale_ps import StalePS, stale_units
 from distlab.runtime.trace import OFF
+from distlab.strategy.types import ASYNC_GOSSIP_MODES
 
 
 class Synchronizer:
@@ -91,11 +93,13 @@ class Synchronizer:
         self.local_opt = make_optimizer(local) if local else None
         self.server_opt = make_optimizer(served) if served else None
         self.broadcast = ServerBroadcast(self.ps_units, rank, sparse, wait, packed)
-        self.gossip = (
-            Gossip([u.target for u in gossip_units], topology, gossip_mode, rank, world, wait)
-            if gossip_units
-            else None
-        )
+        self.gossip: Any = None
+        if gossip_units and gossip_mode in ASYNC_GOSSIP_MODES:  # BlueFog's windows: no barrier per step
+            self.gossip = AsyncGossip(
+                [u.target for u in gossip_units], topology, gossip_mode, rank, world, timeout
+            )
+        elif gossip_units:
+            self.gossip = Gossip([u.target for u in gossip_units], topology, gossip_mode, rank, world, wait)
         self.stale = StalePS(stale, make_optimizer, rank, world, timeout, sparse, tracer) if stale else None
         self.comm_time = 0.0
         self._syncing = True  # False during the micro-batches before the last one of a step
@@ -247,12 +251,19 @@ class Synchronizer:
         """Every rank's variables equal, with every push applied (a stale PS's checkpoint is a
         barrier), and the (step, samples) every rank checkpoints at (StalePS.settle); nothing to
         do for the synchronous kernels, whose step ends in agreement."""
+        if isinstance(self.gossip, AsyncGossip):
+            self.gossip.settle()
+            if self.stale is None:
+                return _furthest(step, samples)
         return self.stale.settle(step, samples) if self.stale is not None else (step, samples)
 
     def finish(self) -> None:
-        """After the last step: a stale PS's final values on every rank."""
+        """After the last step: a stale PS's final values on every rank; asynchronous gossip's
+        last messages taken in once every neighbour has finished."""
         if self.stale is not None:
             self.stale.finish()
+        if isinstance(self.gossip, AsyncGossip):
+            self.gossip.finish()
 
     def close(self) -> None:
         for h in self._hooks:
@@ -262,6 +273,18 @@ class Synchronizer:
             self.noise.close()
         if self.stale is not None:
             self.stale.close()
+        if isinstance(self.gossip, AsyncGossip):
+            self.gossip.close()
+
+
+def _furthest(step: int, samples: int) -> tuple[int, int]:
+    """The furthest rank's (step, samples) (collective): asynchronous ranks stopped by a cancel
+    stand at different steps, and a resume goes on after the furthest."""
+    import torch.distributed as dist
+
+    agreed = torch.tensor([step, samples], dtype=torch.long)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return int(agreed[0]), int(agreed[1])
 
 
 def _nbytes(t: Any) -> int:

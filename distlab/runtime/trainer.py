@@ -189,11 +189,16 @@ def _stop_margin(sync: Any, world: int) -> int:
     asynchronous one is unbounded: a rank already past the agreed step stops where it is)."""
     if sync.stale is not None:
         return (sync.stale.gate or 0) + 2
+    if getattr(sync.gossip, "asynchronous", False):
+        return 2
     return world + 1 if sync.gossip is not None else 2
 
 
 def _consistency(sync: Any) -> dict[str, int]:
-    """A stale PS step's record: this rank's clock and the staleness of the values it read."""
+    """A stale PS step's record: this rank's clock and the staleness of the values it read; an
+    asynchronous gossip step's: its clock and its disagreement with the neighbours it heard."""
+    if getattr(sync.gossip, "asynchronous", False):
+        return sync.gossip.record()
     return {} if sync.stale is None else {"clock": sync.stale.clock, "staleness": sync.stale.seen}
 
 

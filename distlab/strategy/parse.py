@@ -13,6 +13,7 @@ from distlab.errors import DistlabError, StrategyError
 from distlab.strategy.types import (
     BACKENDS,
     COMPRESSORS,
+    ASYNC_GOSSIP_MODES,
     GOSSIP_MODES,
     LR_SCALING,
     STRATEGY_VERSION,
@@ -180,6 +181,20 @@ def _parse_variable(x: Any, path: str, version: int) -> VariablePlan:
     return VariablePlan(name, sync=_parse_sync(d["sync"], f"{path}.sync", version))
 
 
+def _parse_gossip(x: Any, version: int) -> GossipConfig:
+    gd = _obj(x, "gossip", ("topology",), ("dynamic", "mode", "asynchronous"))
+    flags = {}
+    for key in ("dynamic", "asynchronous"):
+        flags[key] = gd.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise _fail(f"gossip.{key}", f"expected true or false, got {_tname(flags[key])}")
+    if "asynchronous" in gd and version < 3:
+        raise _fail("gossip.asynchronous", f"version {version} has no asynchronous gossip; write version 3")
+    modes = ASYNC_GOSSIP_MODES if flags["asynchronous"] else GOSSIP_MODES
+    mode = _str(gd.get("mode", modes[0]), "gossip.mode", modes)
+    return GossipConfig(_str(gd["topology"], "gossip.topology"), flags["dynamic"], mode, flags["asynchronous"])
+
+
 def _parse(d: Any) -> Strategy:
     top = _obj(
         d, "strategy", ("version", "ranks", "variables"), ("builder", "servers", "backend", "batch", "gossip")
@@ -221,15 +236,7 @@ def _parse(d: Any) -> Strategy:
         )
     gossip = None
     if top.get("gossip") is not None:
-        gd = _obj(top["gossip"], "gossip", ("topology",), ("dynamic", "mode"))
-        dyn = gd.get("dynamic", False)
-        if not isinstance(dyn, bool):
-            raise _fail("gossip.dynamic", f"expected true or false, got {_tname(dyn)}")
-        gossip = GossipConfig(
-            _str(gd["topology"], "gossip.topology"),
-            dyn,
-            _str(gd.get("mode", "atc"), "gossip.mode", GOSSIP_MODES),
-        )
+        gossip = _parse_gossip(top["gossip"], version)
     variables = tuple(
         _parse_variable(v, f"variables[{i}]", version)
         for i, v in enumerate(_list(top["variables"], "variables"))
@@ -312,8 +319,19 @@ def _check_gossip(st: Strategy) -> None:
         raise _fail(
             "gossip.topology", f"{g.topology!r} is not known; use one of: {', '.join(topology.names())}"
         )
-    if g.mode not in GOSSIP_MODES:
-        raise _fail("gossip.mode", f"{g.mode!r} is not one of: {', '.join(GOSSIP_MODES)}")
+    modes = ASYNC_GOSSIP_MODES if g.asynchronous else GOSSIP_MODES
+    if g.mode not in modes:
+        kind = "asynchronous" if g.asynchronous else "synchronous"
+        raise _fail("gossip.mode", f"{g.mode!r} is not a {kind} gossip mode; use one of: {', '.join(modes)}")
+    if g.asynchronous:
+        for i, v in enumerate(st.variables):
+            kinds = {s.kind for s in v.syncs}
+            if kinds != {"gossip"}:
+                raise _fail(
+                    f"variables[{i}].sync.kind",
+                    f"{v.name!r} is synchronised by {'/'.join(sorted(kinds))}: asynchronous gossip has no "
+                    "collective per step, so every variable must be gossip",
+                )
     if g.topology in topology.DYNAMIC and not g.dynamic:
         raise _fail("gossip.dynamic", f"topology {g.topology!r} is dynamic; set dynamic: true")
     if len(st.ranks) > 512:

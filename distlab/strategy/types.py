@@ -16,6 +16,8 @@ SYNC_KINDS = ("allreduce", "ps", "allgather", "gossip")
 COMPRESSORS = ("none", "fp16", "bf16")
 LR_SCALING = ("none", "linear", "sqrt", "adascale")
 GOSSIP_MODES = ("atc", "awc")
+# asynchronous gossip (BlueFog's windows, runtime/async_gossip.py): push-sum, or neighbour averaging
+ASYNC_GOSSIP_MODES = ("push_sum", "average")
 BACKENDS = ("auto", "gloo", "nccl")
 # 2: a ps sync carries its consistency (sync, staleness, local_replication); version 1 files read
 # as synchronous PS with no staleness
@@ -123,14 +125,24 @@ class BatchConfig:
 
 @dataclass(frozen=True)
 class GossipConfig:
-    """Decentralised averaging (BlueFog): topology name, static or dynamic, ATC or AWC."""
+    """Decentralised averaging (BlueFog): topology name, static or dynamic, and how ranks combine.
+
+    Synchronous (``asynchronous=False``): every step averages with the in-neighbours, ``mode``
+    ATC or AWC. Asynchronous: no barrier, each rank at its own pace over one-sided windows,
+    ``mode`` ``push_sum`` (the weight carried with every message, parameters read as x / w) or
+    ``average`` (neighbour averaging of the newest values each neighbour put).
+    """
 
     topology: str = "exp2"
     dynamic: bool = False
     mode: str = "atc"
+    asynchronous: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"topology": self.topology, "dynamic": self.dynamic, "mode": self.mode}
+    def to_dict(self, version: int = STRATEGY_VERSION) -> dict[str, Any]:
+        d: dict[str, Any] = {"topology": self.topology, "dynamic": self.dynamic, "mode": self.mode}
+        if version >= 3:
+            d["asynchronous"] = self.asynchronous
+        return d
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ class Strategy:
             "servers": list(self.servers),
             "backend": self.backend,
             "batch": self.batch.to_dict(),
-            "gossip": self.gossip.to_dict() if self.gossip else None,
+            "gossip": self.gossip.to_dict(self.version) if self.gossip else None,
             "variables": [v.to_dict(self.version) for v in self.variables],
         }
 

@@ -148,7 +148,12 @@ def strategy_for(case: str, model: torch.nn.Module, world: int) -> Strategy:
     gossip = None
     if case.startswith("gossip"):
         _, topo, mode = case.split(":")
-        gossip = GossipConfig(topology=topo, dynamic=topo == "one_peer_exp2", mode=mode)
+        gossip = GossipConfig(
+            topology=topo,
+            dynamic=topo == "one_peer_exp2",
+            mode=mode,
+            asynchronous=mode in ("push_sum", "average"),
+        )
     return Strategy(tuple(plans), ranks(world), batch=_batch(), gossip=gossip, builder=case)
 
 
@@ -265,12 +270,22 @@ def reference_weights(
 
 
 # -- gossip ---------------------------------------------------------------------------------------
-def averaging_body(rank: int, world: int, addr: str, port: int, topo_name: str, steps: int) -> dict:
-    """Pure averaging (lr 0): rank r starts from weights seeded r; returns its weights and the distance."""
+def averaging_body(
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    topo_name: str,
+    steps: int,
+    mode: str = "atc",
+    slowdown: Any = (),
+) -> dict:
+    """Pure averaging (lr 0): rank r starts from weights seeded r; returns its weights, the
+    distance and its records (``slowdown``: RunOptions.slowdown, {rank: factor})."""
     from distlab.runtime.trainer import run_rank
 
     model = dense_model(seed=100 + rank)
-    strategy = strategy_for(f"gossip:{topo_name}:atc", model, world)
+    strategy = strategy_for(f"gossip:{topo_name}:{mode}", model, world)
     job = job_for(
         rank,
         world,
@@ -282,13 +297,15 @@ def averaging_body(rank: int, world: int, addr: str, port: int, topo_name: str, 
         data=dataset("dense"),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
         batch_size=BATCH,
-        run_id=f"avg-{topo_name}",
+        run_id=f"avg-{topo_name}-{mode}",
         timeout=30.0,
+        options=RunOptions(slowdown=tuple(dict(slowdown).items())),
     )
     res = run_rank(job)
     return {
         "weights": {k: v.clone() for k, v in model.state_dict().items()},
         "distance": res["consensus_distance"],
+        "records": res["records"],
     }
 
 
@@ -434,6 +451,7 @@ FAILING_CASES = (
     "builder:PS:servers=all",
     "builder:PS:servers=all:staleness=1",  # the stale PS's server threads and their groups
     "builder:PSLoadBalancing:servers=all:sync=False",
+    "builder:Gossip:asynchronous=True",  # the windows' receiver threads and their group
     "builder:AllReduce",  # after them: a run in the same processes still forms and fails cleanly
 )
 
@@ -466,7 +484,9 @@ def faults_body(rank: int, world: int, addr: str, port: int) -> dict:
 def _ps_threads() -> list[str]:
     import threading
 
-    return [t.name for t in threading.enumerate() if t.name.startswith("distlab-ps-server")]
+    return [
+        t.name for t in threading.enumerate() if t.name.startswith(("distlab-ps-server", "distlab-window"))
+    ]
 
 
 def checkpoint_body(

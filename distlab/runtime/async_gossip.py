@@ -1,0 +1,155 @@
+"""Asynchronous gossip (BlueFog's windows): every rank at its own pace, no barrier per step.
+
+After its local optimizer step a rank sends its parameters to its out-neighbours through a
+one-sided window (runtime/window.py) and combines what has landed from its in-neighbours,
+without waiting for anyone:
+
+- ``push_sum`` (Kempe et al. 2003; Assran et al. 2019, SGP): the rank holds a numerator z and a
+  weight p, its parameters are z / p. Each step it keeps 1/(d+1) of (z, p) and adds 1/(d+1) into
+  each of its d out-neighbours' buffers, then collects every buffer in. Nothing is lost or
+  counted twice, so without gradients every rank's z / p reaches the exact average, however
+  unequal the ranks' speeds.
+- ``average``: the rank puts its parameters into its out-neighbours' buffers (overwriting), then
+  averages its own with the buffers that are new since its last update, equally.
+
+A dynamic topology gives each rank's own clock its graph (its out-neighbours at that clock). A
+run ends when every rank has done its steps: ``finish`` waits until every neighbour has said it
+sends no more and every message has landed, then push-sum collects the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from distlab.runtime.window import Windows
+
+
+def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
+    """(in, out) neighbours of ``rank`` over every step of the topology (a dynamic one's period)."""
+    graphs = [topology.at(t) for t in range(topology.period)] if hasattr(topology, "at") else [topology]
+    ins = sorted({j for g in graphs for j in g.in_neighbors(rank) if j != rank})
+    outs = sorted({j for g in graphs for j in g.out_neighbors(rank) if j != rank})
+    return ins, outs
+
+
+class AsyncGossip:
+    """One rank's asynchronous gossip over its parameters' window."""
+
+    asynchronous = True
+
+    def __init__(
+        self, tensors: list[torch.Tensor], topology: Any, mode: str, rank: int, world: int, timeout: float
+    ) -> None:
+        self.tensors, self.topology, self.mode = tensors, topology, mode
+        self.rank, self.world = rank, world
+        self.windows = Windows(rank, world, timeout)
+        ins, outs = neighbours(topology, rank)
+        method = "push_sum" if mode == "push_sum" else "average"
+        self.window = self.windows.create("gossip", self._flat(), ins, outs, method=method)
+        self.clock = 0  # this rank's own exchanges so far
+        self.disagreement = 0.0  # mean squared distance to the neighbours' values heard this step
+        self.heard = 0  # neighbours heard from this step
+        self._handle: Any = None
+
+    def graph(self, step: int) -> Any:
+        return self.topology.at(step) if hasattr(self.topology, "at") else self.topology
+
+    def in_neighbours(self, step: int) -> list[int]:
+        return [int(j) for j in self.graph(step).in_neighbors(self.rank) if j != self.rank]
+
+    def _flat(self) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1).cpu() for t in self.tensors])
+
+    def _write(self, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for t in self.tensors:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        """Send this rank's stepped parameters and take in what has landed (no wait for anyone)."""
+        if self._handle is not None:  # at most one step's messages in flight
+            self._handle.wait()
+        self.windows.heartbeat()
+        w = self.window
+        # a neighbour that has finished takes nothing more in: push-sum mass sent there would
+        # leave the training for good (and this rank's weight would dwindle towards zero)
+        done = self.windows.finished_peers()
+        outs = [
+            j for j in self.graph(self.clock).out_neighbors(self.rank) if j != self.rank and j not in done
+        ]
+        flat = self._flat()
+        self._measure(flat)
+        if self.mode == "push_sum":
+            w.set(flat * w.p, adopt=True)  # the numerator of the stepped parameters
+            share = 1.0 / (len(outs) + 1)
+            self._handle = w.accumulate(self_weight=share, dst_weights=dict.fromkeys(outs, share))
+            w.update_then_collect()
+        else:
+            w.set(flat, adopt=True)
+            self._handle = w.put(dst_weights=dict.fromkeys(outs, 1.0))
+            fresh = [j for j, v in w.version().items() if v > 0]
+            share = 1.0 / (len(fresh) + 1)
+            w.update(share, dict.fromkeys(fresh, share))
+        self._write(w.value())
+        self.clock += 1
+
+    def _measure(self, flat: torch.Tensor) -> None:
+        """The step's disagreement: mean squared distance to each neighbour heard from since the
+        last step (a push-sum buffer's values over its weight), a local view of consensus."""
+        w = self.window
+        with w.lock:
+            heard = [j for j, v in w.versions.items() if v > 0]
+            dists = []
+            for j in heard:
+                other = w.buffers[j] / w.buffer_p[j] if w.method == "push_sum" else w.buffers[j]
+                dists.append(float(((flat.to(other.dtype) - other) ** 2).sum()))
+        self.heard = len(heard)
+        self.disagreement = sum(dists) / len(dists) if dists else 0.0
+
+    def record(self) -> dict[str, Any]:
+        """A step's record: this rank's own clock, its disagreement with the neighbours it heard
+        from (and how many), and on push-sum its weight p (its share of the mass, 1 on average)."""
+        rec = {"clock": self.clock, "disagreement": self.disagreement, "heard": self.heard}
+        if self.mode == "push_sum":
+            rec["weight"] = self.window.p
+        return rec
+
+    def _drain(self) -> None:
+        """Take in everything that has landed: push-sum collects every buffer's mass."""
+        if self.mode == "push_sum":
+            self.window.update_then_collect()
+            self._write(self.window.value())
+
+    def settle(self) -> None:
+        """A consistent cut (a checkpoint): every message sent has landed and been taken in."""
+        if self._handle is not None:
+            self._handle.wait()
+            self._handle = None
+        self.windows.settle()
+        self._drain()
+
+    def finish(self) -> None:
+        """After this rank's last step: wait until every neighbour has finished too and every
+        message has landed, then take the last of them in."""
+        if self._handle is not None:
+            self._handle.wait()
+            self._handle = None
+        self.windows.finish()
+        self._drain()
+
+    def close(self) -> None:
+        self.windows.close()
+
+    def consensus_distance(self) -> float:
+        """Mean over ranks of ||x_r - mean x||^2 (a collective on the run's group)."""
+        from distlab.runtime.gossip import consensus_distance
+
+        return consensus_distance(self._flat(), self.world)

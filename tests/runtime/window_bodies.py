@@ -1,0 +1,173 @@
+"""Rank bodies for the window tests (spawned processes import them from here)."""
+
+from __future__ import annotations
+
+import datetime
+import random
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distlab.errors import LaunchError
+
+
+def _init(rank: int, world: int, addr: str, port: int, tag: str) -> None:
+    store = dist.PrefixStore(tag, dist.TCPStore(addr, port, world + 1, False))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+
+
+def _error(fn: Any) -> str | None:
+    try:
+        fn()
+    except LaunchError as exc:
+        return str(exc)
+    return None
+
+
+def push_sum_average(windows: Any, topo: Any, rank: int, steps: int) -> dict:
+    """Push-sum with no gradient, ranks at uneven random paces: every rank's z / p, the mass."""
+    from distlab.runtime.async_gossip import neighbours
+
+    ins, outs = neighbours(topo, rank)
+    x0 = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    w = windows.create("x", x0, ins, outs, method="push_sum")
+    rng = random.Random(rank)
+    handle = None
+    for _ in range(steps):
+        time.sleep(rng.random() * 0.004 * (1 + rank))  # rank 3 is four times slower than rank 0
+        if handle is not None:
+            handle.wait()
+        handle = w.accumulate()
+        w.update_then_collect()
+    handle.wait()
+    windows.finish()
+    w.update_then_collect()
+    return {"value": w.value(), "x0": x0, "p": w.p, "z": w.tensor.clone()}
+
+
+def window_body(rank: int, world: int, addr: str, port: int) -> dict:
+    """Every window operation on a ring of ``world`` ranks, then push-sum averaging on exp2."""
+    from distlab import topology
+    from distlab.runtime.window import Windows
+
+    _init(rank, world, addr, port, "win")
+    out: dict[str, Any] = {}
+    ws = Windows(rank, world, timeout=30.0)
+    left, right = (rank - 1) % world, (rank + 1) % world
+    own = torch.full((5,), float(rank))
+    avg = ws.create("avg", own, in_neighbors=[left], out_neighbors=[right])
+    # put: rank r overwrites its buffer on r+1, twice (the second wins), with a weight
+    avg.put(own * 10, dst_weights={right: 1.0}).wait()
+    avg.put(dst_weights={right: 0.5}).wait()
+    dist.barrier()
+    out["put"] = (avg.version(), avg.buffers[left].clone())
+    out["update"] = avg.update(0.25, {left: 0.75}).clone()  # 0.25 r + 0.75 * 0.5 (r - 1)
+    out["version after update"] = avg.version()
+    dist.barrier()
+    # accumulate: two adds land as their sum
+    acc = ws.create("acc", torch.zeros(3), in_neighbors=[left], out_neighbors=[right])
+    acc.accumulate(torch.ones(3)).wait()
+    acc.accumulate(torch.full((3,), 2.0), dst_weights={right: 2.0}).wait()
+    dist.barrier()
+    out["accumulate"] = (acc.buffers[left].clone(), acc.version())
+    # get: fetch the in-neighbour's current value
+    avg.get()
+    out["get"] = avg.buffers[left].clone()
+    dist.barrier()
+    # the mutex: rank 0 holds rank 1's for 0.5 s; rank 1's update with the mutex waits for it
+    if rank == 0:
+        with avg.mutex([1]):
+            t_held = time.monotonic()
+            dist.barrier()
+            time.sleep(0.5)
+        out["held"] = t_held
+    else:
+        dist.barrier()
+        if rank == 1:
+            t0 = time.monotonic()
+            avg.update(1.0, {left: 0.0}, require_mutex=True)
+            out["mutex wait"] = time.monotonic() - t0
+    dist.barrier()
+    out["errors"] = {
+        "twice": _error(lambda: ws.create("avg", own, [left], [right])),
+        "sum": _error(lambda: avg.update(0.5, {left: 0.7})),
+        "not out": _error(lambda: avg.put(dst_weights={(rank + 2) % world: 1.0})),
+        "push-sum put": _error(lambda: ws.create("ps", own, [left], [right], method="push_sum").put()),
+        "push-sum weights": _error(lambda: ws["ps"].accumulate(self_weight=0.5, dst_weights={right: 0.2})),
+        "push-sum update": _error(lambda: ws["ps"].update(0.5, {left: 0.5})),
+        "no in-neighbour": _error(lambda: ws.create("lonely", own, [], [right])),
+    }
+    ws.finish()
+    out["threads after finish"] = ws.alive()
+    # push-sum averaging on a static exp2 graph, no gradient
+    ws2 = Windows(rank, world, timeout=30.0)
+    out["push-sum"] = push_sum_average(ws2, topology.get("exp2", world), rank, steps=60)
+    out["push-sum threads"] = ws2.alive()
+    dist.destroy_process_group()
+    return out
+
+
+def put_vs_isend_body(rank: int, world: int, addr: str, port: int, nbytes: int, rounds: int) -> dict:
+    """Rank 0 sends ``nbytes`` to rank 1, alternating a window put and a plain isend; rank 1
+    reports when each landed. Returns rank 0's seconds per put and per isend (sender side, until
+    the receiver has the bytes: rank 1 answers each with a one-element send)."""
+    from distlab.runtime.window import Windows
+
+    _init(rank, world, addr, port, "bench")
+    n = nbytes // 4
+    data = torch.randn(n)
+    ws = Windows(rank, world, timeout=60.0)
+    w = ws.create("big", data, in_neighbors=[1 - rank], out_neighbors=[1 - rank])
+    ack = torch.zeros(1)
+    times: dict[str, list[float]] = {"put": [], "isend": []}
+    for i in range(rounds):
+        for kind in ("put", "isend") if i % 2 == 0 else ("isend", "put"):
+            dist.barrier()
+            if rank == 0:
+                t0 = time.perf_counter()
+                if kind == "put":
+                    w.put().wait()
+                else:
+                    dist.isend(data, 1, tag=5).wait()
+                dist.recv(ack, 1, tag=6)
+                times[kind].append(time.perf_counter() - t0)
+            else:
+                if kind == "put":
+                    with w.lock:
+                        while w.versions[0] == 0:
+                            w.lock.wait(0.001)
+                    w.update(0.0, {0: 1.0})
+                else:
+                    buf = torch.empty(n)
+                    dist.irecv(buf, 0, tag=5).wait()
+                dist.send(ack, 0, tag=6)
+    ws.finish()
+    dist.destroy_process_group()
+    return times
+
+
+def async_gossip_body(rank: int, world: int, addr: str, port: int, digits_steps: int) -> dict:
+    """Asynchronous gossip through the trainer: pure averaging with the last rank slowed 2x
+    (push-sum on exp2 and one-peer exp2, and neighbour averaging), then digits training."""
+    from runtime_bodies import averaging_body, digits_body
+
+    slow = {world - 1: 2.0}
+    return {
+        "push_sum exp2": averaging_body(rank, world, addr, port, "exp2", 30, "push_sum", slow),
+        "push_sum one_peer_exp2": averaging_body(
+            rank, world, addr, port, "one_peer_exp2", 30, "push_sum", slow
+        ),
+        "average exp2": averaging_body(rank, world, addr, port, "exp2", 30, "average", slow),
+        "digits": digits_body(
+            rank,
+            world,
+            addr,
+            port,
+            ["allreduce", "gossip:exp2:push_sum", "gossip:exp2:average", "gossip:one_peer_exp2:push_sum"],
+            digits_steps,
+        ),
+    }
