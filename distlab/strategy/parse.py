@@ -321,8 +321,8 @@ def _check_gossip(st: Strategy) -> None:
         )
     modes = ASYNC_GOSSIP_MODES if g.asynchronous else GOSSIP_MODES
     if g.mode not in modes:
-        kind = "asynchronous" if g.asynchronous else "synchronous"
-        raise _fail("gossip.mode", f"{g.mode!r} is not a {kind} gossip mode; use one of: {', '.join(modes)}")
+        kind = "an asynchronous" if g.asynchronous else "a synchronous"
+        raise _fail("gossip.mode", f"{g.mode!r} is not {kind} gossip mode; use one of: {', '.join(modes)}")
     if g.asynchronous:
         for i, v in enumerate(st.variables):
             kinds = {s.kind for s in v.syncs}

@@ -21,7 +21,8 @@ ASYNC_GOSSIP_MODES = ("push_sum", "average")
 BACKENDS = ("auto", "gloo", "nccl")
 # 2: a ps sync carries its consistency (sync, staleness, local_replication); version 1 files read
 # as synchronous PS with no staleness
-STRATEGY_VERSION = 2
+# 3: gossip settings carry ``asynchronous`` (versions 1 and 2 read as synchronous gossip)
+STRATEGY_VERSION = 3
 
 
 @dataclass(frozen=True)

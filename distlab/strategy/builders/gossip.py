@@ -48,8 +48,8 @@ def build_gossip(
     modes = ASYNC_GOSSIP_MODES if asynchronous else GOSSIP_MODES
     mode = modes[0] if mode is None else mode
     if mode not in modes:
-        kind = "asynchronous" if asynchronous else "synchronous"
-        raise StrategyError(f"Gossip: mode {mode!r} is not a {kind} mode; use one of: {', '.join(modes)}")
+        kind = "an asynchronous" if asynchronous else "a synchronous"
+        raise StrategyError(f"Gossip: mode {mode!r} is not {kind} mode; use one of: {', '.join(modes)}")
     if sparse not in SPARSE_CHOICES:
         raise StrategyError(f"Gossip: sparse {sparse!r} is not one of: {', '.join(SPARSE_CHOICES)}")
     if not isinstance(dynamic, bool):
