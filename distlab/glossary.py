@@ -18,7 +18,8 @@ shard
     One slice of a partitioned variable along ``partition.axis``; each shard has its own sync.
 topology
     The weighted directed graph gossip averages over; ``weights[i, j]`` is the weight of the
-    edge i -> j, self loops on the diagonal.
+    edge i -> j, self loops on the diagonal, and rank j combines ``x_j <- sum_i weights[i, j] x_i``
+    (BlueFog's convention).
 step
     One global optimizer step: every rank processes its per-replica batch once (times the
     accumulation steps) and synchronises.
