@@ -107,6 +107,8 @@ class Run:
         self.checkpoint: str | None = None
         self.view: Any = None  # the notebook's LiveView of this run, once shown
         self.details: dict[str, Any] = {}  # a native TensorFlow run: where its variables were placed
+        # a gossip run's mean over ranks of ||x_r - mean x||^2 at its end (None for other kernels)
+        self.consensus_distance: float | None = None
         self.launched_at = time.perf_counter()
         self.first_record_at: float | None = None
         self._model0, self._job, self._workers, self._threads, self._replan = (
@@ -361,6 +363,7 @@ class Run:
                 self._add(rec)
         r0 = results[0]
         self.details = dict(r0.get("details") or {})
+        self.consensus_distance = r0.get("consensus_distance")
         self._state_dict = r0.get("state_dict")
         self.checkpoint = r0.get("checkpoint") or self.checkpoint
         if self.checkpoint is None and self._job.checkpoint_dir:

@@ -370,9 +370,14 @@ class Windows:
             )
 
     def _serve(self, src: int) -> None:
-        """Every message from ``src`` until it says it is done (or its connection is lost)."""
+        """Every message from ``src`` until it says it is done (or its connection is lost). The
+        receive of each window's next body from ``src`` stays posted, so a put's bytes flow as
+        soon as they are sent (gloo sends only into a posted receive); the one left posted at the
+        end is dropped unmatched, which gloo allows."""
+        posted: dict[int, Any] = {}  # window id -> the posted receive of src's next body
         try:
             while not self._stop.is_set():
+                self._post_bodies(src, posted)
                 head = torch.zeros(3, dtype=torch.long)
                 dist.irecv(head, src=src, group=self.group, tag=0).wait()
                 op, wid = int(head[0]), int(head[1])
@@ -386,7 +391,8 @@ class Windows:
                     continue
                 w = self._window(wid)
                 if op in (PUT, ACCUMULATE):
-                    self._land(w, src, op, _weight_of(head))
+                    self._post_bodies(src, posted)
+                    self._land(w, src, op, _weight_of(head), posted.pop(w.wid))
                 elif op == GET:  # to receives the asker posted before asking
                     with w.lock:
                         snap, p = w.tensor, w.p
@@ -417,9 +423,16 @@ class Windows:
                 self._cv.wait(0.05)
             return self._by_id[wid]
 
-    def _land(self, w: Window, src: int, op: int, p: float) -> None:
+    def _post_bodies(self, src: int, posted: dict[int, Any]) -> None:
+        """Post the receive of ``src``'s next body into each window that has ``src`` as an
+        in-neighbour and none posted (windows created since are included)."""
+        for w in list(self._by_id):
+            if w.wid not in posted and src in w._staging:
+                posted[w.wid] = dist.irecv(w._staging[src], src=src, group=self.group, tag=w.body_tag)
+
+    def _land(self, w: Window, src: int, op: int, p: float, work: Any) -> None:
         staging = w._staging[src]
-        dist.irecv(staging, src=src, group=self.group, tag=w.body_tag).wait()
+        work.wait()
         with w.lock:
             if op == PUT:  # the staging buffer becomes the neighbour's: no copy
                 w._staging[src], w.buffers[src] = w.buffers[src], staging

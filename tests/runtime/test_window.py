@@ -114,7 +114,9 @@ def test_asynchronous_averaging_through_the_trainer_reaches_consensus_with_a_slo
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
-@pytest.mark.parametrize("case", ["gossip:exp2:push_sum", "gossip:exp2:average", "gossip:one_peer_exp2:push_sum"])
+@pytest.mark.parametrize(
+    "case", ["gossip:exp2:push_sum", "gossip:exp2:average", "gossip:one_peer_exp2:push_sum"]
+)
 def test_asynchronous_gossip_learns_digits(trained, case):
     def rank_mean(c: str, part: slice) -> float:
         return float(sum(trained[r]["digits"][c]["losses"][part].mean() for r in range(WORLD)) / WORLD)

@@ -111,45 +111,6 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
     return out
 
 
-def put_vs_isend_body(rank: int, world: int, addr: str, port: int, nbytes: int, rounds: int) -> dict:
-    """Rank 0 sends ``nbytes`` to rank 1, alternating a window put and a plain isend; rank 1
-    reports when each landed. Returns rank 0's seconds per put and per isend (sender side, until
-    the receiver has the bytes: rank 1 answers each with a one-element send)."""
-    from distlab.runtime.window import Windows
-
-    _init(rank, world, addr, port, "bench")
-    n = nbytes // 4
-    data = torch.randn(n)
-    ws = Windows(rank, world, timeout=60.0)
-    w = ws.create("big", data, in_neighbors=[1 - rank], out_neighbors=[1 - rank])
-    ack = torch.zeros(1)
-    times: dict[str, list[float]] = {"put": [], "isend": []}
-    for i in range(rounds):
-        for kind in ("put", "isend") if i % 2 == 0 else ("isend", "put"):
-            dist.barrier()
-            if rank == 0:
-                t0 = time.perf_counter()
-                if kind == "put":
-                    w.put().wait()
-                else:
-                    dist.isend(data, 1, tag=5).wait()
-                dist.recv(ack, 1, tag=6)
-                times[kind].append(time.perf_counter() - t0)
-            else:
-                if kind == "put":
-                    with w.lock:
-                        while w.versions[0] == 0:
-                            w.lock.wait(0.001)
-                    w.update(0.0, {0: 1.0})
-                else:
-                    buf = torch.empty(n)
-                    dist.irecv(buf, 0, tag=5).wait()
-                dist.send(ack, 0, tag=6)
-    ws.finish()
-    dist.destroy_process_group()
-    return times
-
-
 def async_gossip_body(rank: int, world: int, addr: str, port: int, digits_steps: int) -> dict:
     """Asynchronous gossip through the trainer: pure averaging with the last rank slowed 2x
     (push-sum on exp2 and one-peer exp2, and neighbour averaging), then digits training."""
