@@ -400,6 +400,8 @@ _BUILDERS: dict[str, Callable[..., Any]] = {
     "inner_outer_exp2": inner_outer_exp2,
 }
 DYNAMIC = ("one_peer_exp2", "hierarchical", "inner_outer_ring", "inner_outer_exp2")
+# two-level topologies: a strategy's ranks give their hosts (strategy/execution.py, whatif/pricing.py)
+BY_HOST = ("hierarchical", "inner_outer_ring", "inner_outer_exp2")
 
 
 def names() -> list[str]:

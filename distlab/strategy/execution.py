@@ -73,6 +73,6 @@ def for_strategy(strategy: Strategy) -> Any:
     if g is None:
         raise DistlabError(f"strategy {strategy.name}: has no gossip settings")
     n = len(strategy.ranks)
-    if g.topology == "hierarchical":
-        return topology.hierarchical(n, hosts=[r.host for r in strategy.ranks])
+    if g.topology in topology.BY_HOST:  # two-level: the hosts come from the ranks
+        return topology.get(g.topology, n, hosts=[r.host for r in strategy.ranks])
     return topology.get(g.topology, n, dynamic=bool(g.dynamic) and g.topology not in topology.DYNAMIC)

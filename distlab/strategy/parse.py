@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from distlab.errors import DistlabError, StrategyError
 from distlab.strategy.types import (
+    ASYNC_GOSSIP_MODES,
     BACKENDS,
     COMPRESSORS,
-    ASYNC_GOSSIP_MODES,
     GOSSIP_MODES,
     LR_SCALING,
     STRATEGY_VERSION,
@@ -192,7 +192,9 @@ def _parse_gossip(x: Any, version: int) -> GossipConfig:
         raise _fail("gossip.asynchronous", f"version {version} has no asynchronous gossip; write version 3")
     modes = ASYNC_GOSSIP_MODES if flags["asynchronous"] else GOSSIP_MODES
     mode = _str(gd.get("mode", modes[0]), "gossip.mode", modes)
-    return GossipConfig(_str(gd["topology"], "gossip.topology"), flags["dynamic"], mode, flags["asynchronous"])
+    return GossipConfig(
+        _str(gd["topology"], "gossip.topology"), flags["dynamic"], mode, flags["asynchronous"]
+    )
 
 
 def _parse(d: Any) -> Strategy:

@@ -132,8 +132,8 @@ def gossip_peers(strategy: Strategy, p: int, hosts: list[str]) -> list[list[list
     cfg = strategy.gossip
     if cfg is None:
         return [[[] for _ in range(p)]]
-    if cfg.topology == "hierarchical":
-        topo = topology.hierarchical(p, hosts=hosts)
+    if cfg.topology in topology.BY_HOST:
+        topo = topology.get(cfg.topology, p, hosts=hosts)
     else:
         topo = topology.get(
             cfg.topology, p, dynamic=bool(cfg.dynamic) and cfg.topology not in topology.DYNAMIC

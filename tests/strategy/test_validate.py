@@ -87,7 +87,7 @@ def test_round_trip_is_exact_and_save_load(recsys, two_nodes, tmp_path):
             lambda d: d["variables"].append(copy.deepcopy(d["variables"][1])),
             r"variables\[4\].name: 'pos_emb.weight' repeated \(first at variables\[1\]\)",
         ),
-        (lambda d: d.update(version=3), "version: 3 is newer"),
+        (lambda d: d.update(version=4), "version: 4 is newer"),
         (lambda d: d.update(backend="mpi"), "backend: 'mpi' is not one of: auto, gloo, nccl"),
         (lambda d: d.update(colour="red"), "strategy: unknown key 'colour'"),
         (lambda d: d.pop("ranks"), "ranks: missing"),

@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 from distlab.errors import DistlabError, StrategyError
 from distlab.strategy.builders._common import Loads, Servers, assemble, pick_servers
 from distlab.strategy.builders._registry import register
-from distlab.strategy.types import ASYNC_GOSSIP_MODES, GOSSIP_MODES, GossipConfig, Strategy, Sync, VariablePlan
+from distlab.strategy.types import (
+    ASYNC_GOSSIP_MODES,
+    GOSSIP_MODES,
+    GossipConfig,
+    Strategy,
+    Sync,
+    VariablePlan,
+)
 
 if TYPE_CHECKING:
     from distlab.profiling.model_profile import ModelProfile
