@@ -152,4 +152,5 @@ class AsyncGossip:
         """Mean over ranks of ||x_r - mean x||^2 (a collective on the run's group)."""
         from distlab.runtime.gossip import consensus_distance
 
-        return consensus_distance(self._flat(), self.world)
+        flat = torch.cat([t.detach().reshape(-1) for t in self.tensors])  # on the run's device (NCCL)
+        return consensus_distance(flat, self.world)

@@ -86,6 +86,14 @@ def connect_store(addr: str, port: int, world: int, timeout: float, run_id: str,
     return dist.PrefixStore(f"distlab/{run_id}/", store)
 
 
+def on_run_device(t: torch.Tensor) -> torch.Tensor:
+    """``t`` where the run's default group can reduce it: NCCL reduces CUDA tensors only (a
+    small CPU tensor of counters or steps goes to this rank's device and back)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return t.to(f"cuda:{torch.cuda.current_device()}")
+    return t
+
+
 def block(work: Any) -> None:
     """The plain wait (no failure watch): for code outside a run."""
     work.wait()

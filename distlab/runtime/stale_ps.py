@@ -38,6 +38,7 @@ import torch.distributed as dist
 from distlab.errors import LaunchError
 from distlab.runtime.allreduce import dense_grad
 from distlab.runtime.plan import SyncUnit
+from distlab.runtime.process_group import on_run_device
 from distlab.runtime.trace import OFF
 
 PUSH, DONE = 1, 2
@@ -381,8 +382,9 @@ class StalePS:
         self._read(block=True)
         if self.world > 1:
             agreed = torch.tensor([step, samples], dtype=torch.long)
+            agreed = on_run_device(agreed)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # also the barrier: every rank drained
-            step, samples = (int(v) for v in agreed)
+            step, samples = (int(v) for v in agreed.cpu())
         self.publish()
         return step, samples
 

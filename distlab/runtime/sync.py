@@ -15,7 +15,7 @@ from distlab.runtime.allreduce import DEFAULT_BUCKET_BYTES, build_buckets
 from distlab.runtime.async_gossip import AsyncGossip
 from distlab.runtime.gossip import Gossip
 from distlab.runtime.plan import SyncUnit
-from distlab.runtime.process_group import block
+from distlab.runtime.process_group import block, on_run_device
 from distlab.runtime.ps import DenseReduce, ServerBroadcast, gather_sparse_to_servers
 from distlab.runtime.sparse import sparse_param_ids
 from distlab.runtime.stale_ps import StalePS, stale_units
@@ -282,7 +282,7 @@ def _furthest(step: int, samples: int) -> tuple[int, int]:
     stand at different steps, and a resume goes on after the furthest."""
     import torch.distributed as dist
 
-    agreed = torch.tensor([step, samples], dtype=torch.long)
+    agreed = on_run_device(torch.tensor([step, samples], dtype=torch.long))
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     return int(agreed[0]), int(agreed[1])
 

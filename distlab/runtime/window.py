@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.errors import LaunchError
+from distlab.runtime.process_group import on_run_device
 
 PUT, ACCUMULATE, GET, LOCK, UNLOCK, DONE, ALIVE = 1, 2, 3, 4, 5, 6, 7
 METHODS = ("average", "push_sum")
@@ -507,7 +508,9 @@ class Windows:
         for w in self._by_id:
             for j, n in w.sent.items():
                 counts[w.wid, self.rank, j] = n
+        counts = on_run_device(counts)
         dist.all_reduce(counts, group=run_group)
+        counts = counts.cpu()
         deadline = time.monotonic() + self.timeout
         for w in self._by_id:
             with w.lock:

@@ -68,3 +68,16 @@ def test_gossip_on_cuda_tensors_matches_gossip_on_the_cpu():
         for r in range(2):
             w, ref = cuda[r][key]["weights"], cpu[r][key]["weights"]
             assert max((w[k] - ref[k]).abs().max().item() for k in ref) < 1e-4, (key, r)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world,backend", [(2, "gloo"), (1, "nccl")])
+def test_asynchronous_gossip_trains_cuda_tensors(world, backend):
+    # the windows stage CUDA tensors through the host on their own gloo group; the run's own
+    # collectives (the end's consensus distance, a checkpoint's cut) go on NCCL where it is the backend
+    key = ("gossip:exp2:push_sum", "dense", "sgd")
+    results = spawn_local(world, cuda_body, [key], 12, "cuda:0", backend, timeout=180)
+    for r in range(world):
+        got = results[r][key]
+        assert got["on"].startswith("cuda") and got["steps"] == 12
+        assert sum(got["losses"][-3:]) < sum(got["losses"][:3]), got["losses"]

@@ -63,7 +63,7 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
     # put: rank r overwrites its buffer on r+1, twice (the second wins), with a weight
     avg.put(own * 10, dst_weights={right: 1.0}).wait()
     avg.put(dst_weights={right: 0.5}).wait()
-    dist.barrier()
+    ws.settle()  # every message sent has landed (a finished send is across, not yet applied)
     out["put"] = (avg.version(), avg.buffers[left].clone())
     out["update"] = avg.update(0.25, {left: 0.75}).clone()  # 0.25 r + 0.75 * 0.5 (r - 1)
     out["version after update"] = avg.version()
@@ -72,7 +72,7 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
     acc = ws.create("acc", torch.zeros(3), in_neighbors=[left], out_neighbors=[right])
     acc.accumulate(torch.ones(3)).wait()
     acc.accumulate(torch.full((3,), 2.0), dst_weights={right: 2.0}).wait()
-    dist.barrier()
+    ws.settle()
     out["accumulate"] = (acc.buffers[left].clone(), acc.version())
     # get: fetch the in-neighbour's current value
     avg.get()
