@@ -6,7 +6,8 @@ what it returns; ``compile`` turns a strategy into arrays and ``evaluate`` price
 link, per phase) the terms; ``calibrate``, ``fit`` and
 ``refit`` fit the figures to measurements (``distlab/calibration`` takes them); ``rows`` the typed
 measurement rows, ``scoring`` how well predictions met runs, ``whatif`` other clusters,
-``native`` TensorFlow's own runtime, ``consistency`` stale and asynchronous PS (each rank's clocks).
+``native`` TensorFlow's own runtime, ``consistency`` stale and asynchronous PS (each rank's clocks),
+``gossip_pricing`` gossip on each rank's clock and the consensus distance its topology leaves.
 """
 
 from distlab.costmodel.model import CostModel

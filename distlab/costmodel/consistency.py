@@ -65,6 +65,26 @@ class ConsistencyPrediction:
         return "async" if self.staleness is None else f"s={self.staleness}"
 
 
+def draw(
+    ranks: Sequence[RankTime],
+    slowdown: Mapping[int, float] | None = None,
+    jitter: float = 0.0,
+    steps: int = 400,
+    seed: int = 0,
+) -> np.ndarray:
+    """(rank, clock) seconds each rank spends outside communication: ``base`` times its
+    ``slowdown`` plus an exponential ``jitter`` share, plus ``rest``, the whole spread by its
+    ``noise`` (a normal share, clipped at 0.2 of the mean)."""
+    n, rng = len(ranks), np.random.default_rng(seed)
+    slow = np.array([float((slowdown or {}).get(i, 1.0)) for i in range(n)])
+    base = np.array([r.base for r in ranks], dtype=float)
+    rest = np.array([r.rest for r in ranks], dtype=float)
+    noise = np.array([r.noise for r in ranks], dtype=float)
+    factor = slow[:, None] + jitter * rng.exponential(1.0, (n, steps))
+    natural = np.clip(1.0 + noise[:, None] * rng.standard_normal((n, steps)), 0.2, None)
+    return (base[:, None] * factor + rest[:, None]) * natural
+
+
 def simulate(
     ranks: Sequence[RankTime],
     staleness: int | None,
@@ -85,14 +105,8 @@ def simulate(
         raise DistlabError("consistency: no ranks to price")
     if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
         raise DistlabError(f"consistency: staleness {staleness!r} must be an integer >= 0 or None (async)")
-    n, rng = len(ranks), np.random.default_rng(seed)
-    slow = np.array([float((slowdown or {}).get(i, 1.0)) for i in range(n)])
-    base = np.array([r.base for r in ranks], dtype=float)
-    rest = np.array([r.rest for r in ranks], dtype=float)
-    noise = np.array([r.noise for r in ranks], dtype=float)
-    factor = slow[:, None] + jitter * rng.exponential(1.0, (n, steps))
-    natural = np.clip(1.0 + noise[:, None] * rng.standard_normal((n, steps)), 0.2, None)
-    x = (base[:, None] * factor + rest[:, None]) * natural  # (rank, clock) seconds outside communication
+    n = len(ranks)
+    x = draw(ranks, slowdown, jitter, steps, seed)
     done = np.zeros((n, steps))  # when each rank's push of each clock lands
     start = np.zeros(n)
     seen = np.zeros((n, steps))

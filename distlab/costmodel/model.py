@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from distlab.adaptive.goodput import statistical_efficiency
-from distlab.costmodel import consistency
+from distlab.costmodel import consistency, gossip_pricing
 from distlab.costmodel.calibrate import check_links_measured, fit_microbenchmarks, fit_overhead
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
@@ -263,10 +263,12 @@ class CostModel:
         noise_scale: float | None = None,
         base_batch: int | None = None,
         optimizer: str | None = None,
+        clocks: bool = True,
     ) -> Prediction:
         """Predicted step of one strategy; with ``noise_scale`` also goodput (Pollux statistical
         efficiency). ``optimizer``: the run's (a name or ``"sgd"``/``"momentum"``/``"adam"``;
-        ``distlab.conventions.optimizer_kind`` maps a factory); None is the launch default, Adam."""
+        ``distlab.conventions.optimizer_kind`` maps a factory); None is the launch default, Adam.
+        ``clocks=False``: the kernels' figure alone, before stale PS and gossip meet the ranks' clocks."""
         c = self.compile(profile, strategy)
         out = self.evaluate_compiled([c], resources, optimizer)
         gb = c.per_replica * c.accum * c.world
@@ -288,8 +290,11 @@ class CostModel:
             goodput=good,
             efficiency=eff,
         )
-        if strategy.stale:  # a stale or asynchronous PS: its clocks priced (costmodel/consistency.py)
+        # on the ranks' clocks: stale or asynchronous PS (consistency.py), gossip (gossip_pricing.py)
+        if clocks and strategy.stale:
             pred = consistency.price(self, profile, resources, strategy, optimizer=optimizer, base=pred)
+        elif clocks and strategy.gossip is not None:
+            pred = gossip_pricing.price(self, profile, resources, strategy, optimizer=optimizer, base=pred)
         return pred
 
     def _bottleneck(
@@ -301,15 +306,8 @@ class CostModel:
         table, prm = self.link_table(resources), self.params
         send, exchange = table["inter"]["send"][1], table["inter"]["sendrecv"][1]
         stateful = optimizer_kind(optimizer) != "sgd"
-        note = bottleneck(
-            c,
-            send,
-            exchange,
-            prm.incast,
-            prm.outcast,
-            step,
-            stateful,  # the link's own rate (evaluate.py)
-        )
+        # send: the link's own rate (evaluate.py)
+        note = bottleneck(c, send, exchange, prm.incast, prm.outcast, step, stateful)
         return (note,) if note else ()
 
     def basis(self, c: CompiledStrategy) -> str:
@@ -362,7 +360,8 @@ class CostModel:
     ):  # -> pandas.DataFrame
         """Every candidate's prediction, best first (by goodput when a noise scale or ``staleness_cost``,
         g per staleness from ``Lab.probe_staleness``, is given, else throughput). Stale and
-        asynchronous PS plans are priced at their consistency (costmodel/consistency.py).
+        asynchronous PS plans are priced at their consistency (costmodel/consistency.py),
+        asynchronous gossip at each rank's own pace (costmodel/gossip_pricing.py).
 
         Columns: strategy (name), builder, world, per_replica, throughput, step_time, compute, comm,
         optimizer, basis (``"measured step"`` or ``"profile"``), [efficiency, goodput], index
@@ -400,6 +399,7 @@ class CostModel:
             key = "goodput"
         df["index"] = np.arange(len(cands))
         df["plan"] = cands
+        df = gossip_pricing.rerank(self, df, profile, resources, optimizer)
         if staleness_cost or any(s.stale for s in cands):
             df = consistency.rerank(self, df, profile, resources, optimizer, staleness_cost)
             key = "goodput" if "goodput" in df else key

@@ -20,20 +20,12 @@ import ipywidgets as w
 from distlab.errors import DistlabError
 from distlab.notebook.figures import FigureView
 from distlab.notebook.picker_launch import PickerLaunch, closed_text, workers_of
+from distlab.notebook.picker_options import GOSSIP_MODE_CHOICES, options_from, show_options
 from distlab.notebook.ranking import short_label
 from distlab.strategy.types import COMPRESSORS
 
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512)
-# The options a control drives, and the builder keyword it maps to.
-OPTION_CONTROLS = ("chunk_size", "servers", "topology", "dynamic", "mode", "compressor")
 RED = "<span style='color:#b00'>{}</span>"
-
-
-def _builder_params(name: str) -> set[str]:
-    """Keyword options the builder accepts (read from its signature)."""
-    from distlab.strategy import builder_options
-
-    return set(builder_options(name))
 
 
 class StrategyPicker(PickerLaunch, w.VBox):
@@ -53,7 +45,8 @@ class StrategyPicker(PickerLaunch, w.VBox):
     Adaptive strategies (AdaptiveBatch) also show goodput: the configuration their controller
     would choose at the gradient noise scale in the "noise scale" box (``noise_scale=``, or
     "measure" on the model's data: ``distlab.runtime.noise_probe.measure_noise_scale``). Stale and
-    asynchronous PS plans are priced at their consistency; ``staleness_cost=`` (g per staleness,
+    asynchronous PS plans are priced at their consistency, asynchronous gossip (the gossip mode's
+    "(async)" choices) at each rank's own pace; ``staleness_cost=`` (g per staleness,
     ``lab.probe_staleness``) ranks the list by goodput = throughput / g(s) (docs/consistency.md).
     """
 
@@ -142,7 +135,9 @@ class StrategyPicker(PickerLaunch, w.VBox):
             options=list(topology.names()), value="exp2", description="topology", style=style
         )
         self.dynamic = w.Checkbox(value=False, description="dynamic topology", style=style)
-        self.mode = w.Dropdown(options=["atc", "awc"], value="atc", description="gossip mode", style=style)
+        self.mode = w.Dropdown(
+            options=GOSSIP_MODE_CHOICES, value="atc", description="gossip mode", style=style
+        )
         self.compressor = w.Dropdown(
             options=list(COMPRESSORS), value="none", description="compressor", style=style
         )
@@ -293,17 +288,8 @@ class StrategyPicker(PickerLaunch, w.VBox):
         self.hosts.value, self.per_host.value = hosts, per
 
     def options(self) -> dict[str, Any]:
-        """The options the selected builder accepts, from the controls."""
-        accepted = _builder_params(self.builder.value)
-        opts: dict[str, Any] = {}
-        for key in OPTION_CONTROLS:
-            if key in accepted:
-                opts[key] = getattr(self, key).value
-        if "batch_size" in accepted:
-            opts["batch_size"] = self.batch.value
-        for c in OPTION_CONTROLS:
-            getattr(self, c).disabled = c not in accepted
-        return opts
+        """The options the selected builder accepts, from the controls (picker_options.py)."""
+        return options_from(self)
 
     @property
     def shown_cost_model(self) -> Any:
@@ -526,16 +512,11 @@ class StrategyPicker(PickerLaunch, w.VBox):
                 return
             row = self._ranked.iloc[change["new"]]
             plan = row["plan"]  # of a merged tie, the first; of the single-process row, AllReduce on 1 worker
-            opts = dict(getattr(plan, "options", {}) or {})
             self._busy = True
             try:
                 self.builder.value = plan.builder
                 self.set_world(int(row["world"]))
-                for key in OPTION_CONTROLS:
-                    if key in opts and opts[key] in _options_of(getattr(self, key)):
-                        getattr(self, key).value = opts[key]
-                if "batch_size" in opts:
-                    self.batch.value = opts["batch_size"]
+                show_options(self, plan)
             finally:
                 self._busy = False
             self._refresh()
@@ -584,10 +565,3 @@ class StrategyPicker(PickerLaunch, w.VBox):
         if self.value is None:
             raise DistlabError("StrategyPicker.save: no strategy is selected")
         return self.value.save(path)
-
-
-def _options_of(widget: Any) -> list[Any]:
-    opts = getattr(widget, "options", None)
-    if opts is None:
-        return [True, False]
-    return [o[1] if isinstance(o, tuple) else o for o in opts]

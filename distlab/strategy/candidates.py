@@ -43,6 +43,10 @@ def option_grid(profile: ModelProfile, resources: ResourceSpec) -> list[tuple[st
         if any(v.embedding for v in profile.variables):
             best = "one_peer_exp2" if world & (world - 1) == 0 else "exp2"  # BlueFog's recommended graph
             grid.append(("Gossip", {"topology": best, "sparse": "ps"}))
+        if not any(v.sparse for v in profile.variables):  # asynchronous gossip (costmodel/gossip_pricing.py)
+            graphs = ["exp2", "one_peer_exp2"] if world & (world - 1) == 0 else ["exp2"]
+            grid += [("Gossip", {"topology": t, "asynchronous": True, "mode": "push_sum"}) for t in graphs]
+            grid.append(("Gossip", {"topology": "exp2", "asynchronous": True, "mode": "average"}))
     if world >= 2:  # AutoDist's consistency: stale-synchronous and asynchronous PS (costmodel/consistency.py)
         spread = {"servers": "all"} if world > n_hosts else {}
         grid += [

@@ -265,3 +265,26 @@ def test_measure_without_data_says_what_it_needs(picker):
     assert picker.measure_button.disabled
     picker.measure_button.click()
     assert "measure φ: create the picker with model=... and data=..." in picker.status.value
+
+
+def test_the_picker_offers_asynchronous_gossip_beside_sync_and_ranks_it():
+    dense = dl.ModelProfile.from_variables(
+        [("fc1.weight", (256, 16)), ("fc1.bias", (256,)), ("fc2.weight", (10, 256))], time_per_sample=1e-4
+    )
+    picker = StrategyPicker(dense, dl.ResourceSpec.local(workers=4), top=80)
+    picker.builder.value = "Gossip"
+    assert [v for _, v in picker.mode.options] == ["atc", "awc", "push_sum", "average"]
+    picker.mode.value = "push_sum"
+    g = picker.value.gossip
+    assert g.asynchronous and g.mode == "push_sum" and picker.value.options["asynchronous"] is True
+    assert "asynchronous gossip (push_sum): every rank at its own pace" in html.unescape(picker.status.value)
+    assert "consensus: exp2 over 4 ranks" in html.unescape(picker.status.value)
+    picker.mode.value = "awc"
+    assert not picker.value.gossip.asynchronous and picker.value.gossip.mode == "awc"
+    # the list ranks the asynchronous candidates beside the synchronous ones; picking one keeps it so
+    labels = [label for label, _ in picker.table.options]
+    mine = [i for i, label in enumerate(labels) if "asynchronous=True" in label and "mode=average" in label]
+    assert mine and any("Gossip(mode=atc" in label for label in labels)
+    picker.table.value = mine[0]
+    assert picker.value.gossip.asynchronous and picker.mode.value == "average"
+    assert picker.value.name == labels[mine[0]].split("  ")[-1].split(" = ")[0].strip()
