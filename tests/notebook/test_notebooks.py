@@ -108,6 +108,14 @@ SMALL: dict[str, dict] = {
         "rounds": 1,
         "probe_steps": 10,
     },
+    "bench/async-gossip": {
+        "models": ["tabular"],
+        "workers": 2,
+        "steps": 10,
+        "rounds": 1,
+        "put_bytes": 2**20,
+        "put_rounds": 2,
+    },
     "bench/prediction-paths": {  # the diagnostic set: no test runs distlab.holdout's models
         "model_set": "diagnostic",
         "models": "mlp",
@@ -267,6 +275,14 @@ def test_benchmark_writes_its_figures(name, tmp_path):
         }
         assert all(r["predicted_throughput"] > 0 and r["measured_throughput"] > 0 for r in runs)
         assert summary["error_median_out_of_sample"] >= 0 and "goodput_spearman_median" in summary
+    if name == "async-gossip":  # every program slowed and predicted; the put against the isend
+        summary = result["summary"]
+        runs = [r for r in result["rows"] if r.get("kind") != "put"]
+        assert {r["program"] for r in runs} == {"allreduce", "sync_gossip", "async_push_sum", "async_average"}
+        assert all(r["measured_throughput"] > 0 and r["predicted_throughput"] > 0 for r in runs)
+        assert all(r["clocks"] == [10, 10] for r in runs if r["program"].startswith("async"))
+        assert summary["put_over_isend_median"] > 0 and summary["put_bytes"] == 2**20
+        assert "async_push_sum_over_sync_gossip_time_to_target_median" in summary
     if name == "prediction-paths":  # both paths from one calibration, beside the noise's ceiling
         summary = result["summary"]
         assert summary["model_set"] == "diagnostic" and summary["configurations"] == 2  # AllReduce, 1 process
