@@ -53,12 +53,13 @@ from distlab.errors import DistlabError
 
 # the runtime's passes over the n gossiped bytes per own step (fixed, per out-neighbour, per
 # in-neighbour), one per elementwise tensor operation of runtime/async_gossip.py and window.py.
-# push-sum: flatten, numerator x p, keep its share, collect (x 1), value z / p, write back; a
-# weighted copy per out-neighbour; per in-neighbour: the disagreement (divide, subtract, square
-# and sum: 3.5), the receiver's add into its buffer (1.5), the collect's add (1.5), the reset (0.5).
-# average: flatten, self share, value's clone, write back; none per out-neighbour (weight 1 sends
-# the tensor itself); per in-neighbour: the disagreement (3.5) and the update's add (1.5).
-PASSES = {"push_sum": (6.0, 1.0, 7.0), "average": (4.0, 0.0, 5.0)}
+# push-sum: flatten, numerator x p, keep its share (in place), value z / p, write back; a weighted
+# copy per out-neighbour; per in-neighbour: the collect's add (1.5; the receiver lands the first
+# message after a collect without a copy) and the disagreement (divide, subtract, square and sum:
+# 3.5) every MEASURE_EVERY = 8 clocks (0.44). average: flatten, the self share (a new tensor: the
+# put still reads the old one), write back; none per out-neighbour (weight 1 sends the tensor
+# itself); per in-neighbour: the update's add (1.5) and the disagreement (0.44).
+PASSES = {"push_sum": (5.0, 1.0, 1.94), "average": (3.0, 0.0, 1.94)}
 _TAIL_STEPS = 2048  # a schedule's consensus sum: steps summed before its geometric tail
 
 

@@ -25,6 +25,8 @@ import torch
 
 from distlab.runtime.window import Windows
 
+MEASURE_EVERY = 8  # clocks between two measurements of the disagreement (each costs passes over the model)
+
 
 def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
     """(in, out) neighbours of ``rank`` over every step of the topology (a dynamic one's period)."""
@@ -49,7 +51,7 @@ class AsyncGossip:
         method = "push_sum" if mode == "push_sum" else "average"
         self.window = self.windows.create("gossip", self._flat(), ins, outs, method=method)
         self.clock = 0  # this rank's own exchanges so far
-        self.disagreement = 0.0  # mean squared distance to the neighbours' values heard this step
+        self.disagreement: float | None = None  # mean squared distance to the neighbours heard
         self.heard = 0  # neighbours heard from this step
         self._handle: Any = None
 
@@ -86,7 +88,7 @@ class AsyncGossip:
             j for j in self.graph(self.clock).out_neighbors(self.rank) if j != self.rank and j not in done
         ]
         flat = self._flat()
-        self._measure(flat)
+        self._measure(flat, every=MEASURE_EVERY)
         if self.mode == "push_sum":
             w.set(flat * w.p, adopt=True)  # the numerator of the stepped parameters
             share = 1.0 / (len(outs) + 1)
@@ -98,26 +100,32 @@ class AsyncGossip:
             fresh = [j for j, v in w.version().items() if v > 0]
             share = 1.0 / (len(fresh) + 1)
             w.update(share, dict.fromkeys(fresh, share))
-        self._write(w.value())
+        self._write(w.value(copy=False))
         self.clock += 1
 
-    def _measure(self, flat: torch.Tensor) -> None:
-        """The step's disagreement: mean squared distance to each neighbour heard from since the
-        last step (a push-sum buffer's values over its weight), a local view of consensus."""
+    def _measure(self, flat: torch.Tensor, every: int = 1) -> None:
+        """The step's neighbours heard from since the last step, and every ``every`` clocks the
+        disagreement: the mean squared distance to each of them (a push-sum buffer's values over
+        its weight), a local view of consensus (None between: it costs passes over the model)."""
         w = self.window
         with w.lock:
             heard = [j for j, v in w.versions.items() if v > 0]
+            self.heard = len(heard)
+            if self.clock % every:
+                self.disagreement = None
+                return
             dists = []
             for j in heard:
                 other = w.buffers[j] / w.buffer_p[j] if w.method == "push_sum" else w.buffers[j]
                 dists.append(float(((flat.to(other.dtype) - other) ** 2).sum()))
-        self.heard = len(heard)
-        self.disagreement = sum(dists) / len(dists) if dists else 0.0
+        self.disagreement = sum(dists) / len(dists) if dists else None
 
     def record(self) -> dict[str, Any]:
         """A step's record: this rank's own clock, its disagreement with the neighbours it heard
         from (and how many), and on push-sum its weight p (its share of the mass, 1 on average)."""
-        rec = {"clock": self.clock, "disagreement": self.disagreement, "heard": self.heard}
+        rec: dict[str, Any] = {"clock": self.clock, "heard": self.heard}
+        if self.disagreement is not None:
+            rec["disagreement"] = self.disagreement
         if self.mode == "push_sum":
             rec["weight"] = self.window.p
         return rec
@@ -126,7 +134,7 @@ class AsyncGossip:
         """Take in everything that has landed: push-sum collects every buffer's mass."""
         if self.mode == "push_sum":
             self.window.update_then_collect()
-            self._write(self.window.value())
+            self._write(self.window.value(copy=False))
 
     def settle(self) -> None:
         """A consistent cut (a checkpoint): every message sent has landed and been taken in."""

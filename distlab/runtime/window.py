@@ -64,11 +64,12 @@ class Handle:
 
     def __init__(self, works: list[Any], keep: list[torch.Tensor], windows: Windows, what: str) -> None:
         self.works, self.keep, self.windows, self.what = works, keep, windows, what
+        self.done = False
 
     def wait(self) -> None:
         for w in self.works:
             self.windows.wait(w, self.what)
-        self.works, self.keep = [], []
+        self.works, self.keep, self.done = [], [], True
 
 
 class Window:
@@ -87,8 +88,10 @@ class Window:
         zero_init: bool,
     ) -> None:
         self.windows, self.wid, self.name, self.method = windows, wid, name, method
-        # never changed in place (every change makes a new tensor), so a send can read it as it is
+        # changed in place only when no send in flight reads it (``_lent``): a send of weight 1
+        # reads the tensor itself, and a change then makes a new tensor instead
         self.tensor = tensor.detach().clone().reshape(-1)
+        self._lent: list[Handle] = []
         self.p = 1.0  # the push-sum weight of this rank's value
         self.in_neighbors, self.out_neighbors = list(in_neighbors), list(out_neighbors)
         size, dtype = self.tensor.numel(), self.tensor.dtype
@@ -96,6 +99,8 @@ class Window:
             j: torch.zeros(size, dtype=dtype) if zero_init else self.tensor.clone() for j in self.in_neighbors
         }
         self.buffer_p = dict.fromkeys(self.in_neighbors, 0.0 if zero_init else 1.0)
+        # an emptied buffer is zero whatever its memory holds: the next message lands in it as it is
+        self.empty = dict.fromkeys(self.in_neighbors, zero_init)
         self._staging = {j: torch.empty(size, dtype=dtype) for j in self.in_neighbors}
         self.versions = dict.fromkeys(self.in_neighbors, 0)
         self.sent = dict.fromkeys(self.out_neighbors, 0)  # puts and accumulates sent, per out-neighbour
@@ -106,10 +111,23 @@ class Window:
         self.body_tag, self.reply_tag, self.grant_tag = _tags(wid)
 
     # -- this rank's value -------------------------------------------------------------------
-    def value(self) -> torch.Tensor:
-        """This rank's value: the tensor, divided by its push-sum weight on a push-sum window."""
+    def value(self, copy: bool = True) -> torch.Tensor:
+        """This rank's value: the tensor, divided by its push-sum weight on a push-sum window
+        (``copy=False``: an averaging window's tensor itself, to read and not to change)."""
         with self.lock:
-            return self.tensor / self.p if self.method == "push_sum" else self.tensor.clone()
+            if self.method == "push_sum":
+                return self.tensor / self.p
+            return self.tensor.clone() if copy else self.tensor
+
+    def buffer(self, j: int) -> torch.Tensor:
+        """In-neighbour ``j``'s buffer (zeros once emptied)."""
+        with self.lock:
+            return torch.zeros_like(self.buffers[j]) if self.empty[j] else self.buffers[j].clone()
+
+    def _writable(self) -> bool:
+        """(under the lock) No send in flight reads this rank's tensor: it may change in place."""
+        self._lent = [h for h in self._lent if not h.done]
+        return not self._lent
 
     def set(self, tensor: torch.Tensor, p: float | None = None, adopt: bool = False) -> None:
         """Replace this rank's tensor (and push-sum weight); ``adopt``: take ``tensor`` itself
@@ -161,23 +179,28 @@ class Window:
         dst = self._weights(dst_weights, self.out_neighbors, "dst_weights", "out-neighbour")
         ws = self.windows
         ws.check()
-        with self.lock:  # this rank's tensor is never changed in place: it is its own snapshot
+        with self.lock:
             if tensor is None:
                 base = self.tensor
             else:  # the caller's tensor may change once this returns: a copy
                 base = tensor.detach().reshape(-1).to(self.tensor.dtype, copy=True)
             p = self.p
+            bodies = {j: base if w == 1.0 else base * w for j, w in dst.items()}
+            handle = Handle(
+                [], list(bodies.values()), ws, f"window {self.name!r}: a put to its out-neighbours"
+            )
+            if any(b is self.tensor for b in bodies.values()):
+                self._lent.append(handle)
             if self_weight is not None:
-                self.tensor = self.tensor * float(self_weight)
-                self.p *= float(self_weight)
-        works, keep = [], []
+                sw = float(self_weight)
+                self.tensor = self.tensor.mul_(sw) if self._writable() else self.tensor * sw
+                self.p *= sw
         for j, w in dst.items():
-            body = base if w == 1.0 else base * w
             head = _header(op, self.wid, p * w)
-            works += [ws.isend(head, j, 0), ws.isend(body, j, self.body_tag)]
-            keep += [head, body]
+            handle.works += [ws.isend(head, j, 0), ws.isend(bodies[j], j, self.body_tag)]
+            handle.keep.append(head)
             self.sent[j] += 1
-        return Handle(works, keep, ws, f"window {self.name!r}: a put to its out-neighbours")
+        return handle
 
     def get(self, src_weights: Any = None) -> None:
         """Fetch each in-neighbour's value (times its weight) into its buffer (BlueFog's win_get)."""
@@ -194,6 +217,7 @@ class Window:
             with self.lock:
                 self.buffers[j] = got if w == 1.0 else got.mul_(float(w))
                 self.buffer_p[j] = _weight_of(head) * float(w)
+                self.empty[j] = False
                 self.versions[j] += 1
 
     def update(
@@ -226,13 +250,17 @@ class Window:
                 "the buffers; use update_then_collect()"
             )
         with self.windows.mutex_of(self) if require_mutex else _nothing(), self.lock:
-            new = self.tensor * sw
+            if sw == 1.0 and self._writable():
+                new = self.tensor
+            else:
+                new = self.tensor.mul_(sw) if self._writable() else self.tensor * sw
             self.p *= sw
             for j, w in nw.items():
-                new.add_(self.buffers[j], alpha=w)
-                self.p += w * self.buffer_p[j]
+                if not self.empty[j]:
+                    new.add_(self.buffers[j], alpha=w)
+                    self.p += w * self.buffer_p[j]
                 if reset:
-                    self.buffers[j].zero_()
+                    self.empty[j] = True
                     self.buffer_p[j] = 0.0
                 self.versions[j] = 0
             self.tensor = new
@@ -435,9 +463,10 @@ class Windows:
         staging = w._staging[src]
         work.wait()
         with w.lock:
-            if op == PUT:  # the staging buffer becomes the neighbour's: no copy
+            if op == PUT or w.empty[src]:  # the staging buffer becomes the neighbour's: no copy
                 w._staging[src], w.buffers[src] = w.buffers[src], staging
                 w.buffer_p[src] = p
+                w.empty[src] = False
             else:
                 w.buffers[src].add_(staging)
                 w.buffer_p[src] += p
