@@ -235,7 +235,10 @@ class ResourceSpec:
                 memory[host] = min(memory.get(host, 1 << 62), int(info["memory_limit"]))
             fact = facts.get(addr) or {}
             gpu = fact.get("gpu")
-            kind = "gpu" if gpu not in (None, "") or _has_gpu(info) else "cpu"
+            # a worker given a GPU (dask-cuda sets CUDA_VISIBLE_DEVICES) or declaring one as a Dask
+            # resource; the metrics' GPU only where the worker reported no facts: plain workers on
+            # a GPU machine all see the same device, and NCCL refuses two ranks on one device
+            kind = "gpu" if gpu not in (None, "") or _has_gpu(info, declared_only=bool(fact)) else "cpu"
             k = per_host.get((host, kind), 0)
             per_host[(host, kind)] = k + 1
             device = f"gpu:{gpu}" if gpu not in (None, "") and str(gpu).isdigit() else f"{kind}:{k}"
@@ -443,10 +446,13 @@ def host_of(address: str) -> str:
     return rest.rsplit(":", 1)[0] if ":" in rest else rest
 
 
-def _has_gpu(info: Mapping[str, Any]) -> bool:
+def _has_gpu(info: Mapping[str, Any], declared_only: bool = False) -> bool:
+    """The worker declares a GPU resource, or (unless ``declared_only``) its metrics show one."""
     resources = info.get("resources") or {}
     if any(str(k).lower() in ("gpu", "gpus", "cuda") and v for k, v in resources.items()):
         return True
+    if declared_only:
+        return False
     metrics = info.get("metrics") or {}
     return bool(metrics.get("gpu") or metrics.get("gpu_utilization") is not None or info.get("gpu"))
 

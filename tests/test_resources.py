@@ -189,3 +189,11 @@ def test_from_client_with_worker_facts():
     res = ResourceSpec.from_client(client, facts=facts)
     assert [r.device for r in res.ranks] == ["gpu:1", "cpu:0"]
     assert res.cores == {"h": 8}
+    # plain workers on a GPU machine (a Lab without gpus=True) see the GPU in their metrics but
+    # were given none: CPU ranks (seen on an H100: four "gpu" ranks on one device made NCCL refuse)
+    seen = FakeClient(
+        {f"tcp://h:{i}": {"host": "h", "nthreads": 1, "metrics": {"gpu": {"memory": 1}}} for i in (1, 2)}
+    )
+    plain = {f"tcp://h:{i}": {"cores": 16, "gpu": None} for i in (1, 2)}
+    assert [r.device for r in ResourceSpec.from_client(seen, facts=plain).ranks] == ["cpu:0", "cpu:1"]
+    assert [r.device for r in ResourceSpec.from_client(seen).ranks] == ["gpu:0", "gpu:1"]  # no facts: metrics

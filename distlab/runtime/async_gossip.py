@@ -19,6 +19,7 @@ sends no more and every message has landed, then push-sum collects the rest.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -93,10 +94,12 @@ class AsyncGossip:
             w.set(flat * w.p, adopt=True)  # the numerator of the stepped parameters
             share = 1.0 / (len(outs) + 1)
             self._handle = w.accumulate(self_weight=share, dst_weights=dict.fromkeys(outs, share))
+            time.sleep(0)  # the GIL to the receiver threads: what has landed is taken in now
             w.update_then_collect()
         else:
             w.set(flat, adopt=True)
             self._handle = w.put(dst_weights=dict.fromkeys(outs, 1.0))
+            time.sleep(0)
             fresh = [j for j, v in w.version().items() if v > 0]
             share = 1.0 / (len(fresh) + 1)
             w.update(share, dict.fromkeys(fresh, share))

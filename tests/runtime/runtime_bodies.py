@@ -279,6 +279,7 @@ def averaging_body(
     steps: int,
     mode: str = "atc",
     slowdown: Any = (),
+    device: str = "cpu",
 ) -> dict:
     """Pure averaging (lr 0): rank r starts from weights seeded r; returns its weights, the
     distance and its records (``slowdown``: RunOptions.slowdown, {rank: factor})."""
@@ -300,10 +301,12 @@ def averaging_body(
         run_id=f"avg-{topo_name}-{mode}",
         timeout=30.0,
         options=RunOptions(slowdown=tuple(dict(slowdown).items())),
+        device=device,
     )
     res = run_rank(job)
     return {
-        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+        "weights": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "on": str(next(model.parameters()).device),
         "distance": res["consensus_distance"],
         "records": res["records"],
     }

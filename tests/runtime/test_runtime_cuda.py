@@ -71,13 +71,28 @@ def test_gossip_on_cuda_tensors_matches_gossip_on_the_cpu():
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("world,backend", [(2, "gloo"), (1, "nccl")])
-def test_asynchronous_gossip_trains_cuda_tensors(world, backend):
-    # the windows stage CUDA tensors through the host on their own gloo group; the run's own
-    # collectives (the end's consensus distance, a checkpoint's cut) go on NCCL where it is the backend
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_asynchronous_gossip_at_one_rank_on_cuda_is_one_process_training(backend):
+    # no neighbour: push-sum keeps all its mass, so the run is plain local SGD; the run's own
+    # collectives (the end's consensus distance) go on NCCL where it is the backend
     key = ("gossip:exp2:push_sum", "dense", "sgd")
-    results = spawn_local(world, cuda_body, [key], 12, "cuda:0", backend, timeout=180)
-    for r in range(world):
-        got = results[r][key]
-        assert got["on"].startswith("cuda") and got["steps"] == 12
-        assert sum(got["losses"][-3:]) < sum(got["losses"][:3]), got["losses"]
+    (got,) = spawn_local(1, cuda_body, [key], 12, "cuda:0", backend, timeout=180)
+    ref = reference_weights("dense", "sgd", 12, 1)
+    assert got[key]["on"].startswith("cuda") and got[key]["steps"] == 12
+    assert max((got[key]["weights"][k] - ref[k]).abs().max().item() for k in ref) < 1e-4
+
+
+@pytest.mark.timeout(200)
+def test_asynchronous_push_sum_averages_cuda_tensors_through_the_host():
+    # two ranks sharing the GPU on gloo: the windows stage CUDA tensors through the host
+    from runtime_bodies import averaging_body, dense_model
+
+    res = spawn_local(2, averaging_body, "exp2", 30, "push_sum", (), "cuda:0", timeout=180)
+    states = [dense_model(seed=100 + r).state_dict() for r in range(2)]
+    mean = {k: (states[0][k] + states[1][k]) / 2 for k in states[0]}
+    spread = sum(((states[0][k] - mean[k]) ** 2).sum().item() for k in mean)
+    for r in range(2):
+        assert res[r]["on"].startswith("cuda")
+        err = max((res[r]["weights"][k] - mean[k]).abs().max().item() for k in mean)
+        assert err < 0.05 * spread**0.5, err
+    assert res[0]["distance"] < 1e-3 * spread
