@@ -20,12 +20,15 @@ sends no more and every message has landed, then push-sum collects the rest.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from distlab.runtime.window import Windows
 
+ONE_THREAD = True  # the exchange's arithmetic on one torch thread (``one_thread``)
 MEASURE_EVERY = 8  # clocks between two measurements of the disagreement (each costs passes over the model)
 
 
@@ -35,6 +38,22 @@ def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
     ins = sorted({j for g in graphs for j in g.in_neighbors(rank) if j != rank})
     outs = sorted({j for g in graphs for j in g.out_neighbors(rank) if j != rank})
     return ins, outs
+
+
+@contextmanager
+def one_thread(enabled: bool = True) -> Iterator[None]:
+    """torch on one thread for the exchange's few passes over the parameters: a parallel region
+    per elementwise operation would have the rank's intra-op threads wake (and spin) for
+    microseconds of work, on the cores the receiver threads and the other ranks need."""
+    before = torch.get_num_threads()
+    if not enabled or before == 1 or not ONE_THREAD:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class AsyncGossip:
@@ -78,6 +97,10 @@ class AsyncGossip:
 
     def after_step(self, step: int) -> None:
         """Send this rank's stepped parameters and take in what has landed (no wait for anyone)."""
+        with one_thread():
+            self._exchange()
+
+    def _exchange(self) -> None:
         if self._handle is not None:  # at most one step's messages in flight
             self._handle.wait()
         self.windows.heartbeat()
