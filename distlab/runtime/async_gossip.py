@@ -5,8 +5,9 @@ one-sided window (runtime/window.py) and combines what has landed from its in-ne
 without waiting for anyone:
 
 - ``push_sum`` (Kempe et al. 2003; Assran et al. 2019, SGP): the rank holds a numerator z and a
-  weight p, its parameters are z / p. Each step it keeps 1/(d+1) of (z, p) and adds 1/(d+1) into
-  each of its d out-neighbours' buffers, then collects every buffer in. Nothing is lost or
+  weight p, its parameters are z / p. Each step its optimizer's step goes onto the numerator
+  (z <- z + x' - x, SGP's local step), it keeps 1/(d+1) of (z, p) and adds 1/(d+1) into each of
+  its d out-neighbours' buffers, then collects every buffer in. Nothing is lost or
   counted twice, so without gradients every rank's z / p reaches the exact average, however
   unequal the ranks' speeds.
 - ``average``: the rank puts its parameters into its out-neighbours' buffers (overwriting), then
@@ -30,6 +31,7 @@ from distlab.runtime.window import Windows
 
 ONE_THREAD = True  # the exchange's arithmetic on one torch thread (``one_thread``)
 MEASURE_EVERY = 8  # clocks between two measurements of the disagreement (each costs passes over the model)
+MASS_FLOOR = 0.5  # push-sum's weight below which a rank sends only after it has heard
 
 
 def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
@@ -69,11 +71,13 @@ class AsyncGossip:
         self.windows = Windows(rank, world, timeout)
         ins, outs = neighbours(topology, rank)
         method = "push_sum" if mode == "push_sum" else "average"
-        self.window = self.windows.create("gossip", self._flat(), ins, outs, method=method)
+        self._x = self._flat()  # the parameters as the last exchange left them (push-sum: z / p)
+        self.window = self.windows.create("gossip", self._x, ins, outs, method=method)
         self.clock = 0  # this rank's own exchanges so far
         self.disagreement: float | None = None  # mean squared distance to the neighbours heard
         self.heard = 0  # neighbours heard from this step
         self._handle: Any = None
+        self._landed_at_send = 0  # messages landed when push-sum last sent (``_mass_came_back``)
 
     def graph(self, step: int) -> Any:
         return self.topology.at(step) if hasattr(self.topology, "at") else self.topology
@@ -105,16 +109,23 @@ class AsyncGossip:
             self._handle.wait()
         self.windows.heartbeat()
         w = self.window
-        # a neighbour that has finished takes nothing more in: push-sum mass sent there would
-        # leave the training for good (and this rank's weight would dwindle towards zero)
+        # a neighbour that has finished takes nothing more in: mass sent there would leave the
+        # training for good
         done = self.windows.finished_peers()
         outs = [
             j for j in self.graph(self.clock).out_neighbors(self.rank) if j != self.rank and j not in done
         ]
+        if self.mode == "push_sum" and not self._mass_came_back():
+            outs = []
         flat = self._flat()
         self._measure(flat, every=MEASURE_EVERY)
         if self.mode == "push_sum":
-            w.set(flat * w.p, adopt=True)  # the numerator of the stepped parameters
+            # SGP's local step is on the numerator: z <- z + (x' - x), the optimizer's step as it
+            # is; a rank heavy with mass (a slow one collects more than it sends) then moves the
+            # average no more per step than any other, and faster ranks move it more often
+            with w.lock:
+                z = w.tensor
+            w.set(z + (flat - self._x), adopt=True)
             share = 1.0 / (len(outs) + 1)
             self._handle = w.accumulate(self_weight=share, dst_weights=dict.fromkeys(outs, share))
             time.sleep(0)  # the GIL to the receiver threads: what has landed is taken in now
@@ -126,8 +137,21 @@ class AsyncGossip:
             fresh = [j for j, v in w.version().items() if v > 0]
             share = 1.0 / (len(fresh) + 1)
             w.update(share, dict.fromkeys(fresh, share))
-        self._write(w.value(copy=False))
+        self._x = w.value(copy=False)
+        self._write(self._x)
         self.clock += 1
+
+    def _mass_came_back(self) -> bool:
+        """Push-sum sends this step: its weight p is at least ``MASS_FLOOR``, or mass has landed
+        since its last send. A rank that sent 2/3 of its mass each step while nothing came in
+        (its in-neighbours not started yet, slower, or finished) would see p dwindle
+        geometrically and its steps (x' - x on z) grow as 1/p; below the floor it sends only as
+        often as it hears."""
+        landed = sum(self.window.applied.values())
+        if self.window.p < MASS_FLOOR and landed == self._landed_at_send:
+            return False
+        self._landed_at_send = landed
+        return True
 
     def _measure(self, flat: torch.Tensor, every: int = 1) -> None:
         """The step's neighbours heard from since the last step, and every ``every`` clocks the
@@ -160,7 +184,14 @@ class AsyncGossip:
         """Take in everything that has landed: push-sum collects every buffer's mass."""
         if self.mode == "push_sum":
             self.window.update_then_collect()
-            self._write(self.window.value(copy=False))
+            self._x = self.window.value(copy=False)
+            self._write(self._x)
+
+    def reload(self) -> None:
+        """Start over from the parameters as they are (a checkpoint was loaded into them): the
+        window's value, weight 1."""
+        self._x = self._flat()
+        self.window.set(self._x, p=1.0)
 
     def settle(self) -> None:
         """A consistent cut (a checkpoint): every message sent has landed and been taken in."""

@@ -246,6 +246,8 @@ class Synchronizer:
                     u.shadow.copy_(u.view(u.param))
         if self.stale is not None and self.stale.server is not None:
             self.stale.server.reload()
+        if isinstance(self.gossip, AsyncGossip):
+            self.gossip.reload()
 
     def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
         """Every rank's variables equal, with every push applied (a stale PS's checkpoint is a
