@@ -20,6 +20,14 @@ topology
     The weighted directed graph gossip averages over; ``weights[i, j]`` is the weight of the
     edge i -> j, self loops on the diagonal, and rank j combines ``x_j <- sum_i weights[i, j] x_i``
     (BlueFog's convention).
+window
+    A named tensor's one-sided mailbox on each rank (BlueFog's ``win_*``; runtime/window.py): a
+    buffer per in-neighbour that peers ``put`` into (overwrite) or ``accumulate`` into (add).
+push-sum
+    Gossip that carries a weight p with every message and reads the parameters as x / p; sums of
+    x and p are conserved, so it averages exactly without a barrier (asynchronous gossip).
+consensus distance
+    The mean over ranks of ||x_r - mean x||^2: how far gossip's replicas are apart.
 step
     One global optimizer step: every rank processes its per-replica batch once (times the
     accumulation steps) and synchronises.

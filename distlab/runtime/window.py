@@ -40,28 +40,26 @@ import torch.distributed as dist
 
 from distlab.errors import LaunchError
 from distlab.runtime.process_group import on_run_device
+from distlab.runtime.window_protocol import (
+    ACCUMULATE,
+    ALIVE,
+    DONE,
+    GET,
+    LOCK,
+    PUT,
+    UNLOCK,
+    Mutexes,
+    header,
+    tags,
+    weight_of,
+)
 
-PUT, ACCUMULATE, GET, LOCK, UNLOCK, DONE, ALIVE = 1, 2, 3, 4, 5, 6, 7
 METHODS = ("average", "push_sum")
 TOL = 1e-6
 # while windows are open the interpreter switches threads at least this often: a receiver thread
 # whose message has landed waits for the GIL, and at the default 5 ms a training loop of 1 ms
 # steps would take its neighbours' messages in only every few steps (seen on a 16-core machine)
 SWITCH_INTERVAL = 0.0005
-
-
-def _header(op: int, wid: int, p: float = 0.0) -> torch.Tensor:
-    """A message header: the operation, the window and the push-sum weight (a float64's bits)."""
-    return torch.tensor([op, wid, int(torch.tensor([p], dtype=torch.float64).view(torch.long))])
-
-
-def _weight_of(head: torch.Tensor) -> float:
-    return float(head[2:3].view(torch.float64))
-
-
-def _tags(wid: int) -> tuple[int, int, int]:
-    """A window's tags: message bodies, get replies, mutex grants (0 is every header's)."""
-    return 16 + 4 * wid, 17 + 4 * wid, 18 + 4 * wid
 
 
 class Handle:
@@ -113,7 +111,7 @@ class Window:
         self.lock = threading.Condition()
         self.holder: int | None = None  # the rank holding this rank's mutex of the window
         self.queue: list[int] = []  # ranks waiting for it
-        self.body_tag, self.reply_tag, self.grant_tag = _tags(wid)
+        self.body_tag, self.reply_tag, self.grant_tag = tags(wid)
 
     # -- this rank's value -------------------------------------------------------------------
     def value(self, copy: bool = True) -> torch.Tensor:
@@ -201,7 +199,7 @@ class Window:
                 self.tensor = self.tensor.mul_(sw) if self._writable() else self.tensor * sw
                 self.p *= sw
         for j, w in dst.items():
-            head = _header(op, self.wid, p * w)
+            head = header(op, self.wid, p * w)
             handle.works += [ws.isend(head, j, 0), ws.isend(bodies[j], j, self.body_tag)]
             handle.keep.append(head)
             self.sent[j] += 1
@@ -216,12 +214,12 @@ class Window:
             head = torch.zeros(3, dtype=torch.long)
             got = torch.empty(self.tensor.numel(), dtype=self.tensor.dtype)
             replies = [dist.irecv(t, src=j, group=ws.group, tag=self.reply_tag) for t in (head, got)]
-            ws.wait(ws.isend(_header(GET, self.wid), j, 0), f"rank {j}")
+            ws.wait(ws.isend(header(GET, self.wid), j, 0), f"rank {j}")
             for r in replies:
                 ws.wait(r, f"rank {j}'s value of window {self.name!r}")
             with self.lock:
                 self.buffers[j] = got if w == 1.0 else got.mul_(float(w))
-                self.buffer_p[j] = _weight_of(head) * float(w)
+                self.buffer_p[j] = weight_of(head) * float(w)
                 self.empty[j] = False
                 self.versions[j] += 1
 
@@ -311,7 +309,7 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-class Windows:
+class Windows(Mutexes):
     """One rank's windows: their gloo group and a receiver thread per neighbour."""
 
     def __init__(self, rank: int, world: int, timeout: float) -> None:
@@ -428,16 +426,16 @@ class Windows:
                 w = self._window(wid)
                 if op in (PUT, ACCUMULATE):
                     self._post_bodies(src, posted)
-                    self._land(w, src, op, _weight_of(head), posted.pop(w.wid))
+                    self._land(w, src, op, weight_of(head), posted.pop(w.wid))
                 elif op == GET:  # to receives the asker posted before asking
                     with w.lock:
                         snap, p = w.tensor, w.p
-                    dist.send(_header(GET, wid, p), src, group=self.group, tag=w.reply_tag)
+                    dist.send(header(GET, wid, p), src, group=self.group, tag=w.reply_tag)
                     dist.send(snap, src, group=self.group, tag=w.reply_tag)
                 elif op == LOCK:
-                    self._grant_or_queue(w, src)
+                    self.grant_or_queue(w, src)
                 elif op == UNLOCK:
-                    self._release(w, src)
+                    self.release(w, src)
         except BaseException as exc:  # noqa: BLE001 - the training thread raises it
             if self._error is None and not self._stop.is_set():
                 self._error = exc
@@ -481,61 +479,6 @@ class Windows:
             w.applied[src] += 1
             w.lock.notify_all()
 
-    # -- the mutex -------------------------------------------------------------------------------
-    def _grant_or_queue(self, w: Window, rank: int) -> None:
-        with w.lock:
-            if w.holder is None:
-                w.holder = rank
-                dist.send(torch.ones(1), rank, group=self.group, tag=w.grant_tag)
-            else:
-                w.queue.append(rank)
-
-    def _release(self, w: Window, rank: int) -> None:
-        with w.lock:
-            if w.holder != rank:
-                return
-            w.holder = w.queue.pop(0) if w.queue else None
-            if w.holder is not None and w.holder != self.rank:
-                dist.send(torch.ones(1), w.holder, group=self.group, tag=w.grant_tag)
-            w.lock.notify_all()
-
-    def lock(self, w: Window, owner: int) -> None:
-        """Take ``owner``'s mutex of window ``w`` (this rank's own: wait until it is free)."""
-        if owner == self.rank:
-            with w.lock:
-                if w.holder is None:
-                    w.holder = self.rank
-                    return
-                w.queue.append(self.rank)
-                deadline = time.monotonic() + self.timeout
-                while w.holder != self.rank:
-                    self.check()
-                    if time.monotonic() > deadline:
-                        raise LaunchError(
-                            f"rank {self.rank}: waited {self.timeout:g} s for window {w.name!r}'s mutex, "
-                            f"held by rank {w.holder}"
-                        )
-                    w.lock.wait(0.2)
-            return
-        grant = torch.zeros(1)
-        reply = dist.irecv(grant, src=owner, group=self.group, tag=w.grant_tag)
-        self.wait(self.isend(_header(LOCK, w.wid), owner, 0), f"rank {owner}")
-        self.wait(reply, f"rank {owner}'s mutex of window {w.name!r}")
-
-    def unlock(self, w: Window, owner: int) -> None:
-        if owner == self.rank:
-            self._release(w, self.rank)
-            return
-        self.wait(self.isend(_header(UNLOCK, w.wid), owner, 0), f"rank {owner}")
-
-    @contextmanager
-    def mutex_of(self, w: Window) -> Iterator[None]:
-        self.lock(w, self.rank)
-        try:
-            yield
-        finally:
-            self.unlock(w, self.rank)
-
     # -- the end ---------------------------------------------------------------------------------
     def settle(self, run_group: Any = None) -> None:
         """A consistent cut: every put and accumulate any rank has sent has landed (an all-reduce
@@ -572,7 +515,7 @@ class Windows:
             return
         self._alive_sent = now
         for peer in sorted(self._done_from):
-            self.wait(self.isend(_header(ALIVE, 0), peer, 0), f"rank {peer}")
+            self.wait(self.isend(header(ALIVE, 0), peer, 0), f"rank {peer}")
 
     def finish(self) -> None:
         """This rank sends no more: say so to every neighbour, then wait until each has said the
@@ -580,7 +523,7 @@ class Windows:
         if self._said_done:
             return
         self._said_done = True
-        done = _header(DONE, 0)
+        done = header(DONE, 0)
         for peer in sorted(self._threads):
             self.wait(self.isend(done, peer, 0), f"rank {peer} to hear the end")
         with self._cv:
