@@ -280,13 +280,14 @@ def averaging_body(
     mode: str = "atc",
     slowdown: Any = (),
     device: str = "cpu",
+    backend: str = "auto",
 ) -> dict:
     """Pure averaging (lr 0): rank r starts from weights seeded r; returns its weights, the
     distance and its records (``slowdown``: RunOptions.slowdown, {rank: factor})."""
     from distlab.runtime.trainer import run_rank
 
     model = dense_model(seed=100 + rank)
-    strategy = strategy_for(f"gossip:{topo_name}:{mode}", model, world)
+    strategy = dataclasses.replace(strategy_for(f"gossip:{topo_name}:{mode}", model, world), backend=backend)
     job = job_for(
         rank,
         world,
