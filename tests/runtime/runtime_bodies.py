@@ -545,11 +545,12 @@ def checkpoint_body(
     }
 
 
-def stop_body(rank: int, world: int, addr: str, port: int) -> dict:
-    """Rank 1's should_stop turns true before step 3: every rank stops at the same step, cleanly."""
+def stop_body(rank: int, world: int, addr: str, port: int, case: str = "allreduce_own") -> dict:
+    """Rank 1's should_stop turns true before step 3: every rank stops at the same step, cleanly
+    (an asynchronous run's ranks at or past the agreed step)."""
     from distlab.runtime.trainer import run_rank
 
-    job = make_job(rank, world, addr, port, "allreduce_own", "dense", "sgd", 50, tag="stop")
+    job = make_job(rank, world, addr, port, case, "dense", "sgd", 50, tag="stop")
     seen: list[int] = []
 
     def should_stop() -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from runtime_bodies import dense_model
-from window_bodies import async_gossip_body, window_body
+from window_bodies import async_ends_body, async_gossip_body, window_body
 
 from distlab.runtime.spawn import spawn_local
 
@@ -133,3 +133,20 @@ def test_asynchronous_gossip_learns_digits(trained, case):
     ar = rank_mean("allreduce", slice(-15, None))
     assert last < 0.35 * first, (first, last)
     assert last < ar + 0.4, (last, ar)  # asynchronous and unsynchronised replicas: looser than sync gossip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_asynchronous_run_checkpoints_resumes_and_stops_cleanly(tmp_path):
+    res = spawn_local(2, async_ends_body, str(tmp_path), timeout=200)
+    for r in range(2):
+        ckpt = res[r]["checkpoint"]
+        assert ckpt["resumed_steps"] == [2, 3] and ckpt["samples"] == 16
+        # a checkpoint is a consistent cut, not a barrier to equal replicas: the resumed run
+        # starts every rank from rank 0's saved values and ends near the uninterrupted run
+        err = max((ckpt["full"][k] - ckpt["resumed"][k]).abs().max().item() for k in ckpt["full"])
+        assert err < 0.1, err
+        stop = res[r]["stop"]
+        assert stop["stopped"] and 3 <= stop["steps"] < 50  # at or past the agreed step, never all 50
+        assert res[r]["threads"] == []
+    assert res[0]["checkpoint"]["checkpoint"].endswith("ckpt-000000004.pt")

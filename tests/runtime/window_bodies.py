@@ -132,3 +132,19 @@ def async_gossip_body(rank: int, world: int, addr: str, port: int, digits_steps:
             digits_steps,
         ),
     }
+
+
+def async_ends_body(rank: int, world: int, addr: str, port: int, directory: str) -> dict:
+    """An asynchronous push-sum run's ends: checkpoints every 2 steps and a resume from step 2,
+    then a cancel; the window threads left after each."""
+    import threading
+
+    from runtime_bodies import checkpoint_body, stop_body
+
+    def threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("distlab-window")]
+
+    ckpt = checkpoint_body(rank, world, addr, port, directory, "gossip:exp2:push_sum")
+    after_ckpt = threads()
+    stop = stop_body(rank, world, addr, port, "gossip:exp2:push_sum")
+    return {"checkpoint": ckpt, "stop": stop, "threads": after_ckpt + threads()}
