@@ -96,11 +96,13 @@ def simulate(
     steps: int = 400,
     seed: int = 0,
     server_rate: float | None = None,
+    read_staleness: bool = True,
 ) -> ConsistencyPrediction:
     """Run ``steps`` clocks of every rank at ``staleness`` (0: synchronous PS, whose exchange is
     ``push + pull`` after the slowest; s > 0: SSP; ``ASYNC``: no gate). ``push``/``pull``: seconds
     to send a step's gradients / receive the values; ``server_rate``: the most pushes per second
-    the servers' links carry (asynchronous PS's bound), None: unbounded."""
+    the servers' links carry (asynchronous PS's bound), None: unbounded. ``read_staleness=False``
+    skips the staleness the ranks read (gossip, which has no servers to read from)."""
     if not ranks:
         raise DistlabError("consistency: no ranks to price")
     if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
@@ -110,6 +112,8 @@ def simulate(
     done = np.zeros((n, steps))  # when each rank's push of each clock lands
     start = np.zeros(n)
     seen = np.zeros((n, steps))
+    landed = np.zeros((n, n), dtype=int)  # pushes of each writer (column) landed by each reader's start
+    writers = np.arange(n)[None, :]
     for c in range(steps):
         if staleness == 0:  # synchronous: the slowest's push, then the servers' broadcast
             begin = (done[:, c - 1].max() + pull) if c else 0.0
@@ -122,9 +126,18 @@ def simulate(
         else:
             gate = np.full(n, done[:, c - staleness].max())
         start = np.maximum(done[:, c], gate) + pull
-        # the staleness read: this rank's next clock minus the slowest clock pushed by then
-        pushed = (done[:, : c + 1][None, :, :] <= start[:, None, None]).sum(-1)  # (reader, writer)
-        seen[:, c] = (c + 1) - pushed.min(1)
+        if not read_staleness:
+            continue
+        # the staleness read: this rank's next clock minus the slowest clock pushed by then. A
+        # writer's pushes land in clock order and a reader's starts only grow, so each count only
+        # moves forward: advance them all together until none can
+        while True:
+            nxt = done[writers, np.minimum(landed, c)] <= start[:, None]
+            step = (landed <= c) & nxt
+            if not step.any():
+                break
+            landed += step
+        seen[:, c] = (c + 1) - landed.min(1)
     warm = min(steps // 5, 50)
     ends = done[:, -1] if staleness != 0 else np.full(n, done[:, -1].max() + pull)
     begins = done[:, warm - 1] if warm else np.zeros(n)

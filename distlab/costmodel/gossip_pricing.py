@@ -355,7 +355,7 @@ def _asynchronous(
     own = send + combine + other
     ranks = [consistency.RankTime(b["compute"], noise, b["optimizer"] + float(own[r])) for r in range(n)]
     batch = base.global_batch // n
-    got = consistency.simulate(ranks, consistency.ASYNC, 0.0, 0.0, batch, slow, jitter)
+    got = consistency.simulate(ranks, consistency.ASYNC, 0.0, 0.0, batch, slow, jitter, read_staleness=False)
     periods = np.asarray(got.periods)
     compute = float(np.mean(periods - own)) - b["optimizer"]  # forward and backward, slowed and varied
     notes = [

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from distlab.runtime.gossip import consensus_distance, write_flat
 from distlab.runtime.window import Windows
 
 ONE_THREAD = True  # the exchange's arithmetic on one torch thread (``one_thread``)
@@ -89,12 +90,7 @@ class AsyncGossip:
         return torch.cat([t.detach().reshape(-1).cpu() for t in self.tensors])
 
     def _write(self, flat: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for t in self.tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
+        write_flat(self.tensors, flat)
 
     def before_step(self, step: int) -> None:
         pass
@@ -105,8 +101,7 @@ class AsyncGossip:
             self._exchange()
 
     def _exchange(self) -> None:
-        if self._handle is not None:  # at most one step's messages in flight
-            self._handle.wait()
+        self._sent()  # at most one step's messages in flight
         self.windows.heartbeat()
         w = self.window
         # a neighbour that has finished takes nothing more in: mass sent there would leave the
@@ -195,27 +190,27 @@ class AsyncGossip:
 
     def settle(self) -> None:
         """A consistent cut (a checkpoint): every message sent has landed and been taken in."""
-        if self._handle is not None:
-            self._handle.wait()
-            self._handle = None
+        self._sent()
         self.windows.settle()
         self._drain()
 
     def finish(self) -> None:
         """After this rank's last step: wait until every neighbour has finished too and every
         message has landed, then take the last of them in."""
+        self._sent()
+        self.windows.finish()
+        self._drain()
+
+    def _sent(self) -> None:
+        """This rank's last sends are across."""
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
-        self.windows.finish()
-        self._drain()
 
     def close(self) -> None:
         self.windows.close()
 
     def consensus_distance(self) -> float:
         """Mean over ranks of ||x_r - mean x||^2 (a collective on the run's group)."""
-        from distlab.runtime.gossip import consensus_distance
-
         flat = torch.cat([t.detach().reshape(-1) for t in self.tensors])  # on the run's device (NCCL)
         return consensus_distance(flat, self.world)

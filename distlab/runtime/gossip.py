@@ -94,6 +94,16 @@ def neighbor_allreduce(
     return finish_neighbor_allreduce(tensor, self_weight, src_weights, started)
 
 
+def write_flat(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` (the tensors concatenated, flattened, in order) back into ``tensors``."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+
 def consensus_distance(
     flat: torch.Tensor, world: int, wait: Callable[[Any], None] = lambda w: w.wait()
 ) -> float:
@@ -152,12 +162,7 @@ class Gossip:
         return finish_neighbor_allreduce(flat, sw, src, started)
 
     def _write(self, flat: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for t in self.tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
+        write_flat(self.tensors, flat)
 
     def before_step(self, step: int) -> None:
         if self.mode == "awc" and self.tensors:
