@@ -167,7 +167,8 @@ class AsyncGossip:
 
     def record(self) -> dict[str, Any]:
         """A step's record: this rank's own clock, its disagreement with the neighbours it heard
-        from (and how many), and on push-sum its weight p (its share of the mass, 1 on average)."""
+        from (and how many), and on push-sum its weight p (its share of the mass: the ranks'
+        weights and the mass still in flight sum to the world)."""
         rec: dict[str, Any] = {"clock": self.clock, "heard": self.heard}
         if self.disagreement is not None:
             rec["disagreement"] = self.disagreement
