@@ -168,7 +168,7 @@ class AsyncGossip:
     def record(self) -> dict[str, Any]:
         """A step's record: this rank's own clock, its disagreement with the neighbours it heard
         from (and how many), and on push-sum its weight p (its share of the mass: the ranks'
-        weights and the mass still in flight sum to the world)."""
+        weights, the mass in flight and the mass landed but not yet collected sum to the world)."""
         rec: dict[str, Any] = {"clock": self.clock, "heard": self.heard}
         if self.disagreement is not None:
             rec["disagreement"] = self.disagreement
@@ -190,7 +190,8 @@ class AsyncGossip:
         self.window.set(self._x, p=1.0)
 
     def settle(self) -> None:
-        """A consistent cut (a checkpoint): every message sent has landed and been taken in."""
+        """A consistent cut (a checkpoint): every message sent has landed (and, on push-sum, been
+        collected; neighbour averaging takes it in at its next update)."""
         self._sent()
         self.windows.settle()
         self._drain()

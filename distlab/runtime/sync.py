@@ -250,9 +250,11 @@ class Synchronizer:
             self.gossip.reload()
 
     def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
-        """Every rank's variables equal, with every push applied (a stale PS's checkpoint is a
-        barrier), and the (step, samples) every rank checkpoints at (StalePS.settle); nothing to
-        do for the synchronous kernels, whose step ends in agreement."""
+        """A checkpoint's consistent cut and the (step, samples) every rank checkpoints at: a stale
+        PS's every push applied and every rank's variables equal (StalePS.settle); asynchronous
+        gossip's every message landed (its replicas still differ: the checkpoint keeps rank 0's
+        and a resume starts every rank from them); nothing to do for the synchronous kernels,
+        whose step ends in agreement."""
         if isinstance(self.gossip, AsyncGossip):
             self.gossip.settle()
             if self.stale is None:

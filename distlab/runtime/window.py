@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -93,7 +93,7 @@ class Window:
         self.windows, self.wid, self.name, self.method = windows, wid, name, method
         # changed in place only when no send in flight reads it (``_lent``): a send of weight 1
         # reads the tensor itself, and a change then makes a new tensor instead
-        self.tensor = tensor.detach().clone().reshape(-1)
+        self.tensor = tensor.detach().reshape(-1).cpu().clone()  # gloo reads host memory: staged
         self._lent: list[Handle] = []
         self.p = 1.0  # the push-sum weight of this rank's value
         self.in_neighbors, self.out_neighbors = list(in_neighbors), list(out_neighbors)
@@ -135,7 +135,7 @@ class Window:
     def set(self, tensor: torch.Tensor, p: float | None = None, adopt: bool = False) -> None:
         """Replace this rank's tensor (and push-sum weight); ``adopt``: take ``tensor`` itself
         rather than a copy (the caller promises not to change it in place)."""
-        flat = tensor.detach().reshape(-1).to(self.tensor.dtype)
+        flat = tensor.detach().reshape(-1).to("cpu", self.tensor.dtype)
         flat = flat if adopt else flat.clone()
         with self.lock:
             self.tensor = flat
@@ -200,13 +200,18 @@ class Window:
                 self.p *= sw
         for j, w in dst.items():
             head = header(op, self.wid, p * w)
-            handle.works += [ws.isend(head, j, 0), ws.isend(bodies[j], j, self.body_tag)]
+            handle.works += [ws.send_to(head, j, 0), ws.send_to(bodies[j], j, self.body_tag)]
             handle.keep.append(head)
             self.sent[j] += 1
         return handle
 
     def get(self, src_weights: Any = None) -> None:
         """Fetch each in-neighbour's value (times its weight) into its buffer (BlueFog's win_get)."""
+        if self.method == "push_sum":
+            raise LaunchError(
+                f"window {self.name!r}: get copies mass its owner keeps, so a collect would count it "
+                "twice; push-sum moves mass with accumulate"
+            )
         src = self._weights(src_weights, self.in_neighbors, "src_weights", "in-neighbour")
         ws = self.windows
         ws.check()
@@ -252,7 +257,7 @@ class Window:
                 f"window {self.name!r}: push-sum collects every neighbour's mass at weight 1 and empties "
                 "the buffers; use update_then_collect()"
             )
-        with self.windows.mutex_of(self) if require_mutex else _nothing(), self.lock:
+        with self.windows.mutex_of(self) if require_mutex else nullcontext(), self.lock:
             if sw == 1.0 and self._writable():
                 new = self.tensor
             else:
@@ -304,11 +309,6 @@ class Window:
         return out
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 class Windows(Mutexes):
     """One rank's windows: their gloo group and a receiver thread per neighbour."""
 
@@ -344,6 +344,11 @@ class Windows(Mutexes):
         in the same order. Starts a receiver thread for each new neighbour."""
         if name in self.windows:
             raise LaunchError(f"window {name!r}: the name is used twice; give each window its own name")
+        if method == "push_sum" and not zero_init:
+            raise LaunchError(
+                f"window {name!r}: a push-sum window starts with empty buffers (zero_init=True); buffers "
+                "holding copies of the value would add mass at the first collect"
+            )
         if method not in METHODS:
             raise LaunchError(f"window {name!r}: method {method!r} is not one of: {', '.join(METHODS)}")
         for kind, ranks in (("in", in_neighbors), ("out", out_neighbors)):
@@ -382,6 +387,16 @@ class Windows(Mutexes):
     # -- messages --------------------------------------------------------------------------------
     def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
         return dist.isend(t, dst, group=self.group, tag=tag)
+
+    def send_to(self, t: torch.Tensor, dst: int, tag: int) -> Any:
+        """``isend``, a lost connection named: what ended a receiver thread, else the peer."""
+        try:
+            return self.isend(t, dst, tag)
+        except RuntimeError as exc:
+            self.check()
+            raise RuntimeError(
+                f"rank {self.rank}: sending to rank {dst}: {str(exc).splitlines()[0]}"
+            ) from None
 
     def wait(self, work: Any, what: str) -> None:
         """Wait for a message under the group's timeout (a timed gloo wait closes the pair when it
@@ -429,7 +444,7 @@ class Windows(Mutexes):
                     self._land(w, src, op, weight_of(head), posted.pop(w.wid))
                 elif op == GET:  # to receives the asker posted before asking
                     with w.lock:
-                        snap, p = w.tensor, w.p
+                        snap, p = w.tensor.clone(), w.p  # this rank may change it once unlocked
                     dist.send(header(GET, wid, p), src, group=self.group, tag=w.reply_tag)
                     dist.send(snap, src, group=self.group, tag=w.reply_tag)
                 elif op == LOCK:
@@ -507,15 +522,17 @@ class Windows(Mutexes):
             return set(self._done_from)
 
     def heartbeat(self) -> None:
-        """(each step of a rank still training) Tell the neighbours that finished and wait for this
-        rank that it is alive, at most every quarter of the timeout: a finished rank waits for a
-        slower one for as long as it hears from it."""
+        """(each step of a rank still training) Tell every neighbour this rank is alive, at most
+        every quarter of the timeout. A receiver thread's wait for its neighbour's next header is
+        bounded by the group's timeout (gloo closes the pair when it expires), and on a directed
+        graph (exp2) a neighbour may never send anything else: its thread must hear from it. A
+        finished rank also waits for a slower one for as long as it hears from it."""
         now = time.monotonic()
-        if not self._done_from or now - self._alive_sent < self.timeout / 4:
+        if now - self._alive_sent < self.timeout / 4:
             return
         self._alive_sent = now
-        for peer in sorted(self._done_from):
-            self.wait(self.isend(header(ALIVE, 0), peer, 0), f"rank {peer}")
+        for peer in sorted(self._threads):
+            self.wait(self.send_to(header(ALIVE, 0), peer, 0), f"rank {peer}")
 
     def finish(self) -> None:
         """This rank sends no more: say so to every neighbour, then wait until each has said the

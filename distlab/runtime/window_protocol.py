@@ -79,6 +79,7 @@ class Mutexes:
                 while w.holder != self.rank:
                     self.check()
                     if time.monotonic() > deadline:
+                        w.queue.remove(self.rank)
                         raise LaunchError(
                             f"rank {self.rank}: waited {self.timeout:g} s for window {w.name!r}'s mutex, "
                             f"held by rank {w.holder}"

@@ -191,7 +191,7 @@ def _parse_gossip(x: Any, version: int) -> GossipConfig:
     if "asynchronous" in gd and version < 3:
         raise _fail("gossip.asynchronous", f"version {version} has no asynchronous gossip; write version 3")
     modes = ASYNC_GOSSIP_MODES if flags["asynchronous"] else GOSSIP_MODES
-    mode = _str(gd.get("mode", modes[0]), "gossip.mode", modes)
+    mode = _str(gd.get("mode", modes[0]), "gossip.mode")  # its choices: _check_gossip, which says why
     return GossipConfig(
         _str(gd["topology"], "gossip.topology"), flags["dynamic"], mode, flags["asynchronous"]
     )

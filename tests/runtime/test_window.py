@@ -58,6 +58,8 @@ def test_an_update_under_the_mutex_waits_for_the_remote_holder(windows):
         ("push-sum weights", "sum to 0.7"),
         ("push-sum update", "update_then_collect"),
         ("no in-neighbour", "no in-neighbour"),
+        ("push-sum get", "count it twice"),
+        ("push-sum copies", "zero_init=True"),
     ],
 )
 def test_bad_window_calls_get_one_line_naming_the_window_and_the_fix(windows, case, words):
@@ -79,6 +81,16 @@ def test_push_sum_reaches_the_exact_average_at_uneven_paces_and_conserves_mass(w
     assert torch.allclose(total, sum(x0), atol=1e-9)
     start = max((x - mean).abs().max().item() for x in x0)
     assert start > 1.0  # the ranks did start apart
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_windows_on_a_directed_graph_outlive_the_group_timeout(windows):
+    # each receiver thread's wait is bounded by the timeout: the heartbeats keep every pair alive
+    for r in range(WORLD):
+        seconds, p, threads = windows[r]["outlived the timeout"]
+        assert seconds >= 5.0 and threads == []
+    assert sum(windows[r]["outlived the timeout"][1] for r in range(WORLD)) == pytest.approx(WORLD)
 
 
 @pytest.mark.slow

@@ -100,6 +100,10 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
         "push-sum weights": _error(lambda: ws["ps"].accumulate(self_weight=0.5, dst_weights={right: 0.2})),
         "push-sum update": _error(lambda: ws["ps"].update(0.5, {left: 0.5})),
         "no in-neighbour": _error(lambda: ws.create("lonely", own, [], [right])),
+        "push-sum get": _error(lambda: ws["ps"].get()),
+        "push-sum copies": _error(
+            lambda: ws.create("ps2", own, [left], [right], "push_sum", zero_init=False)
+        ),
     }
     ws.finish()
     out["threads after finish"] = ws.alive()
@@ -107,6 +111,20 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
     ws2 = Windows(rank, world, timeout=30.0)
     out["push-sum"] = push_sum_average(ws2, topology.get("exp2", world), rank, steps=60)
     out["push-sum threads"] = ws2.alive()
+    # a directed graph outliving the group's timeout: on exp2 rank r never hears from r+1 but
+    # through its heartbeats, and a receiver thread's wait is bounded by the timeout (2 s here)
+    ws3 = Windows(rank, world, timeout=2.0)
+    graph = topology.get("exp2", world)
+    w3 = ws3.create("long", torch.ones(4), graph.in_neighbors(rank), graph.out_neighbors(rank), "push_sum")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5.0:
+        w3.accumulate().wait()
+        w3.update_then_collect()
+        ws3.heartbeat()
+        time.sleep(0.05)
+    ws3.finish()
+    w3.update_then_collect()
+    out["outlived the timeout"] = (time.monotonic() - t0, w3.p, ws3.alive())
     dist.destroy_process_group()
     return out
 

@@ -39,7 +39,12 @@ def test_an_asynchronous_plan_round_trips_and_older_versions_read_as_synchronous
 @pytest.mark.parametrize(
     "change,field,words",
     [
-        (lambda d: d["gossip"].update(mode="atc"), "gossip.mode", "push_sum, average"),
+        (lambda d: d["gossip"].update(mode="atc"), "gossip.mode", "not an asynchronous gossip mode"),
+        (
+            lambda d: d["gossip"].update(asynchronous=False, mode="push_sum"),
+            "gossip.mode",
+            "not a synchronous",
+        ),
         (lambda d: d["gossip"].update(asynchronous="yes"), "gossip.asynchronous", "true or false"),
         (lambda d: d.update(version=2), "gossip.asynchronous", "write version 3"),
         (
