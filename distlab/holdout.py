@@ -2,7 +2,8 @@
 
 No calibration stage, default, cost-model term or test was fitted, tuned or diagnosed on these
 (``tests/test_holdout_guard.py`` fails if any module of distlab or any test but the one that
-checks their shapes imports this module; the ``prediction-paths`` benchmark is their one user).
+checks their shapes imports this module; the ``prediction-paths``, ``two-hosts`` and
+``trace-whatif`` benchmarks are their only users).
 They are architectures the zoo and the reference models lack, in torch's own layers: a
 patch-attention classifier (``nn.MultiheadAttention`` over image patches, a class token), a
 DLRM-style mixture of embedding tables (``nn.EmbeddingBag``, bottom and top MLPs, pairwise dot
@@ -13,7 +14,18 @@ A model that is ever used to diagnose or tune distlab leaves this set (to
 ``distlab.heldout``, whose models were: its docstring says how) and the benchmark's data card
 says so: the LSTM tagger and the 1-D BatchNorm convnet left it on 2026-11-26, after their run on
 a GPU exposed the measured step taken on a GPU Lab's CPU (``datasets/measurements/gpu``); the
-Mixer and the depthwise-separable network replaced them and have been scored on nothing yet.
+Mixer and the depthwise-separable network replaced them. What has scored them (files in
+``datasets/measurements/``; ``tests/test_holdout_scorings.py`` keeps this list whole):
+
+- ``prediction-paths-2026-11-26.json``: patch attention, DLRM mixture;
+- ``prediction-paths-2026-11-26b.json``: all four;
+- ``two-hosts-2026-11-27c.json``: patch attention, DLRM mixture;
+- ``trace-whatif-2026-11-27-heldout.json``: patch attention, Mixer, depthwise-separable;
+- ``trace-whatif-2026-11-27-heldout-bandwidth.json``: patch attention, Mixer;
+
+patch attention five times, the DLRM mixture and the Mixer three, the depthwise-separable network
+twice. Every scoring is a look: a model
+whose figures were ever used to choose a change leaves the set.
 Each :class:`HeldOut` has ``(input, target)`` pairs with int64 class targets, trained
 with the default cross-entropy; models and data are deterministic in ``seed``.
 """
