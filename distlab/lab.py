@@ -287,7 +287,7 @@ class Lab:
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
         ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``);
-        ``jitter=σ``: every rank's compute varies step to step by σ of its step (an exponential
+        ``jitter=σ``: every rank's compute varies step to step by σ of its forward+backward (an exponential
         extra wait, RunOptions.jitter), the noise a busy or shared machine adds.
         """
         # Long because its signature and docstring are the launch's reference; the body is the

@@ -246,9 +246,9 @@ def check_jitter(jitter: Any) -> float:
     if jitter is None:
         return 0.0
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter):
-        raise LaunchError(f"jitter: expected a number, e.g. 0.2 (20% of the step), got {jitter!r}")
+        raise LaunchError(f"jitter: expected a number, e.g. 0.2 (20% of forward+backward), got {jitter!r}")
     if not 0 <= jitter <= 5:
-        raise LaunchError(f"jitter: {jitter!r} must be between 0 and 5 (0.2: 20% of the step)")
+        raise LaunchError(f"jitter: {jitter!r} must be between 0 and 5 (0.2: 20% of forward+backward)")
     return float(jitter)
 
 

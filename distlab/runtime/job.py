@@ -62,7 +62,7 @@ class RunOptions:
     jitter: float = 0.0
     """Step-to-step variation asked for: before each backward every rank also waits ``jitter``
     times its compute times a draw of an exponential of mean 1 (so its compute varies with a
-    standard deviation of ``jitter`` times the step, and grows by as much on average), from a
+    standard deviation of ``jitter`` times its forward and backward, and grows by as much on average), from a
     generator seeded by the run's seed and the rank. 0: none."""
 
     def __post_init__(self) -> None:
