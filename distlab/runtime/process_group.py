@@ -235,6 +235,10 @@ class StopSignal:
     least twice ``interval``: every rank, in lockstep, then reads at every step; one slow step, a
     hiccup, is not enough) the margin grows by one step only, and a cancel stops a model of 1 s
     steps in about 3 s, not 6.
+
+    ``at_once`` (asynchronous runs, whose ranks are not in lockstep): each rank stops at the first
+    step boundary after it reads the key, where it stands; no rank trains on to reach the
+    requester's step (a straggler far behind would keep the others waiting for it).
     """
 
     def __init__(
@@ -245,8 +249,10 @@ class StopSignal:
         period: int = 4,
         interval: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        at_once: bool = False,
     ) -> None:
         self.store, self.should_stop, self.period = store, should_stop, max(1, period)
+        self.at_once = at_once
         self.base, self.interval, self.clock = margin, interval, clock
         self.target: int | None = None
         self._last_read = clock()
@@ -275,7 +281,7 @@ class StopSignal:
                 self._last_read = now
                 if self.store.check([STOP_KEY]):
                     self.target = int(self.store.get(STOP_KEY).decode())
-        return self.target is not None and step >= self.target
+        return self.target is not None and (self.at_once or step >= self.target)
 
     def requested(self) -> bool:
         try:

@@ -364,14 +364,29 @@ class StalePS:
                 msg = torch.tensor([DONE, self.clock], dtype=torch.long)
                 self._wait(dist.isend(msg, s, group=self.push_group, tag=1), f"rank {s} to hear the end")
         self._read(block=True)
-        deadline = time.monotonic() + self.timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():
-                raise LaunchError(f"rank {self.rank}: its PS server did not hear every worker finish")
+        self._join_servers()
         self._check_server()
         self._finished = True
         self.publish()
+
+    def _join_servers(self) -> None:
+        """Wait until every other worker has said it is done, for as long as their pushes keep
+        coming: a straggler far behind is still training, and only ``timeout`` seconds without a
+        single push from any of them fails the run."""
+        deadline = time.monotonic() + self.timeout
+        applied = -1
+        while any(t.is_alive() for t in self._threads):
+            if self.server is not None:
+                with self.server.cond:
+                    now_applied = sum(self.server.clocks)
+                if now_applied != applied:
+                    applied, deadline = now_applied, time.monotonic() + self.timeout
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"rank {self.rank}: its PS server heard nothing from the workers still training "
+                    f"for {self.timeout:.0f} s"
+                )
+            next(t for t in self._threads if t.is_alive()).join(0.2)
 
     def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
         """Every push of every worker applied and every rank holding the servers' values (a

@@ -15,6 +15,7 @@ from distlab.allocator import tune_allocator
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import checkpoint as ckpt
 from distlab.runtime.adaptive import BatchState
+from distlab.runtime.cut import checkpoint_cadence
 from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer
 from distlab.runtime.gossip import resolve_topology
@@ -194,6 +195,18 @@ def _stop_margin(sync: Any, world: int) -> int:
     return world + 1 if sync.gossip is not None else 2
 
 
+def _asynchronous(sync: Any) -> bool:
+    """Whether the run's ranks go at their own pace with no bound on their drift: an asynchronous
+    PS, asynchronous gossip. Their checkpoints are cuts on request and a stop is where each rank
+    stands (runtime/cut.py). A stale-synchronous PS is not: its gate keeps the fastest rank within
+    s steps of the slowest, so a checkpoint at a common step costs the fast ranks at most s of the
+    slowest rank's steps, and it keeps the resume exact (every push of the steps before it
+    applied, none after)."""
+    if sync.stale is not None:
+        return sync.stale.gate is None
+    return bool(getattr(sync.gossip, "asynchronous", False))
+
+
 def _consistency(sync: Any) -> dict[str, int]:
     """A stale PS step's record: this rank's clock and the staleness of the values it read; an
     asynchronous gossip step's: its clock and its disagreement with the neighbours it heard."""
@@ -255,7 +268,9 @@ def _train(
     pos = job.sample_offset
     if job.resume_from:
         _resume(job, model, sync, units, batches)
-    stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world))
+    asynchronous = _asynchronous(sync)
+    stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world), at_once=asynchronous)
+    cadence = checkpoint_cadence(store, job.checkpoint_every, asynchronous) if job.checkpoint_dir else None
     records: list[dict[str, Any]] = []
     last_ckpt = None
     step = job.start_step
@@ -265,8 +280,10 @@ def _train(
         for step in range(job.start_step, job.steps):
             if stop.stop_before(step):
                 stopped = True
-                if job.checkpoint_dir and step > job.start_step:  # a resize resumes exactly here
+                # a resize resumes exactly here (an asynchronous run: after its furthest rank)
+                if cadence and (asynchronous or step > job.start_step) and cadence.stop():
                     last_ckpt = _checkpoint(job, model, sync, units, step, pos, batches)
+                    cadence.served()
                 break
             progress["step"] = step
             t0 = time.perf_counter()
@@ -291,8 +308,12 @@ def _train(
             records.append(rec)
             if emit is not None:
                 emit(rec)
-            if job.checkpoint_dir and job.checkpoint_every and (step + 1) % job.checkpoint_every == 0:
+            if cadence and cadence.due(step + 1):
                 last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos, batches)
+                cadence.served()
+        if cadence and not stopped and cadence.close():  # a cut asked before this rank's end
+            last_ckpt = _checkpoint(job, model, sync, units, job.steps, pos, batches)
+            cadence.served()
         sync.finish()
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
     finally:

@@ -503,7 +503,11 @@ class Windows(Mutexes):
             for j, n in w.sent.items():
                 counts[w.wid, self.rank, j] = n
         counts = on_run_device(counts)
-        dist.all_reduce(counts, group=run_group)
+        work = dist.all_reduce(counts, group=run_group, async_op=True)
+        while not work.is_completed():  # a collective's completion polls (a p2p receive's does not)
+            self.heartbeat()  # the neighbours still training keep hearing from this rank
+            time.sleep(0.001)
+        work.wait()
         counts = counts.cpu()
         deadline = time.monotonic() + self.timeout
         for w in self._by_id:

@@ -1,0 +1,91 @@
+"""The checkpoint cadence of asynchronous runs (runtime/cut.py) on a real TCPStore: a cut is asked
+on the fastest rank's clock and joined by every rank at its own step, every rank joins the same
+cuts (each is a collective), and none is asked after a rank has finished."""
+
+from __future__ import annotations
+
+import datetime
+import random
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from distlab.runtime.cut import CutCadence, StepCadence, checkpoint_cadence
+
+
+@pytest.fixture
+def store():
+    s = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    return dist.PrefixStore("run/", s)
+
+
+def test_a_cut_is_asked_by_the_fastest_rank_and_joined_where_each_rank_stands(store):
+    fast, slow = CutCadence(store, 4, interval=0), CutCadence(store, 4, interval=0)
+    assert [fast.due(k) for k in (1, 2, 3)] == [False, False, False]
+    assert fast.due(4)  # its own clock asks cut 1
+    assert slow.due(2)  # the slow rank joins at its step 2, not at 4
+    fast.served(), slow.served()
+    assert not slow.due(3) and not slow.due(4)  # its clock reaching 4 asks nothing: cut 1 was it
+    assert fast.due(8)  # cut 2
+    fast.served()
+    assert slow.close()  # finished before it joined cut 2: it must still join (the asker waits)
+    slow.served()
+    assert not fast.due(9) and not fast.due(12)  # closed: a finished rank joins no more cuts
+    assert not fast.close()
+
+
+def test_a_stop_asks_one_last_cut_that_every_rank_joins_once(store):
+    a, b = CutCadence(store, 100, interval=0), CutCadence(store, 100, interval=0)
+    assert a.stop()
+    a.served()
+    assert b.due(1)  # b joins it at its next step
+    b.served()
+    assert not b.stop() and not b.close() and not a.close()
+
+
+def test_a_synchronous_run_checkpoints_every_k_steps_without_a_word():
+    c = checkpoint_cadence(None, 3, asynchronous=False)
+    assert isinstance(c, StepCadence)
+    assert [c.due(k) for k in range(1, 7)] == [False, False, True, False, False, True]
+    assert not c.close() and c.stop()
+
+
+@pytest.mark.timeout(60)
+def test_ranks_at_their_own_pace_join_the_same_cuts_and_never_wait_for_a_step(store):
+    """Four threads, one 5x slower than the rest, joining each cut through a real barrier (as the
+    trainer's collectives): every thread joins the same cuts, and the fast ones join them at
+    steps far ahead of the slow one (the old cadence, a step number, would have made them wait)."""
+    world, steps = 4, 40
+    barrier = threading.Barrier(world, timeout=10)
+    joined: list[list[int]] = [[] for _ in range(world)]
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        rng = random.Random(r)
+        cad = CutCadence(store, 8, interval=0.005)
+        try:
+            for step in range(steps):
+                time.sleep((0.010 if r == world - 1 else 0.002) * rng.uniform(0.8, 1.2))
+                if cad.due(step + 1):
+                    barrier.wait()
+                    joined[r].append(step + 1)
+                    cad.served()
+            if cad.close():
+                barrier.wait()
+                joined[r].append(steps)
+                cad.served()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    assert not errors, errors
+    counts = {len(j) for j in joined}
+    assert len(counts) == 1 and counts.pop() >= 2, joined  # the same cuts on every rank
+    # at each cut the fastest rank stood well ahead of the slow one: no one waited for a step
+    assert any(joined[0][i] >= 2 * joined[-1][i] for i in range(len(joined[0]))), joined
