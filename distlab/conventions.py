@@ -11,13 +11,15 @@ turns either into what a route runs, before any worker starts:
   ``delta``), computed in torch on the torch route (so it runs whatever Keras backend the
   notebook imported) and rebuilt as the Keras loss itself in the TensorFlow child
   (:meth:`KerasLoss.keras`). Per-sample losses are averaged over every sample of the global batch.
-- ``OptimizerSpec``: an optimizer by kind and Keras-style options; a torch optimizer with the same
-  hyperparameters on the torch route (:meth:`OptimizerSpec.__call__`), the Keras optimizer
-  natively (:meth:`OptimizerSpec.keras`).
+- ``OptimizerSpec``: an optimizer by kind and Keras's settings (:data:`OPTIMIZERS`, weight decay
+  included); on the torch route a torch optimizer that steps by Keras's own update rule
+  (:meth:`OptimizerSpec.__call__`, :class:`distlab.keras_optim.KerasOptimizer`), natively the Keras
+  optimizer rebuilt from the same settings (:meth:`OptimizerSpec.keras`).
 
 The default optimizer is Adam at 1e-3 (Keras's own default; :data:`DEFAULT_OPTIMIZER`). Bad input
 (an unknown loss or optimizer name, a Keras loss for a torch model, a torch loss for a native
-TensorFlow run, a Keras option the torch route cannot honour) is one ``LaunchError`` naming it.
+TensorFlow run, a Keras optimizer setting no route carries: clipping, EMA, gradient accumulation,
+``exclude_from_weight_decay``) is one ``LaunchError`` naming it.
 """
 
 from __future__ import annotations
@@ -43,25 +45,61 @@ KERAS_LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
 _ALIASES = {"mse": "mean_squared_error", "mae": "mean_absolute_error", "huber_loss": "huber"}
 _ALIASES.update({cls.lower(): name for name, (cls, _) in KERAS_LOSSES.items()})
 
-# optimizer kind -> (Keras class, Keras defaults the torch route carries over)
+# optimizer kind -> (Keras class, the Keras settings both routes carry, with Keras's defaults);
+# weight_decay is Keras's decoupled decay (var -= var * wd * lr before the update), on every kind
 OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
     "adam": (
         "Adam",
-        {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False},
+        {
+            "learning_rate": 1e-3,
+            "beta_1": 0.9,
+            "beta_2": 0.999,
+            "epsilon": 1e-7,
+            "amsgrad": False,
+            "weight_decay": None,
+        },
     ),
     "adamw": (
         "AdamW",
-        {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004},
+        {
+            "learning_rate": 1e-3,
+            "beta_1": 0.9,
+            "beta_2": 0.999,
+            "epsilon": 1e-7,
+            "amsgrad": False,
+            "weight_decay": 0.004,
+        },
     ),
-    "sgd": ("SGD", {"learning_rate": 0.01, "momentum": 0.0, "nesterov": False}),
+    "sgd": ("SGD", {"learning_rate": 0.01, "momentum": 0.0, "nesterov": False, "weight_decay": None}),
     "rmsprop": (
         "RMSprop",
-        {"learning_rate": 1e-3, "rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False},
+        {
+            "learning_rate": 1e-3,
+            "rho": 0.9,
+            "momentum": 0.0,
+            "epsilon": 1e-7,
+            "centered": False,
+            "weight_decay": None,
+        },
     ),
-    "adagrad": ("Adagrad", {"learning_rate": 1e-3, "initial_accumulator_value": 0.1, "epsilon": 1e-7}),
+    "adagrad": (
+        "Adagrad",
+        {"learning_rate": 1e-3, "initial_accumulator_value": 0.1, "epsilon": 1e-7, "weight_decay": None},
+    ),
 }
-# Keras optimizer options that change the update and that the torch route does not carry
-_UNCARRIED = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps")
+# Keras optimizer settings that change the update and that no route can carry as Keras means
+# them, each with why: refused in one line (their Keras defaults are None or False)
+_UNCARRIED = {
+    "clipnorm": "distlab's runtimes step each server's shard of a variable with its own optimizer and "
+    "TensorFlow's replicas clip before their all-reduce, so neither clips the global batch's gradient",
+    "clipvalue": "TensorFlow's replicas clip their own share of the gradient before the all-reduce, "
+    "so the native route does not clip the global batch's gradient",
+    "global_clipnorm": "distlab's runtimes step each server's shard with its own optimizer and "
+    "TensorFlow's replicas clip before their all-reduce, so neither sees the whole gradient",
+    "use_ema": "fit writes the moving average into the weights when it ends; a distlab run ends with "
+    "the trained weights",
+    "gradient_accumulation_steps": "distlab steps on every batch; raise batch_size for a larger global batch",
+}
 
 
 def _is_keras(obj: Any) -> bool:
@@ -189,27 +227,9 @@ class OptimizerSpec:
         return f"{OPTIMIZERS[self.kind][0]}(learning_rate={s['learning_rate']:g}{extra}){where}"
 
     def __call__(self, params: Any) -> Any:
-        s = self.settings
-        lr = float(s["learning_rate"])
-        if self.kind in ("adam", "adamw"):
-            kw = {"lr": lr, "betas": (s["beta_1"], s["beta_2"]), "eps": s["epsilon"]}
-            if self.kind == "adamw" or s.get("weight_decay"):
-                return AdamW(params, weight_decay=float(s.get("weight_decay") or 0.0), **kw)
-            return Adam(params, amsgrad=bool(s.get("amsgrad")), **kw)
-        if self.kind == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=s["momentum"], nesterov=bool(s["nesterov"]))
-        if self.kind == "rmsprop":
-            return torch.optim.RMSprop(
-                params,
-                lr=lr,
-                alpha=s["rho"],
-                eps=s["epsilon"],
-                momentum=s["momentum"],
-                centered=s["centered"],
-            )
-        return torch.optim.Adagrad(
-            params, lr=lr, initial_accumulator_value=s["initial_accumulator_value"], eps=s["epsilon"]
-        )
+        from distlab.keras_optim import KerasOptimizer
+
+        return KerasOptimizer(params, self.kind, self.settings)
 
     def keras(self) -> Any:
         """The Keras optimizer (the native route's), built where it runs."""
@@ -219,31 +239,6 @@ class OptimizerSpec:
 
 
 DEFAULT_OPTIMIZER = OptimizerSpec("adam", source="default")
-
-
-def _densified(optimizer: Any) -> None:
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None and p.grad.is_sparse:
-                p.grad = p.grad.to_dense()
-
-
-class Adam(torch.optim.Adam):
-    """torch's Adam that takes sparse gradients too (an ``nn.Embedding(sparse=True)`` table):
-    made dense before the step, as Keras's Adam updates a whole table's moments (torch's refuses
-    them). What the names ``"adam"`` and the default build."""
-
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        _densified(self)
-        return super().step(closure)
-
-
-class AdamW(torch.optim.AdamW):
-    """torch's AdamW taking sparse gradients too, as :class:`Adam`."""
-
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        _densified(self)
-        return super().step(closure)
 
 
 def optimizer_spec(optimizer: Any, source: str = "argument", lr: float | None = None) -> OptimizerSpec | None:
@@ -279,18 +274,29 @@ def _from_keras(opt: Any, source: str) -> OptimizerSpec:
             "pass one of those, or a factory params -> torch.optim.Optimizer"
         )
     cfg = opt.get_config()
-    for key in _UNCARRIED:
-        if cfg.get(key) not in (None, False, 1):
+    name = type(opt).__name__
+    for key, why in _UNCARRIED.items():
+        if cfg.get(key):  # None, False and 0 are Keras's "off"
             raise LaunchError(
-                f"optimizer: {type(opt).__name__}({key}={cfg[key]!r}) is not carried to distlab's runs; "
-                f"drop {key} or pass a torch factory that does the same"
+                f"optimizer: {name}({key}={cfg[key]!r}) is not carried to distlab's runs ({why}); "
+                f"drop {key}, or on backend='torch' pass a factory params -> torch.optim.Optimizer"
             )
+    if getattr(opt, "_exclude_from_weight_decay", None) or getattr(
+        opt, "_exclude_from_weight_decay_pattern", None
+    ):
+        raise LaunchError(
+            f"optimizer: {name}.exclude_from_weight_decay(...) is not carried to distlab's runs (the "
+            "decay would reach every variable); drop it, or set weight_decay=None"
+        )
     lr = cfg.get("learning_rate")
     if not isinstance(lr, (int, float)):
         raise LaunchError(
             f"optimizer: {type(opt).__name__} has a learning-rate schedule ({type(lr).__name__}); distlab "
             "carries a constant rate: pass learning_rate=<float>, or a torch factory with a scheduler"
         )
+    # loss_scale_factor is taken and left out: fit multiplies the loss by it and divides the
+    # gradients by it before the update, the same update for a float32 model (resolve refuses it
+    # for any other); distlab's routes compute the loss unscaled and divide nothing
     taken = OPTIMIZERS[kind][1]
     return OptimizerSpec(kind, tuple((k, cfg[k]) for k in taken if k in cfg), source)
 
@@ -324,6 +330,7 @@ def resolve(
     if optimizer is None and keras_model and getattr(inner, "optimizer", None) is not None:
         optimizer, osource = inner.optimizer, "compile"
     kl = keras_loss(loss, lsource)
+    _check_loss_scale(optimizer, inner)
     metrics = step_metrics(inner) if keras_model else ()
     if kl is not None and not keras_model:
         raise LaunchError(
@@ -352,6 +359,19 @@ def resolve(
         spec = optimizer_spec(spec, spec.source, lr)
     assert spec is not None
     return Conventions(kl or loss, spec, spec.describe(), metrics)
+
+
+def _check_loss_scale(optimizer: Any, model: Any) -> None:
+    """A Keras optimizer's ``loss_scale_factor`` is left out (:func:`_from_keras`), which is fit's
+    update only when the model computes in float32: refuse it for any other dtype policy."""
+    factor = getattr(optimizer, "loss_scale_factor", None) if _is_keras(optimizer) else None
+    policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
+    if factor and policy != "float32":
+        raise LaunchError(
+            f"optimizer: {type(optimizer).__name__}(loss_scale_factor={factor!r}) with the model's dtype "
+            f"policy {policy!r}: distlab's runs compute the loss unscaled; use a float32 model, or drop "
+            "loss_scale_factor"
+        )
 
 
 def _is_torch(obj: Any) -> bool:

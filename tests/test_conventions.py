@@ -1,5 +1,6 @@
-"""distlab.conventions without Keras: names resolve to torch optimizers with Keras's defaults,
-Keras loss names compute Keras's formulas, and each bad input is one line naming it."""
+"""distlab.conventions without Keras: names resolve to torch optimizers that step by Keras's
+update rules with Keras's defaults, Keras loss names compute Keras's formulas, and each bad input
+is one line naming it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from distlab.conventions import DEFAULT_OPTIMIZER, KerasLoss, keras_loss, optimizer_spec, resolve
+from distlab.conventions import (
+    DEFAULT_OPTIMIZER,
+    KerasLoss,
+    OptimizerSpec,
+    keras_loss,
+    optimizer_spec,
+    resolve,
+)
 from distlab.errors import LaunchError
+from distlab.keras_optim import KerasOptimizer
 
 
 def _params():
@@ -17,13 +26,66 @@ def _params():
 
 def test_names_build_torch_optimizers_with_keras_defaults_and_lr_overrides():
     adam = optimizer_spec("Adam")(_params())
-    assert isinstance(adam, torch.optim.Adam)
-    assert adam.defaults["lr"] == 1e-3 and adam.defaults["eps"] == 1e-7
+    assert isinstance(adam, KerasOptimizer) and adam.kind == "adam"
+    assert adam.defaults["lr"] == 1e-3 and adam.defaults["epsilon"] == 1e-7
+    assert adam.defaults["betas"] == (0.9, 0.999)  # what lr scaling reads as Adam-like
     sgd = optimizer_spec("sgd", lr=0.5)(_params())
-    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["lr"] == 0.5
+    assert sgd.kind == "sgd" and sgd.defaults["lr"] == 0.5
     assert optimizer_spec("sgd", lr=0.5).describe() == "SGD(learning_rate=0.5)"
     assert DEFAULT_OPTIMIZER.describe() == "Adam(learning_rate=0.001) (distlab's default)"
     assert optimizer_spec(lambda ps: torch.optim.SGD(ps, lr=1.0)) is None  # a factory stays the user's
+
+
+def _one_step(spec: OptimizerSpec, p0: float, g: float) -> float:
+    p = torch.nn.Parameter(torch.tensor([p0]))
+    p.grad = torch.tensor([g])
+    spec([p]).step()
+    return p.item()
+
+
+def test_rmsprop_and_adagrad_divide_by_the_root_of_v_plus_epsilon_as_keras_does():
+    """Keras's RMSprop and Adagrad step by lr * g / sqrt(v + eps) (torch's by lr * g / (sqrt(v) + eps));
+    with a gradient of 1e-4 the two differ about 3x, so the first step shows which."""
+    g, lr, eps = 1e-4, 0.01, 1e-7
+    v = 0.1 * g * g  # RMSprop's first velocity: (1 - rho) * g^2, rho = 0.9
+    rms = _one_step(OptimizerSpec("rmsprop", (("learning_rate", lr),)), 1.0, g)
+    assert rms == pytest.approx(1.0 - lr * g / (v + eps) ** 0.5, abs=1e-7)
+    assert abs(rms - (1.0 - lr * g / (v**0.5 + eps))) > 1e-3  # torch's rule: far off
+    ada = OptimizerSpec("adagrad", (("learning_rate", lr), ("initial_accumulator_value", 0.0)))
+    assert _one_step(ada, 1.0, g) == pytest.approx(1.0 - lr * g / (g * g + eps) ** 0.5, abs=1e-7)
+
+
+def test_adam_puts_epsilon_before_the_bias_correction_and_decays_weights_as_keras_does():
+    """Keras's Adam: alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), step m * alpha / (sqrt(v) + eps),
+    after the decoupled decay var -= var * wd * lr (keras base_optimizer._apply_weight_decay)."""
+    g, lr, eps, wd, p0 = 1e-4, 0.01, 1e-7, 0.5, 2.0
+    m, v = 0.1 * g, 0.001 * g * g
+    alpha = lr * (1 - 0.999) ** 0.5 / (1 - 0.9)
+    decayed = p0 - p0 * wd * lr
+    spec = OptimizerSpec("adam", (("learning_rate", lr), ("weight_decay", wd)))
+    assert _one_step(spec, p0, g) == pytest.approx(decayed - m * alpha / (v**0.5 + eps), abs=1e-6)
+    assert spec.describe() == "Adam(learning_rate=0.01, weight_decay=0.5)"
+    # every kind decays the same way: a zero gradient leaves only the decay
+    for kind in ("adam", "adamw", "sgd", "rmsprop", "adagrad"):
+        spec = OptimizerSpec(kind, (("learning_rate", lr), ("weight_decay", wd)))
+        assert _one_step(spec, p0, 0.0) == pytest.approx(decayed, abs=1e-6), kind
+    # no weight decay on Adam (Keras's default): the weight moves by the step alone
+    plain = OptimizerSpec("adam", (("learning_rate", lr),))
+    assert _one_step(plain, p0, g) == pytest.approx(p0 - m * alpha / (v**0.5 + eps), abs=1e-6)
+
+
+def test_sparse_gradients_step_the_whole_table_and_decay_reaches_rows_without_gradients():
+    """An ``nn.Embedding(sparse=True)`` table: densified as Keras updates a whole table; a server
+    (runtime/ps.py) finds the rows a step changed in the optimizer state, decay's rows included."""
+    table = torch.nn.Embedding(4, 2, sparse=True)
+    with torch.no_grad():
+        table.weight.fill_(1.0)
+    opt = OptimizerSpec("sgd", (("learning_rate", 0.1), ("weight_decay", 0.5)))([table.weight])
+    table(torch.tensor([1])).sum().backward()
+    opt.step()
+    w = table.weight.detach()
+    assert w[0].tolist() == pytest.approx([0.95, 0.95]) and w[1].tolist() == pytest.approx([0.85, 0.85])
+    assert opt.state[table.weight]["decayed"].ne(0).any(1).all()
 
 
 def test_the_default_optimizer_is_adam_and_a_factory_is_kept():

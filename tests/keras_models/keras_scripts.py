@@ -23,6 +23,7 @@ TORCH_CALLS = [
     ["profile", "profile_facts", []],
     ["torch_equivalence", "torch_route_equivalence", ["AllReduce"]],
     ["conventions", "keras_conventions_match", []],
+    ["optimizers_on_both_routes", "keras_optimizers_on_both_routes", []],
     ["user_flow", "keras_user_flow", [200, "torch"]],
     ["native_under_load", "native_calibration_under_load", []],
     ["native_mirrored", "native_allreduce", [30, True]],
@@ -616,8 +617,9 @@ def native_calibration_under_load() -> dict:
 
 
 def keras_conventions_match() -> dict:
-    """(torch backend) distlab's KerasLoss against Keras's own losses on the same tensors, and a
-    Keras optimizer's three steps against its torch translation (distlab.conventions)."""
+    """(torch backend) distlab's KerasLoss against Keras's own losses on the same tensors; Keras
+    optimizers' five steps against the torch route's translation and the native route's rebuilt
+    Keras optimizer (distlab.conventions); the settings neither route carries, refused."""
     import keras
     import numpy as np
     import torch
@@ -661,23 +663,73 @@ def keras_conventions_match() -> dict:
         mine = float(keras_loss(loss)(torch.tensor(o), torch.tensor(tt)))
         losses[name] = [ref, mine]
     optimizers = {}
-    for opt in (
-        keras.optimizers.Adam(learning_rate=0.01),
-        keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True),
-        keras.optimizers.RMSprop(learning_rate=0.01),
-        keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1),
-        keras.optimizers.Adagrad(learning_rate=0.1),
-    ):
-        grads = [rng.standard_normal(4).astype("float32") for _ in range(3)]
-        v = keras.Variable(np.ones(4, "float32"))
-        p = torch.nn.Parameter(torch.ones(4))
-        torch_opt = optimizer_spec(opt)([p])
+    opts = keras.optimizers
+    # gradients of size 1e-4, where epsilon's place shows (a 3x different step for RMSprop), and
+    # rates that move the weights far more than the tolerance; "scaled": fit's gradients of a
+    # loss multiplied by loss_scale_factor, which Keras's apply divides back
+    cases = {
+        "Adam": (opts.Adam(learning_rate=0.01), False),
+        "Adam(weight_decay=1e-4)": (opts.Adam(weight_decay=1e-4), False),
+        "Adam(weight_decay=0.5)": (opts.Adam(learning_rate=0.01, weight_decay=0.5), False),
+        "Adam(amsgrad)": (opts.Adam(learning_rate=0.01, amsgrad=True), False),
+        "Adam(loss_scale_factor=128)": (opts.Adam(learning_rate=0.01, loss_scale_factor=128.0), True),
+        "AdamW": (opts.AdamW(learning_rate=0.01, weight_decay=0.1), False),
+        "SGD(nesterov)": (opts.SGD(learning_rate=100.0, momentum=0.9, nesterov=True), False),
+        "SGD(weight_decay=1e-3)": (opts.SGD(learning_rate=100.0, momentum=0.5, weight_decay=1e-3), False),
+        "RMSprop(epsilon=1e-7)": (opts.RMSprop(learning_rate=0.01, epsilon=1e-7), False),
+        "RMSprop(momentum, centered)": (opts.RMSprop(learning_rate=0.01, momentum=0.5, centered=True), False),
+        "RMSprop(weight_decay=0.1)": (opts.RMSprop(learning_rate=0.01, weight_decay=0.1), False),
+        "Adagrad": (opts.Adagrad(learning_rate=0.01, initial_accumulator_value=0.0), False),
+        "Adagrad(weight_decay=0.1)": (opts.Adagrad(learning_rate=0.01, weight_decay=0.1), False),
+    }
+    start = rng.uniform(0.5, 1.5, 4).astype("float32")
+    grads = [1e-4 * rng.standard_normal(4).astype("float32") for _ in range(5)]
+
+    def keras_steps(opt, scaled):
+        v = keras.Variable(start.copy())
         for g in grads:
-            opt.apply_gradients([(keras.ops.convert_to_tensor(g), v)])
+            opt.apply_gradients([(keras.ops.convert_to_tensor(g * (128.0 if scaled else 1.0)), v)])
+        return keras.ops.convert_to_numpy(v).tolist()
+
+    for name, (opt, scaled) in cases.items():
+        spec = optimizer_spec(opt)
+        p = torch.nn.Parameter(torch.tensor(start))
+        torch_opt = spec([p])
+        for g in grads:
             p.grad = torch.tensor(g)
             torch_opt.step()
-        optimizers[type(opt).__name__] = [keras.ops.convert_to_numpy(v).tolist(), p.detach().tolist()]
-    return {"losses": losses, "optimizers": optimizers}
+        cfg = opt.get_config()
+        optimizers[name] = {
+            "keras": keras_steps(opt.from_config(cfg), scaled),
+            "torch": p.detach().tolist(),  # the torch route
+            # the native route's rebuilt optimizer, on the gradients of its unscaled loss
+            "native": keras_steps(spec.keras(), False),
+            # the same without its weight decay, or torch's own rule: what a route that dropped
+            # the decay or kept torch's epsilon would give (the check can fail)
+            "without_decay": keras_steps(opt.from_config({**cfg, "weight_decay": 0.0}), scaled),
+            "describe": spec.describe(),
+        }
+    refused = {}
+    for key, value in (
+        ("clipnorm", 1.0),
+        ("clipvalue", 1.0),
+        ("global_clipnorm", 1.0),
+        ("use_ema", True),
+        ("gradient_accumulation_steps", 2),
+    ):
+        try:
+            optimizer_spec(opts.Adam(**{key: value}))
+            refused[key] = None
+        except Exception as e:  # noqa: BLE001 - the test reads the message
+            refused[key] = f"{type(e).__name__}: {e}"
+    excluded = opts.AdamW()
+    excluded.exclude_from_weight_decay(var_names=["bias"])
+    try:
+        optimizer_spec(excluded)
+        refused["exclude_from_weight_decay"] = None
+    except Exception as e:  # noqa: BLE001
+        refused["exclude_from_weight_decay"] = f"{type(e).__name__}: {e}"
+    return {"losses": losses, "optimizers": optimizers, "refused": refused}
 
 
 def _ids_model(softmax: bool):
@@ -784,4 +836,87 @@ def keras_user_flow(steps: int = 200, route: str | None = None) -> dict:
     ref.fit(x[train], yd[train], batch_size=32, epochs=epochs, verbose=0, shuffle=True)
     out["fit_accuracy"] = float(np.mean(np.argmax(ref.predict(x[test], verbose=0), 1) == yd[test]))
     out["fit_steps"] = epochs * -(-len(train) // 32)
+    return out
+
+
+def keras_optimizers_on_both_routes(steps: int = 5, per_replica: int = 8) -> dict:
+    """(torch backend) ``Adam(weight_decay=1e-4)`` and ``RMSprop(epsilon=1e-7)`` launched on 2 ranks
+    through distlab's torch runtime and natively, against Keras's own ``fit`` on the global batch
+    (one process, the same rows in the same order). The MLP's output layer starts 1e-4 times
+    smaller and the targets are of size 1e-4, so the gradients are about 1e-4 (the largest is
+    reported), where epsilon's place shows, and no residual is a difference of two large numbers.
+    Also how far torch's own RMSprop (epsilon outside the square root) ends from fit: what a
+    route that kept it would give."""
+    import keras
+    import numpy as np
+    import torch
+
+    from distlab.keras_model import wrap
+
+    def small_mlp():
+        model = mlp(seed=2)
+        kernel, bias = model.layers[-1].get_weights()
+        model.layers[-1].set_weights([kernel * 1e-4, bias * 0])
+        return model
+
+    rng = np.random.default_rng(0)
+    g = 2 * per_replica
+    x = rng.normal(size=(steps * g, 12)).astype("float32")
+    y = (1e-4 * rng.normal(size=(len(x), 5))).astype("float32")
+    makers = {
+        "Adam(weight_decay=1e-4)": lambda: keras.optimizers.Adam(learning_rate=0.01, weight_decay=1e-4),
+        "RMSprop(epsilon=1e-7)": lambda: keras.optimizers.RMSprop(learning_rate=0.01, epsilon=1e-7),
+    }
+    start = small_mlp().get_weights()
+    out: dict = {}
+    lab = _lab(2)
+    try:
+        for name, make in makers.items():
+            ref = small_mlp()
+            ref.compile(optimizer=make(), loss="mse")
+            ref.fit(x, y, batch_size=g, epochs=1, shuffle=False, verbose=0)
+            moved = max(float(np.abs(a - b).max()) for a, b in zip(ref.get_weights(), start))
+            out[name] = {"moved": moved}
+            for route in ("torch", "tensorflow"):
+                run = lab.launch(
+                    small_mlp(),
+                    steps=steps,
+                    data=(x, y),
+                    loss="mse",
+                    optimizer=make(),
+                    batch_size=per_replica,
+                    shuffle=False,
+                    backend=route,
+                    block=True,
+                )
+                weights = run.model.get_weights() if run.status == "finished" else None
+                out[name][route] = {
+                    "status": run.status,
+                    "error": str(run.error or ""),
+                    "optimizer_info": run.optimizer_info,
+                    "max_weight_difference": max(
+                        float(np.abs(a - b).max()) for a, b in zip(weights, ref.get_weights())
+                    )
+                    if weights is not None
+                    else None,
+                }
+    finally:
+        _done(lab)
+    # the first step's gradients, and torch's own RMSprop on the same steps (epsilon outside the
+    # square root)
+    model = wrap(small_mlp())
+    opt = torch.optim.RMSprop(model.parameters(), lr=0.01, alpha=0.9, eps=1e-7)
+    for step in range(steps):
+        opt.zero_grad()
+        xb, yb = torch.as_tensor(x[step * g : (step + 1) * g]), torch.as_tensor(y[step * g : (step + 1) * g])
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        if step == 0:
+            out["largest_first_gradient"] = max(float(p.grad.abs().max()) for p in model.parameters())
+        opt.step()
+    ref = small_mlp()
+    ref.compile(optimizer=makers["RMSprop(epsilon=1e-7)"](), loss="mse")
+    ref.fit(x, y, batch_size=g, epochs=1, shuffle=False, verbose=0)
+    out["torch_rmsprop_difference"] = max(
+        float(np.abs(a - b).max()) for a, b in zip(model.keras_model.get_weights(), ref.get_weights())
+    )
     return out

@@ -1,0 +1,147 @@
+"""Keras 3's optimizers as torch optimizers: Keras's update rules, step for step, on the torch route.
+
+torch's own optimizers differ from Keras's in small places that matter when gradients are small:
+Keras's Adam adds epsilon to ``sqrt(v)`` before the bias correction (torch after it), Keras's
+RMSprop and Adagrad divide by ``sqrt(v + epsilon)`` (torch by ``sqrt(v) + epsilon``), and Keras
+applies ``weight_decay`` to every optimizer as a decoupled step ``var -= var * wd * lr`` before the
+update (torch's Adam, RMSprop and Adagrad add ``wd * var`` to the gradient instead). So
+:class:`KerasOptimizer` implements Keras's ``BaseOptimizer.apply`` for the optimizers
+:mod:`distlab.conventions` carries: weight decay, then the kind's ``update_step`` (keras/src/optimizers:
+adam.py, sgd.py, rmsprop.py, adagrad.py; AdamW is Adam with a weight-decay default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# the settings each kind's update reads (Keras's names; the rate is torch's "lr" so lr scaling works)
+KINDS = {
+    "adam": ("beta_1", "beta_2", "epsilon", "amsgrad"),
+    "adamw": ("beta_1", "beta_2", "epsilon", "amsgrad"),
+    "sgd": ("momentum", "nesterov"),
+    "rmsprop": ("rho", "momentum", "epsilon", "centered"),
+    "adagrad": ("initial_accumulator_value", "epsilon"),
+}
+
+
+class KerasOptimizer(torch.optim.Optimizer):
+    """A Keras optimizer of ``kind`` with Keras's ``settings`` (``learning_rate``, ``weight_decay``
+    and the kind's own), stepping torch parameters as Keras steps its variables. Sparse gradients
+    (an ``nn.Embedding(sparse=True)`` table) are made dense first: Keras updates a whole table."""
+
+    def __init__(self, params: Any, kind: str, settings: dict[str, Any]) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
+        self.kind = kind
+        defaults: dict[str, Any] = {
+            "lr": float(settings["learning_rate"]),
+            "weight_decay": settings.get("weight_decay"),
+            **{k: settings[k] for k in KINDS[kind]},
+        }
+        if kind in ("adam", "adamw"):
+            # what distlab.adaptive.scaling reads to know an Adam-like optimizer
+            defaults["betas"] = (float(settings["beta_1"]), float(settings["beta_2"]))
+        super().__init__(params, defaults)
+
+    def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)  # Keras's ``iterations``
+            z = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if self.kind in ("adam", "adamw"):
+                state["m"], state["v"] = z.clone(), z.clone()
+                if group["amsgrad"]:
+                    state["v_hat"] = z.clone()
+            elif self.kind == "sgd" and group["momentum"]:
+                state["m"] = z.clone()
+            elif self.kind == "rmsprop":
+                state["velocity"] = z.clone()
+                if group["momentum"] > 0:
+                    state["m"] = z.clone()
+                if group["centered"]:
+                    state["average_grad"] = z.clone()
+            elif self.kind == "adagrad":
+                state["accumulator"] = torch.full_like(p, float(group["initial_accumulator_value"]))
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = float(group["lr"]), group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:  # Keras filters empty gradients: no decay, no update
+                    continue
+                sparse = p.grad.is_sparse
+                g = (p.grad.to_dense() if sparse else p.grad).to(p.dtype)
+                state = self._state(p, group)
+                state["step"] += 1
+                if wd is not None:  # keras base_optimizer._apply_weight_decay, before the update
+                    decay = p * float(wd) * lr
+                    p.sub_(decay)
+                    if sparse:
+                        # runtime/ps.py sends the rows a server's step changed, read from the
+                        # optimizer state: decay changes every nonzero row, not only the gradient's
+                        state["decayed"] = decay
+                _UPDATES[self.kind](p, g, lr, group, state)
+        return loss
+
+
+def _adam(p: torch.Tensor, g: torch.Tensor, lr: float, group: dict, state: dict) -> None:
+    # keras/src/optimizers/adam.py update_step: epsilon added to sqrt(v), the corrections in alpha
+    t = float(state["step"])
+    b1, b2 = float(group["beta_1"]), float(group["beta_2"])
+    alpha = lr * (1 - b2**t) ** 0.5 / (1 - b1**t)
+    m, v = state["m"], state["v"]
+    m.add_((g - m) * (1 - b1))
+    v.add_((g * g - v) * (1 - b2))
+    if group["amsgrad"]:
+        torch.maximum(state["v_hat"], v, out=state["v_hat"])
+        v = state["v_hat"]
+    p.sub_((m * alpha) / (v.sqrt() + float(group["epsilon"])))
+
+
+def _sgd(p: torch.Tensor, g: torch.Tensor, lr: float, group: dict, state: dict) -> None:
+    # keras/src/optimizers/sgd.py update_step: the velocity holds -lr * gradient terms
+    momentum = float(group["momentum"])
+    if not momentum:
+        p.sub_(g * lr)
+        return
+    m = state["m"]
+    m.mul_(momentum).sub_(g * lr)
+    p.add_(m * momentum - g * lr if group["nesterov"] else m)
+
+
+def _rmsprop(p: torch.Tensor, g: torch.Tensor, lr: float, group: dict, state: dict) -> None:
+    # keras/src/optimizers/rmsprop.py update_step: divides by sqrt(v + epsilon)
+    rho, eps = float(group["rho"]), float(group["epsilon"])
+    v = state["velocity"]
+    v.mul_(rho).add_((1 - rho) * (g * g))
+    if group["centered"]:
+        a = state["average_grad"]
+        a.mul_(rho).add_((1 - rho) * g)
+        denominator = v - a * a + eps
+    else:
+        denominator = v + eps
+    increment = (lr * g) / denominator.sqrt()
+    if group["momentum"] > 0:
+        m = state["m"]
+        m.mul_(float(group["momentum"])).add_(increment)
+        p.sub_(m)
+    else:
+        p.sub_(increment)
+
+
+def _adagrad(p: torch.Tensor, g: torch.Tensor, lr: float, group: dict, state: dict) -> None:
+    # keras/src/optimizers/adagrad.py update_step: divides by sqrt(accumulator + epsilon)
+    acc = state["accumulator"]
+    acc.add_(g * g)
+    p.sub_((lr * g) / (acc + float(group["epsilon"])).sqrt())
+
+
+_UPDATES = {"adam": _adam, "adamw": _adam, "sgd": _sgd, "rmsprop": _rmsprop, "adagrad": _adagrad}
