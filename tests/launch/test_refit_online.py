@@ -70,6 +70,8 @@ def test_runs_that_keep_landing_far_from_their_predictions_are_named_once(clean_
 
 
 def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp_path):
+    """A calibration 12x off (``_skewed``) predicts the first run far from what it measures; the refit
+    on that run brings the second prediction within the runs' own noise (25%), whatever the skew."""
     from distlab.costmodel import CostModel
 
     clean_lab.cache_dir = tmp_path
@@ -90,4 +92,9 @@ def test_a_run_refits_the_model_and_the_next_prediction_is_closer(clean_lab, tmp
         model, strategy="AllReduce", data=data, steps=150, batch_size=32, elastic=False, block=True
     )
     err = [abs(r.predicted_throughput / r.throughput - 1) for r in (first, second)]
-    assert err[0] > 0.4 and err[1] < err[0] / 2, err  # the second prediction for the model is much closer
+    # The skew only has to show in the first run (err[0] > 0.4); the refit's own claim is absolute, so it
+    # does not loosen with a larger skew: the second prediction comes from the first run's measured steps
+    # and lands within the noise between two 150-step runs on shared cores (0.06-0.07 measured with the
+    # 12x skew; 0.24 was seen once at 60 steps, ccc59d0), far from err[0] (0.68-0.69).
+    assert err[0] > 0.4, err  # the skewed calibration's error is visible before the refit
+    assert err[1] < 0.25, err  # after it, the prediction for the model is close

@@ -67,16 +67,23 @@ def plain_step_time(model, x, steps=9):
     ids=["gru_lm", "batchnorm_cnn"],
 )
 def test_step_time_matches_a_plain_training_loop_at_the_same_batch(make, sample):
+    """The quietest of three interleaved rounds on each side agree within 0.75-1.33x.
+
+    A busy moment on the shared cores only ever adds time, to either side, in some rounds (CI once saw
+    per-round ratios 1.53, 0.99, 1.59); a bias (metering inflating the step, a step at another batch)
+    is in every round of the profile. So the test compares each side's fastest round: noise falls out
+    of both minima, a bias stays in the profile's. A profile too fast in two rounds of three fails,
+    which the earlier rule (any one round in the band) let pass."""
     model = make().train()
     plain_step_time(model, sample, steps=3)  # warm the process up before either is timed
-    ratios = []
+    profiled, plain = [], []
     for _ in range(3):  # interleaved, so drift on a shared machine hits both alike
         prof = dl.profile(model, sample_input=sample, batch_size=16)
-        ratios.append(prof.step_time / plain_step_time(model, sample))
+        profiled.append(prof.step_time)
+        plain.append(plain_step_time(model, sample))
     assert prof.meta["time_batch"] == 16 and prof.meta["step_repeats"] >= 3
-    # a bias (metering inflating the step, a step at another batch) is in every round; a busy moment on
-    # the shared cores (CI once saw 1.53, 0.99, 1.59) is in some: one round agreeing is the test
-    assert any(0.75 <= r <= 1.33 for r in ratios), f"profile / plain loop per round: {ratios}"
+    ratio = min(profiled) / min(plain)
+    assert 0.75 <= ratio <= 1.33, f"profile / plain loop, fastest rounds: {ratio:.2f} ({profiled}, {plain})"
     layers = prof.to_frame()
     assert layers.time_fwd.sum() + layers.time_bwd.sum() == pytest.approx(prof.step_time, rel=1e-6)
 
