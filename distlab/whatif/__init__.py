@@ -61,8 +61,25 @@ def replay_clause(
             latency=link.latency if across else None,
         )
     except DistlabError as e:
-        return trace, f"<br><span style='color:#888'>replay: {html.escape(str(e))}</span>"
+        # the replay does not apply (a stale or asynchronous PS from a synchronous trace, ...):
+        # say so beside the analytic figure instead of showing a figure priced another way
+        return trace, (
+            f"<br><span style='color:#888'>replay does not apply; the figure above is the analytic "
+            f"model's: {html.escape(str(e))}</span>"
+        )
     return trace, (
         f"<br>{html.escape(trace.data.source)} replayed with this plan: {w.throughput:,.0f} samples/s, "
-        f"step {w.step_time * 1e3:,.1f} ms; {html.escape(w.versus(prediction))}"
+        f"step {w.step_time * 1e3:,.1f} ms; {html.escape(w.versus(prediction))}{html.escape(_paces(w))}"
+    )
+
+
+def _paces(w: WhatIf) -> str:
+    """A note when the replayed ranks run at their own paces (asynchronous gossip or PS): the
+    replay's step is the slowest rank's, an analytic consistency figure every rank's mean."""
+    paces = w.replayed.rank_step_times
+    if not len(paces) or paces.max() <= 1.05 * paces.min():
+        return ""
+    return (
+        f" (ranks at their own paces, {paces.min() * 1e3:,.1f}-{paces.max() * 1e3:,.1f} ms a step: the "
+        "replay's step is the slowest rank's, the analytic figure of an asynchronous plan every rank's mean)"
     )

@@ -16,6 +16,16 @@ joins every rank (starts when the last is ready), gossip joins a rank with its i
 wait node ends when the step's comm lane is done (plus the ``tail`` measured after it), so the
 optimizer waits for its gradients. ``StepGraph.edges()`` lists them.
 
+Consistency, as the trace's strategy says (runtime/stale_ps.py, runtime/async_gossip.py):
+
+- a stale-synchronous or asynchronous PS pushes on the loop (``ps_stale``: each rank's own time,
+  no join) and then reads (``ps_read``): at staleness s the read of a rank that pushed step c
+  waits until every rank pushed step c-s (``StalePS.ready``: clock c+1 needs clocks 0..c-s of
+  every worker), then its own answer's time (``Node.tail``, measured after that gate); an
+  asynchronous read has no gate, only its own time;
+- asynchronous gossip exchanges at each rank's own pace (``Node.alone``): no join with the
+  in-neighbours.
+
 DDP's reducer waits for its buckets inside backward: its backward is cut at the last gradient's
 ready instant and the rest becomes the wait it really was.
 """
@@ -45,13 +55,34 @@ COMPUTE_KINDS = ("forward", "backward", "optimizer")
 JOIN_ALL = ("allgather", "ps_sparse", "ps_pull")  # compute-lane collectives over every rank
 
 
+# runtime/stale_ps.py's spans on the loop: its push (one per step) and its read (the gated wait)
+STALE_PUSH = ("PS push (stale)", "PS push (async)")
+STALE_READ = "PS read"
+
+
 def kind_of(span: dict[str, Any]) -> str:
     cat, name = span["cat"], span["name"]
     if span["track"] == "comm":
         return "ps_push" if cat == "ps" else "allreduce"
     if cat == "ps":
+        if name.startswith(STALE_PUSH):
+            return "ps_stale"
         return "ps_sparse" if "sparse" in name else "ps_pull"
+    if cat == "wait" and name.startswith(STALE_READ):
+        return "ps_read"
     return {"wait": "wait"}.get(cat, cat)
+
+
+def staleness_of(strategy: Strategy | None) -> int | None:
+    """The PS read's gate: staleness s of a stale-synchronous PS, None when asynchronous (no gate)."""
+    sync, s = strategy.consistency if strategy is not None else (True, 0)
+    return s if sync else None
+
+
+def gossip_alone(strategy: Strategy | None) -> bool:
+    """Asynchronous gossip: each rank exchanges at its own pace, joined with no in-neighbour."""
+    cfg = strategy.gossip if strategy is not None else None
+    return bool(cfg is not None and cfg.asynchronous)
 
 
 @dataclass
@@ -64,10 +95,15 @@ class Node:
     dur: np.ndarray  # seconds, [step, rank] (a comm node's own time once every rank launched it)
     gap: np.ndarray  # seconds of Python before it on its lane, [step, rank]
     ready: float = 1.0  # comm lane: launched at this fraction of the step's last backward
+    ready_at: np.ndarray | None = None  # comm lane, as traced: that fraction per [step, rank]
     nbytes: float = 0.0
     peers: list[list[list[int]]] | None = None  # gossip: per step of the cycle, each rank's in-neighbours
     variables: tuple[str, ...] = ()
     repriced: bool = False  # a what-if's node, priced at its world and link (not measured)
+    alone: bool = False  # gossip: asynchronous, each rank at its own pace (no join)
+    staleness: int | None = None  # ps_read: the gate s (None: asynchronous, no gate)
+    tail: np.ndarray | None = None  # ps_read: its own time after the gate, [step, rank]
+    calls: int = 1  # collective calls the node makes (a PS pull: one broadcast per variable)
 
 
 @dataclass
@@ -83,6 +119,7 @@ class StepGraph:
     tail: np.ndarray  # [step, rank]: the wait's own time after the comm lane is done
     ready: list[tuple[str, int, float]]  # (variable, bytes, fraction of backward), in ready order
     measured_steps: np.ndarray  # the run's step periods (s), the steps after the first
+    measured_rank_steps: np.ndarray | None = None  # each rank's own median period (s)
     strategy: Strategy | None = None
     optimizer: str | None = None
     source: str = "trace"
@@ -121,11 +158,14 @@ class StepGraph:
             out.append((n.name, n.name, "joins every rank"))
             if wait is not None:
                 out.append((n.name, wait.name, "the optimizer waits for its gradients"))
+        push = next((n for n in self.compute if n.kind == "ps_stale"), None)
         for n in self.compute:
             if n.kind in JOIN_ALL:
                 out.append((n.name, n.name, "joins every rank"))
-            elif n.kind == "gossip":
+            elif n.kind == "gossip" and not n.alone:
                 out.append((n.name, n.name, "joins each rank's in-neighbours"))
+            elif n.kind == "ps_read" and push is not None and n.staleness is not None:
+                out.append((push.name, n.name, f"every rank's push of {n.staleness} step(s) before"))
         return out
 
 
@@ -152,8 +192,9 @@ def _sequences(data: TraceData, track: str) -> dict[tuple[int, int], list[dict[s
     return out
 
 
-def build(data: TraceData) -> StepGraph:
-    """The step graph of a trace (see the module's docstring); ``TraceError`` when it has too few steps."""
+def build(data: TraceData, typical: bool = True) -> StepGraph:
+    """The step graph of a trace (see the module's docstring); ``TraceError`` when it has too few
+    steps. ``typical`` False: every step after the first, untrimmed (``Trace.identity_check``)."""
     check(data)
     steps = data.steps
     if len(steps) < 2:
@@ -181,11 +222,18 @@ def build(data: TraceData) -> StepGraph:
     if not full:
         raise TraceError(f"{data.source}: no step after the first was traced on every rank; trace more steps")
     periods = _periods(compute, data.world, steps)
-    full = _typical(full, periods)
+    if typical and (gossip_alone(data.strategy) or staleness_of(data.strategy) != 0):
+        # ranks at their own pace: a step's period across ranks mixes different moments of each
+        full = _typical_per_rank(full, _own_periods(compute, data.world, steps))
+    elif typical:
+        full = _typical(full, periods)
     keys = [k for k in keys if k[1] in full]
     nodes = _compute_nodes(data, compute, names, keys, full)
     comm_nodes, tail = _comm_nodes(data, compute, comm, names, comm_names, full)
     ready = _ready(compute, names, keys)
+    for n in nodes:  # runtime/ps.py broadcasts each dense PS variable on its own
+        if n.kind == "ps_pull":
+            n.calls = max(1, sum(c.kind == "ps_push" for c in comm_nodes))
     notes = []
     if comm_nodes and not any(n.kind == "wait" for n in nodes):
         before = float(last_backward(nodes).dur.mean())  # type: ignore[union-attr]
@@ -195,6 +243,10 @@ def build(data: TraceData) -> StepGraph:
             n.ready = min(n.ready * scale, 1.0)
         ready = [(v, b, min(f * scale, 1.0)) for v, b, f in ready]
         notes.append(note)
+    backward = last_backward(nodes)
+    for n in comm_nodes:  # each step's own launch instant, as a fraction of its own backward
+        if n.ready_at is not None and backward is not None:
+            n.ready_at = np.clip(n.ready_at / np.maximum(backward.dur, 1e-9), 0.0, 1.5)
     return StepGraph(
         compute=nodes,
         comm=comm_nodes,
@@ -205,6 +257,7 @@ def build(data: TraceData) -> StepGraph:
         tail=tail,
         ready=ready,
         measured_steps=np.array(list(periods.values())),
+        measured_rank_steps=_rank_periods(compute, data.world, steps),
         strategy=data.strategy,
         optimizer=data.optimizer,
         source=data.source,
@@ -234,10 +287,52 @@ def _compute_nodes(
         args = first.get("args", {})
         node = Node(name, kind, "compute", dur, gap, nbytes=float(args.get("bytes") or 0.0))
         node.variables = tuple(args.get("variables") or ())
-        if kind in JOIN_ALL or kind == "gossip":
+        if kind == "gossip" and gossip_alone(data.strategy):
+            node.alone = True  # its own measured time: it waited for no one
+            node.peers = _peers(compute, i, full, p)
+        elif kind in JOIN_ALL or kind == "gossip":
             _collective_duration(node, compute, i, full, p)
         nodes.append(node)
+    push = next((j for j, n in enumerate(nodes) if n.kind == "ps_stale"), None)
+    for i, node in enumerate(nodes):
+        if node.kind == "ps_read":
+            node.staleness = staleness_of(data.strategy)
+            node.tail = _read_tail(compute, i, push, node.staleness, full, p)
     return nodes
+
+
+def _peers(compute: dict[tuple[int, int], list[dict[str, Any]]], i: int, full: list[int], p: int) -> list:
+    """Each replayed step's in-neighbours of every rank, as the gossip spans recorded them."""
+    return [
+        [
+            [int(q) for q in (compute[(r, s)][i].get("args", {}).get("peers") or []) if 0 <= int(q) < p]
+            for r in range(p)
+        ]
+        for s in full
+    ]
+
+
+def _read_tail(
+    compute: dict[tuple[int, int], list[dict[str, Any]]],
+    i: int,
+    push: int | None,
+    staleness: int | None,
+    full: list[int],
+    p: int,
+) -> np.ndarray:
+    """A stale PS read's own time: from the later of its start and its gate (every rank's push of
+    ``staleness`` steps before ended: ``StalePS.ready``) to its end. Asynchronous: all of it."""
+    tail = np.zeros((len(full), p))
+    for j, s in enumerate(full):
+        gate = -np.inf
+        if staleness is not None and push is not None:
+            before = [compute.get((r, s - staleness)) for r in range(p)]
+            if all(seq is not None and len(seq) > push for seq in before):
+                gate = max(seq[push]["end"] for seq in before)  # type: ignore[index]
+        for r in range(p):
+            e = compute[(r, s)][i]
+            tail[j, r] = max(0.0, e["end"] - max(e["start"], gate))
+    return tail
 
 
 def _last_end(seq: list[dict[str, Any]] | None) -> float | None:
@@ -283,6 +378,7 @@ def _comm_nodes(
     w_index = next((i for i, n in enumerate(names) if compute[(0, full[0])][i]["cat"] == "wait"), None)
     durs = np.zeros((len(comm_names), len(full)))
     fracs: list[list[float]] = [[] for _ in comm_names]
+    offsets = np.zeros((len(comm_names), len(full), p))  # launch, seconds after backward's start
     tail = np.zeros((len(full), p))
     for j, s in enumerate(full):
         seqs = [comm.get((r, s), []) for r in range(p)]
@@ -295,6 +391,7 @@ def _comm_nodes(
             for r in range(p):
                 b = compute[(r, s)][b_index]
                 fracs[k].append((seqs[r][k]["start"] - b["start"]) / max(b["end"] - b["start"], 1e-9))
+                offsets[k, j, r] = seqs[r][k]["start"] - b["start"]
         if w_index is not None:
             for r in range(p):
                 w = compute[(r, s)][w_index]
@@ -312,6 +409,7 @@ def _comm_nodes(
                 np.repeat(durs[k][:, None], p, axis=1),
                 np.zeros((len(full), p)),
                 ready=float(np.clip(np.mean(fracs[k]), 0.0, 1.5)),
+                ready_at=offsets[k],  # seconds here; fractions once backward is final (build)
                 nbytes=float(e.get("args", {}).get("bytes") or 0.0),
                 variables=tuple(e.get("args", {}).get("variables") or ()),
             )
@@ -361,6 +459,39 @@ def _periods(
     if not periods:
         raise TraceError("the trace has no two consecutive steps on every rank; trace at least 3 steps")
     return periods
+
+
+def _own_periods(
+    compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]
+) -> list[dict[int, float]]:
+    """Each rank's own period of each step: its end of the step minus its end of the step before."""
+    out = []
+    for r in range(p):
+        ends = {s: compute[(r, s)][-1]["end"] for s in steps if (r, s) in compute}
+        out.append({s: ends[s] - ends[s - 1] for s in steps if s in ends and s - 1 in ends})
+    return out
+
+
+def _rank_periods(
+    compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]
+) -> np.ndarray:
+    """Each rank's own median period (an asynchronous rank runs at its own pace; a synchronous
+    one at the slowest's)."""
+    return np.array(
+        [float(np.median(list(d.values()))) if d else np.nan for d in _own_periods(compute, p, steps)]
+    )
+
+
+def _typical_per_rank(full: list[int], own: list[dict[int, float]]) -> list[int]:
+    """Asynchronous ranks: the steps where every rank's own period lies in the middle half of its
+    own (``_typical`` per rank); the middle half of the slowest rank's when fewer than 2 are left."""
+    keep = set(full)
+    for d in own:
+        keep &= set(_typical(full, d))
+    if len(keep) >= 2:
+        return sorted(keep)
+    slowest = max(range(len(own)), key=lambda r: np.median(list(own[r].values())) if own[r] else 0.0)
+    return _typical(full, own[slowest])
 
 
 def _split_ddp_backward(

@@ -37,7 +37,13 @@ class Pricing:
         bandwidth: float | None = None,
         latency: float | None = None,
         sliced: float = 1.0,
+        calls: int = 1,
     ) -> float:
+        """Seconds of ``calls`` calls of ``kind`` that move ``nbytes`` between them (a PS pull is
+        one broadcast per variable: runtime/ps.py)."""
+        if calls > 1:
+            one = self.time(kind, nbytes / calls, p, link, degree, bandwidth, latency, sliced)
+            return calls * one
         prm = self.params
         c = COLLECTIVE[kind]
         alpha, beta = self.table[link][c]
@@ -69,17 +75,29 @@ def degree(node: Node) -> float:
     return float(np.mean([max(len(x) for x in step) for step in node.peers]))
 
 
+ANY = "*"  # factors' key for every collective the trace measured together
+
+
 def factors(g: StepGraph, pricing: Pricing) -> dict[str, float]:
-    """Measured / priced per kind of communication node, at the trace's own world and link."""
+    """Measured / priced per kind of communication node, at the trace's own world and link, and
+    over all of them (``ANY``: what a kind the trace lacks is scaled by, see ``factor``)."""
     link = g.link
     seen: dict[str, list[float]] = {}
     for n in g.nodes():
         if n.kind in COLLECTIVE:
-            priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n), sliced=sliced(g))
-            m = seen.setdefault(n.kind, [0.0, 0.0])
-            m[0] += float(n.dur.mean())
-            m[1] += priced
+            priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n), sliced=sliced(g), calls=n.calls)
+            for key in (n.kind, ANY):
+                m = seen.setdefault(key, [0.0, 0.0])
+                m[0] += float(n.dur.mean())
+                m[1] += priced
     return {k: (m[0] / m[1] if m[1] > 0 else 1.0) for k, m in seen.items()}
+
+
+def factor(g: StepGraph, kind: str) -> float:
+    """Measured / priced for a node of ``kind``: the kind's own when the trace has it, else the
+    trace's other collectives' (the same link and process group at the same load: calibration's
+    per-call price misses the load a run puts on shared cores, in one direction for every call)."""
+    return g.factors.get(kind, g.factors.get(ANY, 1.0))
 
 
 def effective_bytes(g: StepGraph, pricing: Pricing) -> None:
@@ -106,9 +124,7 @@ def bucket_nodes(
     out = []
     for i, members in enumerate(layout):
         nbytes = float(sum(entries[m][1] for m in members))
-        t = g.factors.get("allreduce", 1.0) * pricing.time(
-            "allreduce", nbytes, g.world, link, sliced=sliced(g)
-        )
+        t = factor(g, "allreduce") * pricing.time("allreduce", nbytes, g.world, link, sliced=sliced(g))
         out.append(
             Node(
                 f"all-reduce bucket {i} (replayed)",

@@ -3,9 +3,12 @@ over ranks (numpy arrays indexed by rank), so 1,024 ranks replay as fast as 8.
 
 A node starts when its lane is free and its dependencies are done (graph.py's edges): a compute
 node after the one before it plus its gap; a collective when every rank has reached it; gossip
-when the rank and its in-neighbours have; a comm node when its gradients are ready and the link is
-free; the wait when the comm lane is done. The step time is the period of the replayed steady
-state: the last rank's end of a step minus its end of the step before.
+when the rank and its in-neighbours have (asynchronous gossip: when the rank has); a comm node
+when its gradients are ready and the link is free; the wait when the comm lane is done; a stale
+PS read when every rank's push of ``staleness`` steps before is done, then its own time (an
+asynchronous read: its own time). The step time is the period of the replayed steady state: the
+last rank's end of a step minus its end of the step before; ``rank_step_times`` is each rank's
+own (an asynchronous rank's pace, which the slowest's does not set).
 """
 
 from __future__ import annotations
@@ -29,17 +32,26 @@ class Replayed:
     compute: list[list[tuple[np.ndarray, np.ndarray]]]  # [step][node] -> (start, end)
     comm: list[list[tuple[np.ndarray, np.ndarray]]]
     ends: np.ndarray  # per step: the last rank's end
+    warm: int = 0  # replayed steps before the ones measured (a stale PS's ranks drifting to their gate)
 
     @property
     def step_time(self) -> float:
-        return float(np.mean(np.diff(self.ends))) if len(self.ends) > 1 else float(self.ends[0])
+        ends = self.ends[self.warm :]
+        return float(np.mean(np.diff(ends))) if len(ends) > 1 else float(ends[0])
+
+    @property
+    def rank_step_times(self) -> np.ndarray:
+        """Each rank's own mean period over the replayed steps: its end of a step minus its end of
+        the step before."""
+        ends = np.array([times[-1][1] for times in self.compute])[self.warm :]  # [step, rank]
+        return np.diff(ends, axis=0).mean(axis=0) if len(ends) > 1 else ends[0]
 
     def breakdown(self) -> dict[str, float]:
         """The step of the rank that ends it, averaged over the replayed steps after the first:
         compute (forward, backward), comm (waits for the gradients and the loop's exchanges),
         optimizer, and other (Python between the calls)."""
         parts = dict.fromkeys(("compute", "comm", "optimizer"), 0.0)
-        steps = self.compute[1:] or self.compute
+        steps = self.compute[1 + self.warm :] or self.compute
         for times in steps:
             r = int(np.argmax(times[-1][1]))
             for node, (start, end) in zip(self.graph.compute, times):
@@ -86,8 +98,12 @@ def replay(g: StepGraph, steps: int | None = None) -> Replayed:
     peers = {id(n): _peer_matrix(n, p) for n in g.compute if n.kind == "gossip"}
     rows = len(g.tail)
     compute_times, comm_times, ends = [], [], []
-    for s in range((rows + 1) if steps is None else steps):
-        j = (s - 1) % rows  # the first replayed step runs the last recorded one
+    pushed: list[np.ndarray] = []  # each replayed step's stale PS push ends, per rank
+    # a stale PS's fast ranks run ahead until the gate holds them: replay that drift first
+    gates = [n.staleness for n in g.compute if n.kind == "ps_read" and n.staleness is not None]
+    warm = 4 * (max(gates) + 1) if gates and steps is None else 0
+    for s in range((rows + 1 + warm) if steps is None else steps):
+        j = (s - 1 - warm) % rows  # the first measured step runs the first recorded one
         times: list[tuple[np.ndarray, np.ndarray]] = []
         lane: list[tuple[np.ndarray, np.ndarray]] = []
         done = None
@@ -97,11 +113,19 @@ def replay(g: StepGraph, steps: int | None = None) -> Replayed:
                 end = np.maximum(start, start if done is None else done) + g.tail[j]
             elif node.kind in JOIN_ALL:
                 end = start.max() + dur
-            elif node.kind == "gossip":
+            elif node.kind == "gossip" and not node.alone:
                 m = peers[id(node)]
                 end = start[m[j % len(m)]].max(axis=1) + dur
+            elif node.kind == "ps_read":
+                # StalePS.ready: every rank pushed the step ``staleness`` before this one
+                k = node.staleness
+                gate = pushed[s - k].max() if k is not None and 0 <= s - k < len(pushed) else -np.inf
+                own = node.tail[j] if node.tail is not None else dur
+                end = np.maximum(start, gate) + own
             else:
                 end = start + dur
+            if node.kind == "ps_stale":
+                pushed.append(end)
             times.append((start, end))
             if node is backward:
                 lane, done = _comm_lane(g, start, dur, j)
@@ -109,7 +133,7 @@ def replay(g: StepGraph, steps: int | None = None) -> Replayed:
         compute_times.append(times)
         comm_times.append(lane)
         ends.append(float(t.max()))
-    return Replayed(g, compute_times, comm_times, np.array(ends))
+    return Replayed(g, compute_times, comm_times, np.array(ends), warm)
 
 
 def _comm_lane(
@@ -121,7 +145,8 @@ def _comm_lane(
     free = -np.inf
     out = []
     for node in g.comm:
-        ready = b_start + node.ready * b_dur
+        frac = node.ready_at[j] if node.ready_at is not None else node.ready
+        ready = b_start + frac * b_dur
         start = max(float(ready.max()), free)
         free = start + float(node.dur[j].max())
         out.append((ready, np.full(g.world, free)))

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from distlab.whatif.graph import StepGraph, build
 from distlab.whatif.replay import Replayed, replay
 from distlab.whatif.trace import TraceData
@@ -72,11 +74,12 @@ class WhatIf:
         measured = [e for e in self.original if e["step"] > last - steps and e["rank"] < ranks]
         m0 = min((e["start"] for e in measured), default=0.0)
         shown = [dict(e, start=e["start"] - m0, end=e["end"] - m0) for e in measured]
-        first = self.replayed.ends[0]
+        warm = self.replayed.warm
+        first = self.replayed.ends[warm]
         extra = [
             dict(e, start=e["start"] - first, end=e["end"] - first, who=f"what-if rank {e['rank']}")
             for e in self.replayed.spans(ranks)
-            if 1 <= e["step"] <= steps
+            if warm + 1 <= e["step"] <= warm + steps
         ]
         what = ", ".join(f"{k}={v}" for k, v in self.changes.items()) or "nothing changed"
         return spans_figure(
@@ -129,6 +132,14 @@ class Trace:
     @property
     def measured_step(self) -> float:
         return self.graph.measured_step
+
+    def identity_check(self) -> tuple[float, float]:
+        """(replayed, measured): every step after the first replayed with its own durations,
+        untrimmed, and the median of its periods beside the run's median step. ``identity`` replays
+        the steps of typical length only, whose mean sits near the median whatever the edges say;
+        this one keeps every step, so a wrong join or tail moves it."""
+        out = replay(build(self.data, typical=False))
+        return float(np.median(np.diff(out.ends[out.warm :]))), self.measured_step
 
     def whatif(
         self,

@@ -7,6 +7,17 @@ the gossip exchange after the optimizer. The optimizer's time follows the bytes 
 (a PS server steps its variables, the other ranks only their replicated ones). Sparse variables
 keep the exchange the trace measured: the rows a step touches are not in the trace, so a strategy
 that exchanges a sparse variable another way gets a ``TraceError`` saying what to trace instead.
+
+A node the trace lacks is priced by the cost model times the trace's measured / priced
+(``pricing.factor``); a PS pull is one broadcast per variable, as runtime/ps.py makes them.
+
+Consistency: asynchronous gossip is the same exchange with no join (graph.py). A stale or
+asynchronous PS runs on the loop (its pushes, the server's optimizer step per worker's push, the
+gated read: runtime/stale_ps.py), which no synchronous trace measures: a swap to one is replayed
+only from a trace of a stale or asynchronous PS of the same layout (its own pushes and reads, with
+the new gate), else refused naming ``cm.predict``, which prices consistency
+(costmodel/consistency.py). A swap away from such a trace is refused too: its optimizer ran inside
+its pushes, so no optimizer share of another strategy can be read from it.
 """
 
 from __future__ import annotations
@@ -17,8 +28,8 @@ import numpy as np
 
 from distlab.strategy.execution import BUCKET_BYTES
 from distlab.strategy.types import Strategy
-from distlab.whatif.graph import Node, StepGraph
-from distlab.whatif.pricing import Pricing, bucket_nodes, degree, gossip_peers, sliced
+from distlab.whatif.graph import Node, StepGraph, gossip_alone, staleness_of
+from distlab.whatif.pricing import Pricing, bucket_nodes, degree, factor, gossip_peers, sliced
 from distlab.whatif.trace import TraceError
 
 SPARSE_KIND = {"allgather": "allgather", "ps_sparse": "ps"}  # the sync kind each sparse exchange serves
@@ -72,6 +83,8 @@ def swap(
             f"whatif(strategy={strategy.name}): the traced variable {unplanned[0]!r} has no plan; build the "
             "strategy for the traced run's model"
         )
+    if strategy.stale or any(n.kind == "ps_stale" for n in g.compute):
+        return _regate(g, strategy, notes)
     sparse = _sparse_kinds(g)
     for name, kind in sparse.items():
         plan = strategy.plan(name)
@@ -93,7 +106,7 @@ def swap(
                 wire = share / 2 if s.compressor in ("fp16", "bf16") else share
                 buckets.append((name, int(wire), frac, (s.group or 0, s.compressor)))
             elif s.kind == "ps":
-                t = g.factors.get("ps_push", 1.0) * pricing.time("ps_push", share, p, link, sliced=turns)
+                t = factor(g, "ps_push") * pricing.time("ps_push", share, p, link, sliced=turns)
                 pushes.append(
                     Node(
                         f"PS push {name} to rank {s.server} (replayed)",
@@ -111,12 +124,71 @@ def swap(
                 gossip_bytes += share
     buckets.sort(key=lambda e: e[2])
     comm = bucket_nodes(g, buckets, cap, pricing, link, False) + pushes
-    compute = _loop(g, strategy, sizes, ps_bytes, gossip_bytes, pricing, link)
+    compute = _loop(g, strategy, sizes, ps_bytes, len(pushes), gossip_bytes, pricing, link)
     for kind in sorted({n.kind for n in comm + compute if n.repriced} - set(g.factors)):
         notes.append(
-            f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)"
+            f"{kind}: the trace has none; priced by the cost model x {factor(g, kind):.2f}, the "
+            "trace's measured / priced over its other collectives"
+            if factor(g, kind) != 1.0
+            else f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)"
         )
     return g.replace(comm=sorted(comm, key=lambda n: n.ready), compute=compute, strategy=strategy)
+
+
+def _layout(strategy: Strategy | None) -> dict[str, tuple[int | None, ...]]:
+    """Each PS variable's servers."""
+    if strategy is None:
+        return {}
+    return {
+        v.name: tuple(s.server for s in v.syncs)
+        for v in strategy.variables
+        if any(s.kind == "ps" for s in v.syncs)
+    }
+
+
+def _regate(g: StepGraph, strategy: Strategy, notes: list[str]) -> StepGraph:
+    """A stale or asynchronous PS from a trace of one with the same layout: its own pushes and
+    reads under the new gate; anything else refused (see the module's docstring)."""
+    traced = any(n.kind == "ps_stale" for n in g.compute)
+    label = _consistency_label(strategy)
+    if not traced:
+        raise TraceError(
+            f"whatif(strategy={strategy.name}): a {label} PS pushes, steps its servers and reads on the "
+            "training loop, which this trace of a synchronous strategy does not measure; price it with "
+            "cm.predict(profile, resources, strategy) (costmodel/consistency.py runs each rank's clocks), "
+            "or trace a run of a stale or asynchronous PS and swap from that"
+        )
+    if not strategy.stale:
+        raise TraceError(
+            f"whatif(strategy={strategy.name}): the trace is of a {_consistency_label(g.strategy)} PS, whose "
+            "optimizer ran inside its pushes, so no synchronous strategy's optimizer share can be read from "
+            "it; trace a run of a synchronous strategy, or price it with cm.predict(profile, resources, "
+            "strategy)"
+        )
+    proxy = [
+        any(s.kind == "ps" and s.local_replication for v in st.variables for s in v.syncs)
+        for st in (g.strategy, strategy)
+        if st is not None
+    ]
+    if _layout(strategy) != _layout(g.strategy) or len(set(proxy)) > 1:
+        raise TraceError(
+            f"whatif(strategy={strategy.name}): the trace's PS has another layout (servers per variable or "
+            "local_replication), whose pushes and reads it does not measure; price it with "
+            "cm.predict(profile, resources, strategy), or trace a run of that layout"
+        )
+    gate = staleness_of(strategy)
+    compute = [replace(n, staleness=gate) if n.kind == "ps_read" else n for n in g.compute]
+    if staleness_of(g.strategy) != gate:
+        notes.append(
+            f"consistency {label}: the trace's own pushes and reads, each read gated "
+            + ("by no rank (asynchronous)" if gate is None else f"on every rank's push {gate} step(s) before")
+        )
+    return g.replace(compute=compute, strategy=strategy)
+
+
+def _consistency_label(strategy: Strategy | None) -> str:
+    gate = staleness_of(strategy)
+    return "asynchronous" if gate is None else f"stale-synchronous (staleness {gate})"
 
 
 def _sparse_kinds(g: StepGraph) -> dict[str, str]:
@@ -133,6 +205,7 @@ def _loop(
     strategy: Strategy,
     sizes: dict[str, tuple[int, float]],
     ps_bytes: float,
+    ps_calls: int,
     gossip_bytes: float,
     pricing: Pricing,
     link: str,
@@ -164,6 +237,7 @@ def _loop(
                     None,
                     pricing,
                     link,
+                    max(1, ps_calls),
                 )
             )
         if gossip_bytes:
@@ -171,6 +245,7 @@ def _loop(
             node = _exchange(
                 g, old.get("gossip"), "gossip", "gossip exchange", gossip_bytes, peers, pricing, link
             )
+            node.alone = gossip_alone(strategy)
             out.append(node)
     return out
 
@@ -184,17 +259,19 @@ def _exchange(
     peers: list[list[list[int]]] | None,
     pricing: Pricing,
     link: str,
+    calls: int = 1,
 ) -> Node:
-    """A loop exchange of the new strategy: the trace's own node re-priced when it had one."""
+    """A loop exchange of the new strategy (``calls`` collective calls): the trace's own node
+    re-priced when it had one."""
     p, rows = g.world, len(g.tail)
     node = Node(name, kind, "compute", np.zeros((rows, p)), np.zeros((rows, p)), nbytes=nbytes, peers=peers)
-    node.repriced = True
+    node.repriced, node.calls = True, calls
     turns = sliced(g)
-    now = pricing.time(kind, nbytes, p, link, degree(node), sliced=turns)
+    now = pricing.time(kind, nbytes, p, link, degree(node), sliced=turns, calls=calls)
     if old is not None:
-        was = pricing.time(kind, old.nbytes, p, link, degree(old), sliced=turns)
+        was = pricing.time(kind, old.nbytes, p, link, degree(old), sliced=turns, calls=old.calls)
         node.dur = old.dur * (now / was) if was > 1e-12 else np.full((rows, p), now)
         node.gap = old.gap
     else:
-        node.dur = np.full((rows, p), g.factors.get(kind, 1.0) * now)
+        node.dur = np.full((rows, p), factor(g, kind) * now)
     return node

@@ -101,7 +101,7 @@ def apply(
     link = "inter" if n_hosts > 1 else "intra"
     turns0 = sliced(g)
     before = {
-        n.name: pricing.time(n.kind, n.nbytes, p0, link0, degree(n), sliced=turns0)
+        n.name: pricing.time(n.kind, n.nbytes, p0, link0, degree(n), sliced=turns0, calls=n.calls)
         for n in g.nodes()
         if n.kind in COLLECTIVE
     }
@@ -116,17 +116,33 @@ def apply(
         for n in g.nodes():
             if n.kind not in COLLECTIVE:
                 continue
-            now = pricing.time(n.kind, n.nbytes, p, link, degree(n), change.bandwidth, change.latency, turns)
+            now = pricing.time(
+                n.kind, n.nbytes, p, link, degree(n), change.bandwidth, change.latency, turns, n.calls
+            )
             # a what-if's own node was priced at the link as calibrated; a traced one keeps its ratio
             at = (
-                pricing.time(n.kind, n.nbytes, p, link, degree(n), sliced=turns)
+                pricing.time(n.kind, n.nbytes, p, link, degree(n), sliced=turns, calls=n.calls)
                 if n.repriced
                 else before.get(n.name, 0.0)
             )
             if at > 1e-12:
                 n.dur = n.dur * (now / at)
+        if any(n.kind in ("ps_stale", "ps_read") for n in g.compute):
+            notes.append(
+                "stale PS: its pushes and reads keep their measured time (the trace's span of a push "
+                "holds the server's optimizer step too); only the gate follows the new world"
+            )
     if change.overlap is False:
-        g = g.replace(comm=[replace(n, ready=max(n.ready, 1.0)) for n in g.comm])
+        g = g.replace(
+            comm=[
+                replace(
+                    n,
+                    ready=max(n.ready, 1.0),
+                    ready_at=None if n.ready_at is None else np.maximum(n.ready_at, 1.0),
+                )
+                for n in g.comm
+            ]
+        )
     elif change.overlap is True and all(n.ready >= 1.0 for n in g.comm):
         notes.append("overlap: the traced run launched nothing during backward; nothing to overlap")
     if change.compute_scale is not None:
@@ -158,6 +174,10 @@ def _resize(g: StepGraph, p: int, n_hosts: int, notes: list[str]) -> StepGraph:
     def clone(n: Node) -> Node:
         cpu = n.kind in COMPUTE_KINDS
         out = replace(n, dur=n.dur[:, tmap] * (slow if cpu else 1.0), gap=n.gap[:, tmap] * slow)
+        if n.tail is not None:
+            out.tail = n.tail[:, tmap]
+        if n.ready_at is not None:
+            out.ready_at = n.ready_at[:, tmap]
         if n.kind == "gossip":
             out.peers = gossip_peers(g.strategy, p, hosts) if g.strategy is not None else None
         return out
