@@ -61,11 +61,20 @@ def test_warmup_share(n, expected):
 
 def test_sequence_targets_pass_the_pre_launch_data_check():
     # the language model's targets are one class per position; the check uses the runtime's loss
+    import torch
+
     import distlab as dl
+    from distlab.errors import LaunchError
     from distlab.runs.validate import check_data
 
     model = dl.zoo.get("transformer_lm", layers=1, d_model=32, heads=4, vocab_size=64, seq_len=8)
-    check_data(dl.data.synthetic(model, n=16), model, None)
+    data = dl.data.synthetic(model, n=16)
+    x, y = check_data(data, model, None)  # the batch the check trained a copy of the model on
+    assert x.shape == y.shape == (2, 8) and y.dtype == torch.int64  # a class per position, accepted
+    # and the check can refuse: targets that are not one per position fail before any launch
+    inputs = torch.stack([data[i][0] for i in range(16)])
+    with pytest.raises(LaunchError, match="cross-entropy"):
+        check_data((inputs, torch.randint(0, 64, (16, 3))), model, None)
 
 
 def test_slowest_median_is_each_steps_slowest_rank_then_the_median():
