@@ -87,18 +87,31 @@ OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"learning_rate": 1e-3, "initial_accumulator_value": 0.1, "epsilon": 1e-7, "weight_decay": None},
     ),
 }
-# Keras optimizer settings that change the update and that no route can carry as Keras means
-# them, each with why: refused in one line (their Keras defaults are None or False)
+# Keras optimizer settings that change the update and that no route carries as Keras means them:
+# setting -> (why, the fix), refused in one line (their Keras defaults are None or False)
 _UNCARRIED = {
-    "clipnorm": "distlab's runtimes step each server's shard of a variable with its own optimizer and "
-    "TensorFlow's replicas clip before their all-reduce, so neither clips the global batch's gradient",
-    "clipvalue": "TensorFlow's replicas clip their own share of the gradient before the all-reduce, "
-    "so the native route does not clip the global batch's gradient",
-    "global_clipnorm": "distlab's runtimes step each server's shard with its own optimizer and "
-    "TensorFlow's replicas clip before their all-reduce, so neither sees the whole gradient",
-    "use_ema": "fit writes the moving average into the weights when it ends; a distlab run ends with "
-    "the trained weights",
-    "gradient_accumulation_steps": "distlab steps on every batch; raise batch_size for a larger global batch",
+    "clipnorm": (
+        "distlab's runtimes step each server's shard of a variable with its own optimizer, and "
+        "TensorFlow's replicas clip their share before the all-reduce",
+        "drop clipnorm",
+    ),
+    "clipvalue": (
+        "TensorFlow's replicas clip their share of the gradient before the all-reduce",
+        "drop clipvalue, or on backend='torch' clip in a factory params -> torch.optim.Optimizer",
+    ),
+    "global_clipnorm": (
+        "distlab's runtimes step each server's shard with its own optimizer, and TensorFlow's "
+        "replicas clip their share before the all-reduce",
+        "drop global_clipnorm",
+    ),
+    "use_ema": (
+        "fit writes the moving average into the weights when it ends; a run ends with the trained weights",
+        "drop use_ema",
+    ),
+    "gradient_accumulation_steps": (
+        "distlab steps on every global batch",
+        "drop it and raise batch_size",
+    ),
 }
 
 
@@ -275,18 +288,17 @@ def _from_keras(opt: Any, source: str) -> OptimizerSpec:
         )
     cfg = opt.get_config()
     name = type(opt).__name__
-    for key, why in _UNCARRIED.items():
+    for key, (why, fix) in _UNCARRIED.items():
         if cfg.get(key):  # None, False and 0 are Keras's "off"
             raise LaunchError(
-                f"optimizer: {name}({key}={cfg[key]!r}) is not carried to distlab's runs ({why}); "
-                f"drop {key}, or on backend='torch' pass a factory params -> torch.optim.Optimizer"
+                f"optimizer: {name}({key}={cfg[key]!r}) is not carried to distlab's runs ({why}); {fix}"
             )
     if getattr(opt, "_exclude_from_weight_decay", None) or getattr(
         opt, "_exclude_from_weight_decay_pattern", None
     ):
         raise LaunchError(
             f"optimizer: {name}.exclude_from_weight_decay(...) is not carried to distlab's runs (the "
-            "decay would reach every variable); drop it, or set weight_decay=None"
+            "decay would reach every variable); leave it out, or pass an optimizer without weight_decay"
         )
     lr = cfg.get("learning_rate")
     if not isinstance(lr, (int, float)):

@@ -199,7 +199,8 @@ def serve_ps(job_dir: str) -> int:
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     # partitioned variables are TensorFlow ShardedVariables, which Keras 3's optimizers cannot
-    # update: their shards take plain SGD at the optimizer's rate (launch checks it is plain SGD)
+    # update: their shards take plain SGD at the optimizer's rate (launch checks it is plain SGD),
+    # after its weight decay as Keras applies it (var -= var * wd * lr, base_optimizer.py)
     sharded = any(hasattr(v.value, "variables") for v in model.trainable_variables)
     shard_vars = [s for v in model.trainable_variables for s in getattr(v.value, "variables", [v.value])]
     rate = float(
@@ -207,6 +208,7 @@ def serve_ps(job_dir: str) -> int:
         if hasattr(optimizer.learning_rate, "numpy")
         else optimizer.learning_rate
     )
+    decay = getattr(optimizer, "weight_decay", None)
 
     metrics = job.get("metrics") or ()
 
@@ -219,6 +221,8 @@ def serve_ps(job_dir: str) -> int:
             values = [loss] + [tf.reduce_mean(tf.cast(m.keras(yb, out), tf.float32)) for m in metrics]
             if sharded:
                 for var, g in zip(shard_vars, tape.gradient(loss, shard_vars)):
+                    if decay is not None:
+                        var.assign_sub(var * (float(decay) * rate))
                     var.assign_sub(rate * tf.convert_to_tensor(g))
                 return values
             grads = tape.gradient(loss, model.trainable_variables)
