@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,49 @@ def save(directory: str | Path, payload: dict[str, Any], keep: int = 3) -> Path:
     for old in _checkpoints(directory)[keep:]:
         old.unlink(missing_ok=True)
     return path
+
+
+class Writer:
+    """Writes a run's checkpoints on a thread of its own, one at a time, so the training thread
+    pays for a snapshot (its tensors copied) and not for serialising, hashing and fsync: on 2
+    cores a 20 MB model with Adam's state took 0.13-0.38 s to write, every checkpoint. ``wait``
+    before the run reports its last checkpoint (and before the next write starts)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, directory: str | Path, payload: dict[str, Any]) -> Path:
+        """Start writing ``payload`` (which nothing may change any more); returns its path."""
+        self.wait()
+
+        def write() -> None:
+            try:
+                save(directory, payload)
+            except BaseException as exc:  # noqa: BLE001 - raised by the next wait
+                self._error = exc
+
+        self._thread = threading.Thread(target=write, name="distlab-checkpoint-writer", daemon=True)
+        self._thread.start()
+        return path_for(directory, int(payload["step"]))
+
+    def wait(self) -> None:
+        """The write in flight is on disk (or its error raised here)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            if isinstance(err, LaunchError):
+                raise err
+            raise LaunchError(f"checkpoint: writing it failed: {type(err).__name__}: {err}") from err
+
+    def close(self) -> None:
+        """(a run that failed) Let the write in flight finish, so the newest checkpoint is on disk
+        for the resume; its own error, if any, is not the run's."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -51,7 +51,10 @@ def gather_state(
         mine += _entries(local_opt, units)
     if world > 1:
         parts: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        # rank 0's own part stays here: pickling it through the gather only copied it
+        dist.gather_object([] if rank == 0 else mine, parts, dst=0)
+        if parts is not None:
+            parts[0] = mine
     else:
         parts = [mine]
     if rank != 0:

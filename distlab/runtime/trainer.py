@@ -271,6 +271,7 @@ def _train(
     asynchronous = _asynchronous(sync)
     stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world), at_once=asynchronous)
     cadence = checkpoint_cadence(store, job.checkpoint_every, asynchronous) if job.checkpoint_dir else None
+    writer = ckpt.Writer()
     records: list[dict[str, Any]] = []
     last_ckpt = None
     step = job.start_step
@@ -282,7 +283,7 @@ def _train(
                 stopped = True
                 # a resize resumes exactly here (an asynchronous run: after its furthest rank)
                 if cadence and (asynchronous or step > job.start_step) and cadence.stop():
-                    last_ckpt = _checkpoint(job, model, sync, units, step, pos, batches)
+                    last_ckpt = _checkpoint(job, model, sync, units, step, pos, batches, writer)
                     cadence.served()
                 break
             progress["step"] = step
@@ -309,14 +310,16 @@ def _train(
             if emit is not None:
                 emit(rec)
             if cadence and cadence.due(step + 1):
-                last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos, batches)
+                last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos, batches, writer)
                 cadence.served()
         if cadence and not stopped and cadence.close():  # a cut asked before this rank's end
-            last_ckpt = _checkpoint(job, model, sync, units, job.steps, pos, batches)
+            last_ckpt = _checkpoint(job, model, sync, units, job.steps, pos, batches, writer)
             cadence.served()
         sync.finish()
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
+        writer.wait()  # the last checkpoint reported is on disk
     finally:
+        writer.close()
         sync.close()
     return {
         "rank": job.rank,
@@ -372,7 +375,14 @@ def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) 
 
 
 def _checkpoint(
-    job: RankJob, model: torch.nn.Module, sync: Any, units: list, step: int, samples: int, batches: Any
+    job: RankJob,
+    model: torch.nn.Module,
+    sync: Any,
+    units: list,
+    step: int,
+    samples: int,
+    batches: Any,
+    writer: ckpt.Writer,
 ) -> Any:
     step, samples = sync.settle(step, samples)  # a stale PS: every push applied, every replica equal
     stale = (sync.stale.optimizer, sync.stale.targets()) if sync.stale is not None else None
@@ -385,8 +395,8 @@ def _checkpoint(
         "world": job.world,
         "run_id": job.run_id,
         "strategy": job.strategy.to_json(indent=None),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
         "optimizer": opt_state,
         "adaptive": batches.state_dict(),
     }
-    return ckpt.save(job.checkpoint_dir, payload)
+    return writer.submit(job.checkpoint_dir, payload)  # the training goes on while it is written
