@@ -61,6 +61,15 @@ class Pricing:
             t += prm.gossip_per_byte * nbytes if kind == "gossip" else 0.0
         return t * degree if kind == "gossip" else t
 
+    def call_work(self, kind: str, p: int, sliced: float = 1.0) -> float:
+        """The runtime's own work around one call of ``kind`` (inside ``time``): CPU work of the
+        calling rank, which a gradient call launched in backward adds to backward (swap.py)."""
+        if p < 2:
+            return 0.0
+        prm = self.params
+        work = prm.call_overhead + prm.peer_call_overhead * (p - 1) * sliced
+        return work + (prm.ps_unit_overhead if kind == "ps_push" else 0.0)
+
 
 def sliced(g: StepGraph) -> float:
     """How many ranks take turns on each core of the busiest host (``contention.time_slicing``)."""
@@ -75,29 +84,25 @@ def degree(node: Node) -> float:
     return float(np.mean([max(len(x) for x in step) for step in node.peers]))
 
 
-ANY = "*"  # factors' key for every collective the trace measured together
-
-
 def factors(g: StepGraph, pricing: Pricing) -> dict[str, float]:
-    """Measured / priced per kind of communication node, at the trace's own world and link, and
-    over all of them (``ANY``: what a kind the trace lacks is scaled by, see ``factor``)."""
+    """Measured / priced per kind of communication node, at the trace's own world and link."""
     link = g.link
     seen: dict[str, list[float]] = {}
     for n in g.nodes():
         if n.kind in COLLECTIVE:
             priced = pricing.time(n.kind, n.nbytes, g.world, link, degree(n), sliced=sliced(g), calls=n.calls)
-            for key in (n.kind, ANY):
-                m = seen.setdefault(key, [0.0, 0.0])
-                m[0] += float(n.dur.mean())
-                m[1] += priced
+            m = seen.setdefault(n.kind, [0.0, 0.0])
+            m[0] += float(n.dur.mean())
+            m[1] += priced
     return {k: (m[0] / m[1] if m[1] > 0 else 1.0) for k, m in seen.items()}
 
 
 def factor(g: StepGraph, kind: str) -> float:
-    """Measured / priced for a node of ``kind``: the kind's own when the trace has it, else the
-    trace's other collectives' (the same link and process group at the same load: calibration's
-    per-call price misses the load a run puts on shared cores, in one direction for every call)."""
-    return g.factors.get(kind, g.factors.get(ANY, 1.0))
+    """Measured / priced for a node of ``kind``: the kind's own when the trace has it, else 1 (the
+    cost model alone). Another kind's residual is not carried over: one all-reduce bucket's, under
+    the load of a shared machine, measured 1.4x to 3.6x its price and over-priced a PS swap's 14
+    calls by up to 2x (docs/whatif.md)."""
+    return g.factors.get(kind, 1.0)
 
 
 def effective_bytes(g: StepGraph, pricing: Pricing) -> None:

@@ -8,8 +8,9 @@ the gossip exchange after the optimizer. The optimizer's time follows the bytes 
 keep the exchange the trace measured: the rows a step touches are not in the trace, so a strategy
 that exchanges a sparse variable another way gets a ``TraceError`` saying what to trace instead.
 
-A node the trace lacks is priced by the cost model times the trace's measured / priced
-(``pricing.factor``); a PS pull is one broadcast per variable, as runtime/ps.py makes them.
+A node the trace lacks is priced by the cost model (``pricing.factor``); a PS pull is one
+broadcast per variable, as runtime/ps.py makes them; each gradient call's launch work goes into
+backward, which launches it (``_launch_work``).
 
 Consistency: asynchronous gossip is the same exchange with no join (graph.py). A stale or
 asynchronous PS runs on the loop (its pushes, the server's optimizer step per worker's push, the
@@ -125,14 +126,31 @@ def swap(
     buckets.sort(key=lambda e: e[2])
     comm = bucket_nodes(g, buckets, cap, pricing, link, False) + pushes
     compute = _loop(g, strategy, sizes, ps_bytes, len(pushes), gossip_bytes, pricing, link)
+    compute = _launch_work(g, compute, comm, pricing, p, turns)
     for kind in sorted({n.kind for n in comm + compute if n.repriced} - set(g.factors)):
         notes.append(
-            f"{kind}: the trace has none; priced by the cost model x {factor(g, kind):.2f}, the "
-            "trace's measured / priced over its other collectives"
-            if factor(g, kind) != 1.0
-            else f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)"
+            f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)"
         )
     return g.replace(comm=sorted(comm, key=lambda n: n.ready), compute=compute, strategy=strategy)
+
+
+def _launch_work(
+    g: StepGraph, compute: list[Node], comm: list[Node], pricing: Pricing, p: int, turns: float
+) -> list[Node]:
+    """Backward with the new gradient calls' launch work in place of the trace's: each call is
+    launched from backward's hook on the training thread, and its work around the wire
+    (``Pricing.call_work``) shares the cores backward computes on (the analytic model counts
+    it outside the overlap for the same reason: evaluate.py's ``calls``). The trace's own calls'
+    work is inside its measured backward, so the difference is what changes."""
+    delta = sum(pricing.call_work(n.kind, p, turns) * n.calls for n in comm) - sum(
+        pricing.call_work(n.kind, g.world, sliced(g)) * n.calls for n in g.comm
+    )
+    if not delta:
+        return compute
+    from distlab.whatif.graph import last_backward
+
+    b = last_backward(compute)
+    return [replace(n, dur=np.maximum(n.dur + delta, 0.0)) if n is b else n for n in compute]
 
 
 def _layout(strategy: Strategy | None) -> dict[str, tuple[int | None, ...]]:
