@@ -4,7 +4,7 @@ the others."""
 from __future__ import annotations
 
 import pytest
-from runtime_bodies import FAILING_CASES, faults_body, stop_body
+from runtime_bodies import FAILING_CASES, failing_key, faults_body, stop_body
 
 from distlab.errors import LaunchError, StrategyError
 from distlab.runtime.spawn import spawn_local
@@ -36,12 +36,15 @@ def test_mismatched_strategy_fails_on_every_rank_before_the_first_step(faults, k
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", sorted(set(FAILING_CASES)))
+@pytest.mark.parametrize(
+    "case", range(len(FAILING_CASES)), ids=[failing_key(i) for i in range(len(FAILING_CASES))]
+)
 def test_failing_rank_ends_every_rank_quickly_naming_it(faults, case):
-    err1, t1 = faults[1][case]
+    # by position: AllReduce runs first and again last, and each outcome is checked
+    err1, t1 = faults[1][failing_key(case)]
     assert isinstance(err1, LaunchError)
     assert "rank 1 failed at step 2: ValueError: injected failure" in str(err1)
-    err0, t0 = faults[0][case]
+    err0, t0 = faults[0][failing_key(case)]
     assert isinstance(err0, LaunchError)
     assert "rank 0: stopped because rank 1 failed: ValueError: injected failure" in str(err0)
     # the collective timeout is 20 s: the survivor must learn of the failure long before it
