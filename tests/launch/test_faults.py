@@ -356,7 +356,7 @@ def test_workers_train_with_glibcs_own_malloc_thresholds(clean_lab):
 def test_workers_wake_dasks_timers_seldom_even_after_a_crash(clean_lab):
     # Dask's loop tick (20 ms), memory check (100 ms) and system monitor (500 ms) each take a core
     # from the ranks when they wake, and its profiler samples the training thread: the embedded
-    # cluster's workers run with launch.cluster's figures, and so does a worker its nanny starts
+    # cluster's workers run with cluster/local.py's WORKER_CONFIG, and so does a worker its nanny starts
     # again after a crash (a nanny's own copy of the config is shallow: it used to fall back)
     from dask.utils import parse_timedelta
 
