@@ -28,6 +28,10 @@ class LaunchError(DistlabError):
     """A run could not be started, or failed on the cluster."""
 
 
+class WindowError(DistlabError):
+    """A one-sided window (distlab.runtime.window) was misused, or its peers failed it."""
+
+
 class CalibrationError(DistlabError):
     """Calibration or cost-model fitting failed."""
 

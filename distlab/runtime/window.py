@@ -38,13 +38,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.errors import LaunchError
+from distlab.errors import WindowError
 from distlab.runtime.process_group import on_run_device
 from distlab.runtime.window_protocol import (
     ACCUMULATE,
     ALIVE,
     DONE,
     GET,
+    GRANT,
     LOCK,
     PUT,
     UNLOCK,
@@ -111,7 +112,7 @@ class Window:
         self.lock = threading.Condition()
         self.holder: int | None = None  # the rank holding this rank's mutex of the window
         self.queue: list[int] = []  # ranks waiting for it
-        self.body_tag, self.reply_tag, self.grant_tag = tags(wid)
+        self.body_tag, self.reply_tag = tags(wid)
 
     # -- this rank's value -------------------------------------------------------------------
     def value(self, copy: bool = True) -> torch.Tensor:
@@ -119,6 +120,11 @@ class Window:
         (``copy=False``: an averaging window's tensor itself, to read and not to change)."""
         with self.lock:
             if self.method == "push_sum":
+                if self.p <= 0:
+                    raise WindowError(
+                        f"window {self.name!r}: this rank's push-sum weight is {self.p:g}, so its value "
+                        "(tensor / weight) is undefined; collect landed mass (update_then_collect) first"
+                    )
                 return self.tensor / self.p
             return self.tensor.clone() if copy else self.tensor
 
@@ -154,7 +160,7 @@ class Window:
         """Overwrite this rank's buffer on each out-neighbour with ``tensor`` (default: this
         rank's value) times its weight; then this rank's tensor is scaled by ``self_weight``."""
         if self.method == "push_sum":
-            raise LaunchError(
+            raise WindowError(
                 f"window {self.name!r}: put overwrites mass a neighbour has not collected; push-sum "
                 "sends with accumulate"
             )
@@ -170,9 +176,15 @@ class Window:
             share = 1.0 / (len(self.out_neighbors) + 1)
             self_weight = share if self_weight is None else self_weight
             dst_weights = dict.fromkeys(self.out_neighbors, share) if dst_weights is None else dst_weights
+            if float(self_weight) <= 0 or any(float(w) < 0 for w in dict(dst_weights).values()):
+                raise WindowError(
+                    f"window {self.name!r}: push-sum self_weight={float(self_weight):g} leaves this rank "
+                    "no mass (its value tensor / weight would divide by zero) and weights must not be "
+                    "negative; keep a self_weight > 0"
+                )
             total = float(self_weight) + sum(float(w) for w in dict(dst_weights).values())
             if abs(total - 1.0) > TOL:
-                raise LaunchError(
+                raise WindowError(
                     f"window {self.name!r}: push-sum weights sum to {total:.6g} (self_weight + "
                     "dst_weights); they must sum to 1, or mass is lost or made"
                 )
@@ -208,7 +220,7 @@ class Window:
     def get(self, src_weights: Any = None) -> None:
         """Fetch each in-neighbour's value (times its weight) into its buffer (BlueFog's win_get)."""
         if self.method == "push_sum":
-            raise LaunchError(
+            raise WindowError(
                 f"window {self.name!r}: get copies mass its owner keeps, so a collect would count it "
                 "twice; push-sum moves mass with accumulate"
             )
@@ -248,12 +260,12 @@ class Window:
         )
         total = sw + sum(nw.values())
         if self.method == "average" and abs(total - 1.0) > TOL:
-            raise LaunchError(
+            raise WindowError(
                 f"window {self.name!r}: update weights sum to {total:.6g} (self_weight + neighbor_weights); "
                 "neighbour averaging needs them to sum to 1"
             )
         if self.method == "push_sum" and (sw != 1.0 or any(w != 1.0 for w in nw.values()) or not reset):
-            raise LaunchError(
+            raise WindowError(
                 f"window {self.name!r}: push-sum collects every neighbour's mass at weight 1 and empties "
                 "the buffers; use update_then_collect()"
             )
@@ -302,7 +314,7 @@ class Window:
         )
         bad = sorted(set(out) - set(allowed))
         if bad:
-            raise LaunchError(
+            raise WindowError(
                 f"window {self.name!r}: {field} names rank {bad[0]}, which is not an {kind} of rank "
                 f"{self.windows.rank} ({kind}s: {allowed or 'none'})"
             )
@@ -324,6 +336,7 @@ class Windows(Mutexes):
         self._said_done = False
         self._error: BaseException | None = None
         self._cv = threading.Condition()
+        self._grants = {}
         self._alive_sent = 0.0
         self._stop = threading.Event()
         self._finished = False
@@ -343,23 +356,23 @@ class Windows(Mutexes):
         """A window over ``tensor`` (copied) named ``name``; every rank creates the same windows
         in the same order. Starts a receiver thread for each new neighbour."""
         if name in self.windows:
-            raise LaunchError(f"window {name!r}: the name is used twice; give each window its own name")
+            raise WindowError(f"window {name!r}: the name is used twice; give each window its own name")
         if method == "push_sum" and not zero_init:
-            raise LaunchError(
+            raise WindowError(
                 f"window {name!r}: a push-sum window starts with empty buffers (zero_init=True); buffers "
                 "holding copies of the value would add mass at the first collect"
             )
         if method not in METHODS:
-            raise LaunchError(f"window {name!r}: method {method!r} is not one of: {', '.join(METHODS)}")
+            raise WindowError(f"window {name!r}: method {method!r} is not one of: {', '.join(METHODS)}")
         for kind, ranks in (("in", in_neighbors), ("out", out_neighbors)):
             bad = [r for r in ranks if not 0 <= r < self.world or r == self.rank]
             if bad:
-                raise LaunchError(
+                raise WindowError(
                     f"window {name!r}: {kind}_neighbors of rank {self.rank} holds {bad[0]}; a neighbour is "
                     f"another rank in 0..{self.world - 1}"
                 )
         if not in_neighbors and self.world > 1:
-            raise LaunchError(
+            raise WindowError(
                 f"window {name!r}: rank {self.rank} has no in-neighbour, so it never hears from anyone; "
                 "use a topology in which every rank receives from another"
             )
@@ -382,7 +395,7 @@ class Windows(Mutexes):
         try:
             return self.windows[name]
         except KeyError:
-            raise LaunchError(f"window {name!r}: no such window; create it first") from None
+            raise WindowError(f"window {name!r}: no such window; create it first") from None
 
     # -- messages --------------------------------------------------------------------------------
     def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
@@ -411,7 +424,7 @@ class Windows(Mutexes):
         """Raise what ended a receiver thread: a window's own error as it is, a lost connection as
         gloo gave it (the run then names the rank that failed first)."""
         err = self._error
-        if isinstance(err, LaunchError):
+        if isinstance(err, WindowError):
             raise err
         if err is not None:
             raise RuntimeError(
@@ -451,6 +464,8 @@ class Windows(Mutexes):
                     self.grant_or_queue(w, src)
                 elif op == UNLOCK:
                     self.release(w, src)
+                elif op == GRANT:
+                    self.granted(w.wid, src)
         except BaseException as exc:  # noqa: BLE001 - the training thread raises it
             if self._error is None and not self._stop.is_set():
                 self._error = exc
@@ -466,7 +481,7 @@ class Windows(Mutexes):
         with self._cv:
             while wid >= len(self._by_id):
                 if time.monotonic() > deadline or self._stop.is_set():
-                    raise LaunchError(
+                    raise WindowError(
                         f"rank {self.rank}: a peer used window {wid}, which this rank never created"
                     )
                 self._cv.wait(0.05)
@@ -515,7 +530,7 @@ class Windows(Mutexes):
                 while any(w.applied[i] < int(counts[w.wid, i, self.rank]) for i in w.in_neighbors):
                     self.check()
                     if time.monotonic() > deadline:
-                        raise LaunchError(
+                        raise WindowError(
                             f"rank {self.rank}: window {w.name!r}: messages did not land in time"
                         )
                     w.lock.wait(0.2)
@@ -553,7 +568,7 @@ class Windows(Mutexes):
                 silent = time.monotonic() - self._last_heard
                 if silent > self.timeout:
                     waiting = sorted(set(self._threads) - self._done_from)
-                    raise LaunchError(
+                    raise WindowError(
                         f"rank {self.rank}: ranks {waiting} sent nothing for {self.timeout:g} s and did not "
                         "finish"
                     )

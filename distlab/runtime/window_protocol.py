@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,9 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.errors import LaunchError
+from distlab.errors import WindowError
 
-PUT, ACCUMULATE, GET, LOCK, UNLOCK, DONE, ALIVE = 1, 2, 3, 4, 5, 6, 7
+PUT, ACCUMULATE, GET, LOCK, UNLOCK, DONE, ALIVE, GRANT = 1, 2, 3, 4, 5, 6, 7, 8
 
 
 def header(op: int, wid: int, p: float = 0.0) -> torch.Tensor:
@@ -25,23 +26,30 @@ def weight_of(head: torch.Tensor) -> float:
     return float(head[2:3].view(torch.float64))
 
 
-def tags(wid: int) -> tuple[int, int, int]:
-    """A window's tags: message bodies, get replies, mutex grants (0 is every header's)."""
-    return 16 + 4 * wid, 17 + 4 * wid, 18 + 4 * wid
+def tags(wid: int) -> tuple[int, int]:
+    """A window's tags: message bodies and get replies (0 is every header's, grants included)."""
+    return 16 + 4 * wid, 17 + 4 * wid
 
 
 class Mutexes:
     """A window's mutex on each rank, as BlueFog's ``win_mutex``: a rank holds it on an owner
-    until it releases it, and the owner's ``update(require_mutex=True)`` waits meanwhile. Requests
-    are answered to a receive the asker posted before asking (no thread waits on another rank's
-    thread); waiters queue in arrival order. Mixed into ``Windows``, whose ``group``, ``rank``,
-    ``timeout``, ``isend``, ``wait`` and ``check`` it uses."""
+    until it releases it, and the owner's ``update(require_mutex=True)`` waits meanwhile. Waiters
+    queue in arrival order. A grant is a header (``GRANT``) that the asker's receiver thread
+    hands to the waiting caller, so the caller waits with a deadline of its own (a timed gloo
+    receive would close the pair when it expired); an asker that gives up sends ``UNLOCK``, which
+    takes it out of the owner's queue or, if the grant crossed it, passes the mutex on. Mixed into
+    ``Windows``, whose ``group``, ``rank``, ``timeout``, ``isend``, ``heartbeat``, ``wait`` and
+    ``check`` it uses."""
 
     group: Any
     rank: int
     timeout: float
+    _grants: dict[tuple[int, int], Any]  # (window id, owner) -> the Event a waiting lock waits on
 
     def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
+        raise NotImplementedError
+
+    def heartbeat(self) -> None:
         raise NotImplementedError
 
     def wait(self, work: Any, what: str) -> None:
@@ -54,18 +62,28 @@ class Mutexes:
         with w.lock:
             if w.holder is None:
                 w.holder = rank
-                dist.send(torch.ones(1), rank, group=self.group, tag=w.grant_tag)
+                dist.send(header(GRANT, w.wid), rank, group=self.group, tag=0)
             else:
                 w.queue.append(rank)
 
     def release(self, w: Any, rank: int) -> None:
+        """``rank`` lets go of this rank's mutex of ``w``, or stops waiting for it."""
         with w.lock:
             if w.holder != rank:
+                if rank in w.queue:  # a waiter that timed out: out of the queue
+                    w.queue.remove(rank)
                 return
             w.holder = w.queue.pop(0) if w.queue else None
             if w.holder is not None and w.holder != self.rank:
-                dist.send(torch.ones(1), w.holder, group=self.group, tag=w.grant_tag)
+                dist.send(header(GRANT, w.wid), w.holder, group=self.group, tag=0)
             w.lock.notify_all()
+
+    def granted(self, wid: int, owner: int) -> None:
+        """(a receiver thread) ``owner`` granted its mutex of window ``wid``: wake the waiting
+        lock; a grant that comes after its lock gave up was already passed on by its UNLOCK."""
+        event = self._grants.get((wid, owner))
+        if event is not None:
+            event.set()
 
     def lock(self, w: Any, owner: int) -> None:
         """Take ``owner``'s mutex of window ``w`` (this rank's own: wait until it is free)."""
@@ -80,16 +98,30 @@ class Mutexes:
                     self.check()
                     if time.monotonic() > deadline:
                         w.queue.remove(self.rank)
-                        raise LaunchError(
+                        raise WindowError(
                             f"rank {self.rank}: waited {self.timeout:g} s for window {w.name!r}'s mutex, "
                             f"held by rank {w.holder}"
                         )
                     w.lock.wait(0.2)
             return
-        grant = torch.zeros(1)
-        reply = dist.irecv(grant, src=owner, group=self.group, tag=w.grant_tag)
-        self.wait(self.isend(header(LOCK, w.wid), owner, 0), f"rank {owner}")
-        self.wait(reply, f"rank {owner}'s mutex of window {w.name!r}")
+        event = threading.Event()
+        self._grants[(w.wid, owner)] = event
+        try:
+            self.wait(self.isend(header(LOCK, w.wid), owner, 0), f"rank {owner}")
+            deadline = time.monotonic() + self.timeout
+            while not event.wait(0.05):
+                self.check()
+                self.heartbeat()  # the neighbours keep hearing from this rank while it waits
+                if time.monotonic() > deadline:
+                    # out of the owner's queue (or, if the grant crossed this, the mutex passed on)
+                    self.wait(self.isend(header(UNLOCK, w.wid), owner, 0), f"rank {owner}")
+                    raise WindowError(
+                        f"rank {self.rank}: waited {self.timeout:g} s for rank {owner}'s mutex of "
+                        f"window {w.name!r}; it is held elsewhere (release it with unlock, or hold it "
+                        "for less time)"
+                    )
+        finally:
+            self._grants.pop((w.wid, owner), None)
 
     def unlock(self, w: Any, owner: int) -> None:
         if owner == self.rank:

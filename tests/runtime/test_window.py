@@ -56,6 +56,7 @@ def test_an_update_under_the_mutex_waits_for_the_remote_holder(windows):
         ("not out", "not an out-neighbour"),
         ("push-sum put", "push-sum sends with accumulate"),
         ("push-sum weights", "sum to 0.7"),
+        ("push-sum no mass", "self_weight > 0"),
         ("push-sum update", "update_then_collect"),
         ("no in-neighbour", "no in-neighbour"),
         ("push-sum get", "count it twice"),
@@ -67,6 +68,18 @@ def test_bad_window_calls_get_one_line_naming_the_window_and_the_fix(windows, ca
         msg = windows[r]["errors"][case]
         assert msg is not None and words in msg and "\n" not in msg, (case, msg)
         assert msg.startswith("window '")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_remote_mutex_wait_that_times_out_says_so_and_leaves_the_owners_queue(windows):
+    waiter = windows[2]["mutex timeout"]
+    assert waiter["error"] is not None and "waited 2 s for rank 1's mutex" in waiter["error"], waiter
+    assert "\n" not in waiter["error"] and 1.9 < waiter["gave up after"] < 2.8, waiter
+    # rank 0 let go at 3 s: rank 2's later lock is granted at once, and nobody is left queued
+    assert waiter["took it in"] < 1.0, waiter
+    owner = windows[1]["mutex timeout"]
+    assert owner["queue"] == [] and owner["holder"] is None, owner
 
 
 @pytest.mark.slow
@@ -113,8 +126,12 @@ def test_asynchronous_averaging_through_the_trainer_reaches_consensus_with_a_slo
     start = dense_model(seed=100).state_dict()
     spread = sum(((start[k] - mean[k]) ** 2).sum().item() for k in mean)
     got = trained[0][key]
-    # the fast ranks stop mixing when they finish their 30 steps, at about half the slow rank's:
-    # 2.4e-3 x the spread on a 16-core H100 host (ranks truly parallel), under 1e-4 on 2 cores
+    # What the bound tells apart: a run that mixes from one that does not (never mixing leaves
+    # the distance at the spread, 1.0x). It is 100x below that, not tighter, because the fast
+    # ranks stop mixing by design when they finish their 30 steps, at about half the slow rank's
+    # (docs/async-gossip.md), and how far the slow rank drifts alone depends on the host: under
+    # 1e-4 x the spread on 2 cores, 2.4e-3 on a 16-core H100 host (read off that session's
+    # console; no file was kept). The bound was 1e-3 until that host measured 2.4e-3.
     assert got["distance"] < 1e-2 * spread, (got["distance"], spread)
     heard_any = False
     for r in range(WORLD):

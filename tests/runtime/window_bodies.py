@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.errors import LaunchError
+from distlab.errors import WindowError
 
 
 def _init(rank: int, world: int, addr: str, port: int, tag: str) -> None:
@@ -23,7 +23,7 @@ def _init(rank: int, world: int, addr: str, port: int, tag: str) -> None:
 def _error(fn: Any) -> str | None:
     try:
         fn()
-    except LaunchError as exc:
+    except WindowError as exc:
         return str(exc)
     return None
 
@@ -98,6 +98,7 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
         "not out": _error(lambda: avg.put(dst_weights={(rank + 2) % world: 1.0})),
         "push-sum put": _error(lambda: ws.create("ps", own, [left], [right], method="push_sum").put()),
         "push-sum weights": _error(lambda: ws["ps"].accumulate(self_weight=0.5, dst_weights={right: 0.2})),
+        "push-sum no mass": _error(lambda: ws["ps"].accumulate(self_weight=0.0, dst_weights={right: 1.0})),
         "push-sum update": _error(lambda: ws["ps"].update(0.5, {left: 0.5})),
         "no in-neighbour": _error(lambda: ws.create("lonely", own, [], [right])),
         "push-sum get": _error(lambda: ws["ps"].get()),
@@ -125,7 +126,52 @@ def window_body(rank: int, world: int, addr: str, port: int) -> dict:
     ws3.finish()
     w3.update_then_collect()
     out["outlived the timeout"] = (time.monotonic() - t0, w3.p, ws3.alive())
+    out["mutex timeout"] = _mutex_timeout(rank, world)
     dist.destroy_process_group()
+    return out
+
+
+def _mutex_timeout(rank: int, world: int) -> dict:
+    """On a ring with a 2 s timeout: rank 0 holds rank 1's mutex for 3 s; rank 2's lock of it
+    gives up after 2 s with one line and leaves rank 1's queue; once rank 0 lets go, rank 2 takes
+    it at once (had it stayed queued, rank 1 would have granted it to a rank no longer waiting)."""
+    from distlab.runtime.window import Windows
+
+    ws = Windows(rank, world, timeout=2.0)
+    left, right = (rank - 1) % world, (rank + 1) % world
+    w = ws.create("m", torch.zeros(2), [left], [right])
+    out: dict[str, Any] = {}
+    dist.barrier()
+
+    def alive(seconds: float) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            ws.heartbeat()
+            time.sleep(0.05)
+
+    if rank == 0:
+        ws.lock(w, 1)
+        alive(3.0)
+        ws.unlock(w, 1)
+    elif rank == 2:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        out["error"] = _error(lambda: ws.lock(w, 1))
+        out["gave up after"] = time.monotonic() - t0
+        alive(1.0)
+    else:
+        alive(3.2)
+    dist.barrier()
+    if rank == 2:
+        t0 = time.monotonic()
+        ws.lock(w, 1)
+        out["took it in"] = time.monotonic() - t0
+        ws.unlock(w, 1)
+    alive(0.3)
+    dist.barrier()
+    if rank == 1:
+        out["queue"], out["holder"] = list(w.queue), w.holder
+    ws.finish()
     return out
 
 
