@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from distlab.costmodel.convergence import counted_g, key_of
 from distlab.errors import DistlabError
 
 ASYNC = None  # staleness of an asynchronous PS (no gate)
@@ -243,8 +244,9 @@ def price(
     model's predicted forward and backward (and its optimizer), spread by ``noise``, slowed by
     ``slowdown`` and varied by ``jitter``; the exchange is the synchronous kernels' (s = 0) or
     the stale runtime's (``exchange``). ``g``: steps to a target loss relative to synchronous
-    (``Lab.probe_staleness``): efficiency 1/g, goodput = throughput / g. ``base``: the strategy's
-    prediction as its kernels price it (``CostModel.predict`` passes its own)."""
+    (``Lab.probe_staleness``): efficiency 1/g, goodput = throughput / g (a g below 1 counts as 1:
+    ``convergence.counted_g``). ``base``: the strategy's prediction as its kernels price it
+    (``CostModel.predict`` passes its own)."""
     import dataclasses
 
     base = base if base is not None else cm.predict(profile, resources, strategy, optimizer=optimizer)
@@ -259,7 +261,11 @@ def price(
     got = simulate(
         ranks, staleness, push, pull, base.global_batch // strategy.world, slowdown, jitter, server_rate=rate
     )
-    eff = 1.0 / g if g else None
+    if g is not None and not g > 0:
+        raise DistlabError(f"g: {g!r} is not a positive number of steps relative to synchronous")
+    # the parts add up to the clocks' step: a draw whose noise came out below its mean shows as compute
+    comm = max(0.0, got.step_time - b["compute"] - b["optimizer"])
+    eff = 1.0 / max(g, 1.0) if g else None  # below 1 counts as 1 (convergence.counted_g says why)
     notes = (
         base.notes
         + got.notes
@@ -271,11 +277,12 @@ def price(
             if staleness != 0
             else ()
         )
+        + tuple(n for n in ((counted_g(strategy, {key_of(strategy): g})[1],) if g else ()) if n)
     )
     return dataclasses.replace(
         base,
         step_time=got.step_time,
-        breakdown={**b, "comm": max(0.0, got.step_time - b["compute"] - b["optimizer"])},
+        breakdown={**b, "comm": comm, "compute": got.step_time - b["optimizer"] - comm},
         throughput=got.throughput,
         efficiency=eff if eff is not None else base.efficiency,
         goodput=got.throughput * eff if eff is not None else base.goodput,
@@ -333,12 +340,6 @@ def statistical_cost(runs: Mapping[Any, Any], target_at: float = 0.7) -> dict[An
     return out
 
 
-def key_of(strategy: Any) -> Any:
-    """A strategy's staleness as ``staleness_cost`` keys it: 0, s, or ``"async"``."""
-    sync, s = strategy.consistency
-    return s if sync else "async"
-
-
 def rerank(
     cm: Any,
     df: Any,
@@ -347,22 +348,25 @@ def rerank(
     optimizer: str | None,
     staleness_cost: Mapping[Any, float] | None,
 ) -> Any:
-    """``CostModel.rank``'s table with every stale or asynchronous plan priced at its consistency
-    and, with ``staleness_cost`` (g per staleness, ``Lab.probe_staleness``), every PS plan's
-    efficiency divided by its g and a goodput column (throughput x efficiency)."""
+    """``CostModel.rank``'s table with every stale or asynchronous PS plan priced at its
+    consistency, goodput recomputed with its throughput, and a ``note`` column
+    (``convergence.counted_g``).
+
+    Without ``staleness_cost`` the figures are throughput (or the batch's goodput, with a noise
+    scale) and every stale or asynchronous plan, PS or gossip, carries ``convergence.UNCOUNTED``.
+    With it (g per staleness, ``Lab.probe_staleness``), efficiency is divided by each plan's g and
+    goodput = throughput x efficiency; a plan whose staleness was not probed is unpriced: goodput
+    NaN (ranked after every priced plan) and the note saying what to probe."""
     df = df.copy()
     for i, plan in enumerate(df["plan"]):
         if plan.stale:
             p = price(cm, profile, resources, plan, optimizer=optimizer)
             df.loc[i, ["throughput", "step_time", "comm"]] = [p.throughput, p.step_time, p.breakdown["comm"]]
+    counted = [counted_g(plan, staleness_cost) for plan in df["plan"]]
     if staleness_cost:
-        eff = df["efficiency"].to_numpy() if "efficiency" in df else np.ones(len(df))
-        g = [
-            float(staleness_cost.get(key_of(plan), 1.0))
-            if any(s.kind == "ps" for v in plan.variables for s in v.syncs)
-            else 1.0
-            for plan in df["plan"]
-        ]
-        df["efficiency"] = eff / np.asarray(g)
+        eff = df["efficiency"].to_numpy(dtype=float) if "efficiency" in df else np.ones(len(df))
+        df["efficiency"] = eff / np.asarray([g for g, _ in counted])
+    if "efficiency" in df:  # goodput follows the throughput the clocks priced
         df["goodput"] = df["throughput"] * df["efficiency"]
+    df["note"] = [n for _, n in counted]
     return df

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from distlab.adaptive.goodput import statistical_efficiency
-from distlab.costmodel import consistency, gossip_pricing
+from distlab.costmodel import consistency, convergence, gossip_pricing
 from distlab.costmodel.calibrate import check_links_measured, fit_microbenchmarks, fit_overhead
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES
 from distlab.costmodel.compile import (
@@ -363,10 +363,14 @@ class CostModel:
         asynchronous PS plans are priced at their consistency (costmodel/consistency.py),
         asynchronous gossip at each rank's own pace (costmodel/gossip_pricing.py).
 
+        Without ``staleness_cost`` a stale or asynchronous plan's ``note`` says its convergence is
+        not counted; with it, a staleness not probed is unpriced: goodput NaN, ranked last
+        (``consistency.rerank``).
+
         Columns: strategy (name), builder, world, per_replica, throughput, step_time, compute, comm,
-        optimizer, basis (``"measured step"`` or ``"profile"``), [efficiency, goodput], index
-        (position in ``candidates``), plan (the Strategy). ``table.attrs["notes"]``: what every
-        row's figure should be read with (``CostModel.notes``).
+        optimizer, basis (``"measured step"`` or ``"profile"``), [efficiency, goodput], note (what
+        the figure leaves out, or ""), index (position in ``candidates``), plan (the Strategy).
+        ``table.attrs["notes"]``: what every row's figure should be read with (``CostModel.notes``).
         """
         import pandas as pd
 
@@ -390,7 +394,6 @@ class CostModel:
                 "basis": [self.basis(c) for c in items],
             }
         )
-        df.attrs["notes"] = self.notes(profile)
         key = "throughput"
         if noise_scale is not None:
             gb = np.array([c.per_replica * c.accum * c.world for c in items], dtype=float)
@@ -400,10 +403,10 @@ class CostModel:
         df["index"] = np.arange(len(cands))
         df["plan"] = cands
         df = gossip_pricing.rerank(self, df, profile, resources, optimizer)
-        if staleness_cost or any(s.stale for s in cands):
-            df = consistency.rerank(self, df, profile, resources, optimizer, staleness_cost)
-            key = "goodput" if "goodput" in df else key
-        order = np.argsort(-df[key].to_numpy(), kind="stable")
+        df = consistency.rerank(self, df, profile, resources, optimizer, staleness_cost)
+        key = "goodput" if "goodput" in df else key
+        df.attrs["notes"] = (*self.notes(profile), *filter(None, [convergence.table_note(df)]))
+        order = np.argsort(-df[key].to_numpy(dtype=float), kind="stable")  # NaN (unpriced) last
         return df.iloc[order].reset_index(drop=True)
 
     def sweep(

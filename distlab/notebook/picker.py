@@ -20,7 +20,12 @@ import ipywidgets as w
 from distlab.errors import DistlabError
 from distlab.notebook.figures import FigureView
 from distlab.notebook.picker_launch import PickerLaunch, closed_text, workers_of
-from distlab.notebook.picker_options import GOSSIP_MODE_CHOICES, options_from, show_options
+from distlab.notebook.picker_options import (
+    GOSSIP_MODE_CHOICES,
+    consistency_control,
+    options_from,
+    show_options,
+)
 from distlab.notebook.ranking import short_label
 from distlab.strategy.types import COMPRESSORS
 
@@ -45,9 +50,11 @@ class StrategyPicker(PickerLaunch, w.VBox):
     Adaptive strategies (AdaptiveBatch) also show goodput: the configuration their controller
     would choose at the gradient noise scale in the "noise scale" box (``noise_scale=``, or
     "measure" on the model's data: ``distlab.runtime.noise_probe.measure_noise_scale``). Stale and
-    asynchronous PS plans are priced at their consistency, asynchronous gossip (the gossip mode's
-    "(async)" choices) at each rank's own pace; ``staleness_cost=`` (g per staleness,
-    ``lab.probe_staleness``) ranks the list by goodput = throughput / g(s) (docs/consistency.md).
+    asynchronous PS plans (the "consistency" control) are priced at their consistency, asynchronous
+    gossip (the gossip mode's "(async)" choices) at each rank's own pace; ``staleness_cost=`` (g per
+    staleness, ``lab.probe_staleness``) ranks the list by goodput = throughput / g(s) (docs/consistency.md).
+    Without it, those plans' rows and plan line say "convergence not counted: lab.probe_staleness";
+    with it, a staleness it does not price is listed after the priced plans, its note saying so.
     """
 
     def __init__(
@@ -141,6 +148,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
         self.compressor = w.Dropdown(
             options=list(COMPRESSORS), value="none", description="compressor", style=style
         )
+        self.consistency = consistency_control(style)
         self.batch = w.BoundedIntText(
             value=profile.batch_size, min=1, max=1 << 16, description="batch/replica", style=style
         )
@@ -211,7 +219,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
     def _arrange(self) -> None:
         """Observe every control and lay the picker out: controls left, the list right, charts below."""
         controls = [self.builder, self.chunk_size, self.servers, self.topology, self.dynamic, self.mode]
-        controls += [self.compressor, self.batch]
+        controls += [self.compressor, self.consistency, self.batch]
         what_if = [self.hosts, self.per_host, self.network, self.net_bandwidth, self.net_latency]
         for c in (*controls, *what_if):
             c.observe(self._on_change, names="value")
@@ -322,6 +330,7 @@ class StrategyPicker(PickerLaunch, w.VBox):
                     + "".join(f"<br><span style='color:#b35900'>{html.escape(n)}</span>" for n in p.notes)
                 )
                 + self._goodput_line(self.value, res)
+                + self._convergence_line()
                 + self._replay_line(res)
             )
             if rank or self._ranked is None:
@@ -352,7 +361,9 @@ class StrategyPicker(PickerLaunch, w.VBox):
         from distlab.notebook.ranking import SINGLE_PROCESS, ranking
 
         table = ranking(self._cm, self.profile, res, st.candidates(self.profile, res), self.staleness_cost)
-        note = table.attrs.get("single_note", "")  # the cost model's notes are on the plan line
+        # the cost model's notes are on the plan line; what the list's order leaves out is said here
+        uncounted = [n for n in table.attrs.get("notes", ()) if n.startswith("convergence not counted")]
+        note = "; ".join(n for n in (table.attrs.get("single_note", ""), *uncounted) if n)
         head = table.head(self.top)
         single = table[table["strategy"] == SINGLE_PROCESS]
         if not (head["strategy"] == SINGLE_PROCESS).any():  # the baseline every plan must beat stays listed
@@ -371,6 +382,11 @@ class StrategyPicker(PickerLaunch, w.VBox):
             f = self._forecast(r.plan, res)
             if f is not None:
                 text += f"  (goodput {f.goodput:,.0f}/s at global batch {f.global_batch})"
+            elif self.staleness_cost and r.get("goodput") == r.get("goodput"):
+                text += f"  (goodput {r.goodput:,.0f}/s)"
+            note = r.get("note")
+            if isinstance(note, str) and note:  # what its figure leaves out: a staleness's convergence
+                text += f"  [{note}]"
             rows.append((text, i))
         self._busy = True
         try:
@@ -407,6 +423,14 @@ class StrategyPicker(PickerLaunch, w.VBox):
             f"would train {f.per_replica} per replica x {f.accumulation} micro-batch(es) (global batch "
             f"{f.global_batch}) at {f.throughput:,.0f} samples/s, statistical efficiency {f.efficiency:.2f}"
         )
+
+    def _convergence_line(self) -> str:
+        """The plan line's note when the selected plan's convergence is not counted (a stale or
+        asynchronous plan without its g) or its g was read as 1 (consistency.counted_g)."""
+        from distlab.costmodel.convergence import counted_g
+
+        note = counted_g(self.value, self.staleness_cost)[1]
+        return f"<br><span style='color:#b35900'>{html.escape(note)}</span>" if note else ""
 
     def _draw(self, res: Any) -> None:
         from distlab.costmodel.whatif import hosts_like

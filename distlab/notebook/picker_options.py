@@ -1,5 +1,6 @@
 """The picker's option controls: the builder keyword each drives, gossip's modes (synchronous and
-asynchronous in one dropdown), and a picked plan's options back onto the controls."""
+asynchronous in one dropdown), a PS plan's consistency, and a picked plan's options back onto the
+controls."""
 
 from __future__ import annotations
 
@@ -17,6 +18,17 @@ GOSSIP_MODE_CHOICES = [
     ("push_sum (async)", "push_sum"),
     ("average (async)", "average"),
 ]
+
+# a PS plan's consistency (AutoDist's sync and staleness): the staleness, or "async" (``sync=False``)
+CONSISTENCY_CHOICES = [("synchronous", 0), ("stale, s=1", 1), ("stale, s=2", 2), ("stale, s=4", 4)]
+CONSISTENCY_CHOICES += [("asynchronous", "async")]
+
+
+def consistency_control(style: dict[str, str]) -> Any:
+    """The dropdown of a PS plan's consistency (priced at it: costmodel/consistency.py)."""
+    import ipywidgets as w
+
+    return w.Dropdown(options=CONSISTENCY_CHOICES, value=0, description="consistency", style=style)
 
 
 def builder_params(name: str) -> set[str]:
@@ -37,6 +49,13 @@ def options_from(picker: Any) -> dict[str, Any]:
         opts["batch_size"] = picker.batch.value
     for c in OPTION_CONTROLS:
         getattr(picker, c).disabled = c not in accepted
+    consistency = getattr(picker, "consistency", None)
+    if consistency is not None:
+        consistency.disabled = "staleness" not in accepted
+        if not consistency.disabled and consistency.value == "async":
+            opts["sync"] = False
+        elif not consistency.disabled and consistency.value:
+            opts["staleness"] = consistency.value
     return opts
 
 
@@ -52,6 +71,12 @@ def show_options(picker: Any, plan: Any) -> None:
             getattr(picker, key).value = opts[key]
     if "batch_size" in opts:
         picker.batch.value = opts["batch_size"]
+    if getattr(picker, "consistency", None) is not None and hasattr(plan, "consistency"):
+        sync, staleness = plan.consistency  # a picked stale or asynchronous plan stays so
+        value = staleness if sync else "async"
+        if value not in values_of(picker.consistency):
+            picker.consistency.options = [*picker.consistency.options, (f"stale, s={value}", value)]
+        picker.consistency.value = value
 
 
 def values_of(widget: Any) -> list[Any]:

@@ -35,6 +35,9 @@ def ranking(
     distributed strategy; ``table.attrs["single_note"]`` says so in a sentence (else ""), and
     ``table.attrs["note"]`` is that and the cost model's notes (``CostModel.notes``) in one line.
     ``staleness_cost``: g per staleness (``Lab.probe_staleness``): best first by goodput then.
+    Each row's ``note`` says what its figure leaves out: a stale or asynchronous plan without a
+    measured g carries "convergence not counted: lab.probe_staleness..." (ranked by throughput
+    without ``staleness_cost``; unpriced, goodput NaN and after every priced row, with it).
     """
     import pandas as pd
 
@@ -45,15 +48,16 @@ def ranking(
     rows = pd.concat([table, base], ignore_index=True)
     key = "goodput" if staleness_cost and "goodput" in table else "throughput"
     if key == "goodput":  # one process steps synchronously: its goodput is its throughput
-        rows["goodput"] = rows["goodput"].fillna(rows["throughput"])
-    rows = rows.sort_values(key, ascending=False, kind="stable").reset_index(drop=True)
+        alone = rows["strategy"] == SINGLE_PROCESS  # an unpriced plan's NaN stays NaN (ranked last)
+        rows.loc[alone, "goodput"] = rows.loc[alone, "throughput"]
+    rows = rows.sort_values(key, ascending=False, kind="stable", na_position="last").reset_index(drop=True)
     rows = _merge_ties(rows)
     rows["index"] = range(len(rows))
     distributed = rows[rows["strategy"] != SINGLE_PROCESS]
     single = float(base["throughput"].iloc[0])
     wins = bool(len(distributed) == 0 or single > float(distributed["throughput"].max()))
     rows.attrs["single_wins"] = wins
-    rows.attrs["notes"] = table.attrs.get("notes", ())
+    rows.attrs["notes"] = table.attrs.get("notes", ())  # the cost model's, and what the order leaves out
     rows.attrs["single_note"] = wins_note = (
         f"one process is predicted fastest ({single:,.0f} samples/s, best distributed "
         f"{float(distributed['throughput'].max()):,.0f}/s): for this model on this cluster, do not distribute"
@@ -70,8 +74,8 @@ def _merge_ties(rows: Any) -> Any:
     for i, r in rows.iterrows():
         if keep:
             k = rows.loc[keep[-1]]
-            same = all(
-                abs(float(r[c]) - float(k[c])) <= TIE * max(abs(float(k[c])), 1e-12)
+            same = str(r.get("note", "")) == str(k.get("note", "")) and all(
+                _close(float(r[c]), float(k[c]))
                 for c in (
                     "throughput",
                     "step_time",
@@ -96,6 +100,11 @@ def _merge_ties(rows: Any) -> Any:
     out = rows.loc[keep].reset_index(drop=True)
     out["strategy"] = [" = ".join(n) for n in names]
     return out
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal within TIE; two unpriced goodputs (NaN) are equal too."""
+    return (a != a and b != b) or abs(a - b) <= TIE * max(abs(b), 1e-12)
 
 
 def short_label(name: str, width: int = 44) -> str:
@@ -123,8 +132,10 @@ def display_table(table: Any, top: int = 10) -> Any:
     }
     if "basis" in head:  # what the compute came from: the model's measured step or its profile
         cols["from"] = head["basis"].astype(str)
-    if "goodput" in head:
-        cols["goodput"] = head["goodput"].round().astype(int)
+    if "goodput" in head:  # an unpriced plan's (NaN) shows as "-": its note says what to probe
+        cols["goodput"] = head["goodput"].map(lambda v: f"{v:,.0f}" if v == v else "-")
+    if "note" in head and head["note"].fillna("").astype(bool).any():
+        cols["note"] = head["note"].fillna("").astype(str)
     from distlab.notebook.views import Table
 
     return Table(pd.DataFrame(cols))
