@@ -27,8 +27,9 @@ NATIVE_BUILDERS = {"AllReduce": "mirrored", "PS": "ps", "PartitionedPS": "ps"}
 
 
 def check_native(model: Any, strategy: Any) -> None:
-    """What the native route can run: a Keras 3 model, a builder of ``NATIVE_BUILDERS``, a clean
-    environment."""
+    """What the native route can run: a Keras 3 model, a builder of ``NATIVE_BUILDERS`` at
+    synchronous consistency (distlab's stale and asynchronous PS run on the torch route only), a
+    clean environment."""
     from distlab.keras_model import is_keras_model
 
     if not is_keras_model(model):
@@ -55,6 +56,28 @@ def check_native(model: Any, strategy: Any) -> None:
             "runs natively here (natively: AllReduce as MultiWorkerMirroredStrategy, PS and PartitionedPS "
             "as ParameterServerStrategy); run it with backend='torch'"
         )
+    field = consistency_field(strategy)
+    if field:
+        raise LaunchError(
+            f"backend='tensorflow': strategy {strategy.name} asks for {field}, which TensorFlow's "
+            "ParameterServerStrategy does not run (it would train its own way); run it with backend='torch'"
+        )
+
+
+def consistency_field(strategy: Any) -> str:
+    """The first PS consistency field of ``strategy`` that is not synchronous (``"staleness=2"``,
+    ``"sync=False"``, ``"local_replication=True"``), else "" (a builder name has none)."""
+    for v in getattr(strategy, "variables", ()):
+        for sync in v.syncs:
+            if sync.kind != "ps":
+                continue
+            if sync.local_replication:
+                return "local_replication=True"
+            if not sync.sync:
+                return "sync=False"
+            if sync.staleness:
+                return f"staleness={sync.staleness}"
+    return ""
 
 
 def arrays(data: Any) -> tuple[Any, Any]:

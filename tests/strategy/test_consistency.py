@@ -98,3 +98,35 @@ def test_json_consistency_faults_name_the_field(recsys, two_nodes):
     d = dl.strategy.build("AllReduce", recsys, two_nodes).to_dict()
     d["variables"][0]["sync"]["staleness"] = 1
     assert "variables[0].sync.staleness: only a ps sync has a consistency" in _err(d)
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"staleness": 2}, "staleness=2"),
+        ({"sync": False}, "sync=False"),
+        ({"sync": False, "local_replication": True}, "local_replication=True"),
+    ],
+)
+def test_the_native_tensorflow_route_refuses_a_consistency_it_does_not_run(
+    recsys, two_nodes, options, field, monkeypatch
+):
+    """TensorFlow's ParameterServerStrategy has no staleness, sync or proxy setting: a stale or
+    asynchronous plan on backend="tensorflow" would train TensorFlow's own way without a word. A
+    pure check: a stand-in for a Keras model, no TensorFlow started."""
+    import importlib.util
+
+    from distlab.errors import LaunchError
+    from distlab.native_tf.launch import check_native
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TensorFlow is not installed: check_native refuses before the strategy")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    keras_like = type(
+        "Sequential", (), {"__module__": "keras.src.models.sequential", "trainable_variables": []}
+    )
+    check_native(keras_like(), dl.strategy.build("PS", recsys, two_nodes))  # synchronous PS: runs natively
+    st = dl.strategy.build("PS", recsys, two_nodes, **options)
+    with pytest.raises(LaunchError, match=rf"asks for {field}, .* run it with backend='torch'$") as err:
+        check_native(keras_like(), st)
+    assert "\n" not in str(err.value) and st.name in str(err.value)
