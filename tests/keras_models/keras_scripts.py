@@ -567,6 +567,28 @@ def native_ps(builders: list, steps: int = 20) -> dict:
                 "steps": int(run.metrics.step.max()) + 1,
                 "shards": {v.name: (v.partition.shards if v.partition else 1) for v in st.variables},
             }
+        # partitioned shards step by plain SGD after the optimizer's weight decay, as Keras
+        # applies it: every step of each worker multiplies the table by 1 - wd * lr (rows without
+        # a gradient too), next to which the gradients barely move its L1 norm
+        start = float(np.abs(model.get_weights()[0]).sum())
+        run = lab.launch(
+            model,
+            strategy="PartitionedPS",
+            steps=4,
+            data=(x, y),
+            backend="tensorflow",
+            timeout=90,
+            optimizer=keras.optimizers.SGD(learning_rate=0.1, weight_decay=0.5),
+        )
+        run.wait(timeout=300)
+        out["decay"] = {
+            "status": run.status,
+            "error": str(run.error or ""),
+            "steps": int(run.metrics.step.max()) + 1 if run.status == "finished" else 0,
+            "table_l1_ratio": float(np.abs(run.model.get_weights()[0]).sum()) / start
+            if run.status == "finished"
+            else None,
+        }
         try:  # natively, partitioned variables train with plain SGD only
             lab.launch(
                 model,

@@ -105,3 +105,7 @@ def test_ps_and_partitioned_ps_run_as_parameter_server_strategy(torch_notebook):
     table = out["PartitionedPS"]["placement"]["table/embeddings"]
     assert len(table) == out["PartitionedPS"]["shards"]["table/embeddings"] >= 2 and set(table) == servers
     assert "plain SGD" in out["adam"] and "Adam" in out["adam"]
+    # SGD(learning_rate=0.1, weight_decay=0.5): 4 steps on each of 2 workers, each a factor 0.95
+    decay = out["decay"]
+    assert decay["status"] == "finished", decay["error"]
+    assert decay["table_l1_ratio"] == pytest.approx(0.95**8, abs=0.02), decay  # 1.0 without the decay
