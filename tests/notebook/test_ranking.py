@@ -47,3 +47,30 @@ def test_the_table_shows_the_baseline_below_the_top_rows_with_units():
     assert list(shown.columns[:4]) == ["strategy", "workers", "samples/s", "step (ms)"]
     assert shown["samples/s"].dtype.kind == "i"
     assert "index" not in shown.columns and "<th" in display_table(table)._repr_html_()
+
+
+def test_the_table_says_which_plans_convergence_it_does_not_count():
+    table = _ranked(dl.ResourceSpec.local(workers=2))
+    stale = table[[p.stale for p in table["plan"]]]
+    assert len(stale) >= 1 and all(
+        n.startswith("convergence not counted: lab.probe_staleness") for n in stale["note"]
+    )
+    assert "convergence not counted for " in table.attrs["note"]  # what %distlab simulate shows above it
+    shown = display_table(table, top=len(table)).frame
+    assert "note" in shown.columns
+    assert set(shown.loc[shown["strategy"].isin(stale["strategy"]), "note"]) <= set(stale["note"])
+    assert set(shown.loc[shown["strategy"] == SINGLE_PROCESS, "note"]) == {""}
+
+
+def test_with_a_partial_staleness_cost_unpriced_plans_rank_last_and_show_no_goodput():
+    res = dl.ResourceSpec.local(workers=2)
+    prof = dl.profile(dl.zoo.get("mlp"), batch_size=8)
+    cands = dl.strategy.candidates(prof, res)
+    table = ranking(dl.CostModel.default(), prof, res, cands, staleness_cost={1: 1.2})
+    unpriced = table["goodput"].isna().to_numpy()
+    assert unpriced.any() and list(unpriced) == sorted(unpriced)  # every priced row first
+    single = table[table["strategy"] == SINGLE_PROCESS]
+    assert float(single["goodput"].iloc[0]) == float(single["throughput"].iloc[0])  # one process: g = 1
+    shown = display_table(table, top=len(table)).frame
+    assert set(shown["goodput"][unpriced]) == {"-"}
+    assert all(n.startswith("convergence not counted") for n in shown["note"][unpriced])
