@@ -322,6 +322,9 @@ class DistlabMagics(Magics):
         """Predict and rank every candidate strategy for a model, beside one process alone.
 
         %distlab simulate VAR [--workers N] [--top K] [model options] [-o NAME]
+
+        Stale and asynchronous plans rank by throughput; their note says "convergence not
+        counted: lab.probe_staleness" (cm.rank(..., staleness_cost=g) ranks by goodput).
         """
         p = _parser("simulate")
         p.add_argument("var")
@@ -345,6 +348,8 @@ class DistlabMagics(Magics):
         """Open the strategy picker for a model; its .value is the chosen Strategy.
 
         %distlab pick VAR [model options] [-o NAME]
+
+        As in simulate, stale and asynchronous plans say "convergence not counted".
         """
         p = _parser("pick")
         p.add_argument("var")

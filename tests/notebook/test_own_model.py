@@ -152,6 +152,13 @@ def test_the_ranking_has_the_single_process_row(session_shell, capsys):
     assert "predicted with the default cost model" in table.attrs["note"]
     assert table.attrs["note"].count("not calibrated") == 0  # said once, the specific way
     assert set(table["basis"]) == {"measured step"}  # simulate measured the model's own step
+    # stale and asynchronous plans are ranked by throughput: each row and the note above say so
+    stale = table[[p.stale for p in table["plan"]]]
+    said = "convergence not counted: lab.probe_staleness"
+    assert len(stale) and all(n.startswith(said) for n in stale["note"])
+    assert "convergence not counted for " in table.attrs["note"]
+    out, err = magic(sh, f"simulate tab --top {len(table)}", capsys)
+    assert err == "" and said in out  # the table's note column
     lab = session_shell[1].session.current_lab  # simulate measured the step: a cost model, uncalibrated
     assert lab.cost_model is not None and "not calibrated (%distlab calibrate)" in lab._repr_html_()
 
