@@ -377,12 +377,19 @@ def _check_loss_scale(optimizer: Any, model: Any) -> None:
     """A Keras optimizer's ``loss_scale_factor`` is left out (:func:`_from_keras`), which is fit's
     update only when the model computes in float32: refuse it for any other dtype policy."""
     factor = getattr(optimizer, "loss_scale_factor", None) if _is_keras(optimizer) else None
-    policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
-    if factor and policy != "float32":
+    if not factor:
+        return
+    layers, policies = [model], []
+    while layers:  # the model's and every nested layer's dtype policy
+        layer = layers.pop()
+        policies.append(getattr(getattr(layer, "dtype_policy", None), "name", "float32"))
+        layers.extend(getattr(layer, "layers", []) or [])
+    other = sorted({p for p in policies if p != "float32"})
+    if other:
         raise LaunchError(
-            f"optimizer: {type(optimizer).__name__}(loss_scale_factor={factor!r}) with the model's dtype "
-            f"policy {policy!r}: distlab's runs compute the loss unscaled; use a float32 model, or drop "
-            "loss_scale_factor"
+            f"optimizer: {type(optimizer).__name__}(loss_scale_factor={factor!r}) with layers of dtype "
+            f"policy {', '.join(other)}: distlab's runs compute the loss unscaled; use float32 layers, "
+            "or drop loss_scale_factor"
         )
 
 

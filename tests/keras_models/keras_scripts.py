@@ -646,7 +646,7 @@ def keras_conventions_match() -> dict:
     import numpy as np
     import torch
 
-    from distlab.conventions import keras_loss, optimizer_spec
+    from distlab.conventions import keras_loss, optimizer_spec, resolve
 
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((8, 5)).astype("float32")
@@ -751,7 +751,17 @@ def keras_conventions_match() -> dict:
         refused["exclude_from_weight_decay"] = None
     except Exception as e:  # noqa: BLE001
         refused["exclude_from_weight_decay"] = f"{type(e).__name__}: {e}"
-    return {"losses": losses, "optimizers": optimizers, "refused": refused}
+    # loss_scale_factor: fit's scaling and unscaling cancel for float32 layers (taken), not for others
+    mixed = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, dtype="mixed_float16")])
+    try:
+        resolve(mixed, "mse", opts.Adam(loss_scale_factor=128.0))
+        refused["loss_scale_factor"] = None
+    except Exception as e:  # noqa: BLE001
+        refused["loss_scale_factor"] = f"{type(e).__name__}: {e}"
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    plain.compile(optimizer=opts.Adam(loss_scale_factor=128.0), loss="mse")
+    scaled_info = resolve(plain, None, None).optimizer_info
+    return {"losses": losses, "optimizers": optimizers, "refused": refused, "scaled_info": scaled_info}
 
 
 def _ids_model(softmax: bool):

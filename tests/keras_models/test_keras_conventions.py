@@ -50,11 +50,14 @@ def test_adam_with_weight_decay_and_rmsprop_launched_on_either_route_end_where_f
 
 
 def test_keras_optimizer_settings_no_route_carries_are_refused_in_one_line(torch_notebook):
-    refused = result(torch_notebook, "conventions")["refused"]
+    out = result(torch_notebook, "conventions")
+    refused = out["refused"]
     for key, message in refused.items():
         assert message is not None, f"{key} was taken"
         assert message.startswith("LaunchError: optimizer: Adam"), message
         assert key in message and "\n" not in message, message
+    # a float32 model's loss_scale_factor is taken (fit's update is the same without it)
+    assert out["scaled_info"] == "Adam(learning_rate=0.001) from model.compile"
 
 
 @pytest.mark.parametrize(
