@@ -120,6 +120,7 @@ class StepGraph:
     ready: list[tuple[str, int, float]]  # (variable, bytes, fraction of backward), in ready order
     measured_steps: np.ndarray  # the run's step periods (s), the steps after the first
     measured_rank_steps: np.ndarray | None = None  # each rank's own median period (s)
+    own_pace: bool = False  # every rank at its own pace (asynchronous gossip, a stale or async PS)
     strategy: Strategy | None = None
     optimizer: str | None = None
     source: str = "trace"
@@ -128,6 +129,10 @@ class StepGraph:
 
     @property
     def measured_step(self) -> float:
+        """The run's median step; ranks at their own pace: the slowest rank's own median period
+        (their ends of one step are different moments)."""
+        if self.own_pace and self.measured_rank_steps is not None:
+            return float(np.max(self.measured_rank_steps))
         return float(np.median(self.measured_steps))
 
     @property
@@ -222,14 +227,18 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
     if not full:
         raise TraceError(f"{data.source}: no step after the first was traced on every rank; trace more steps")
     periods = _periods(compute, data.world, steps)
-    if typical and (gossip_alone(data.strategy) or staleness_of(data.strategy) != 0):
-        # ranks at their own pace: a step's period across ranks mixes different moments of each
-        full = _typical_per_rank(full, _own_periods(compute, data.world, steps))
+    rows = None  # [rank][row]: each rank's own steps, for ranks that join no one
+    own = _own_pace(data, compute[(0, full[0])], comm_names)
+    if typical and own and staleness_of(data.strategy) in (None, 0):
+        # each rank's steps of typical length by its own period: a step's period across ranks
+        # mixes different moments of each, and their rows need not be the same steps
+        rows = _typical_per_rank(full, _own_periods(compute, data.world, steps))
+        full = rows[0]
     elif typical:
         full = _typical(full, periods)
-    keys = [k for k in keys if k[1] in full]
-    nodes = _compute_nodes(data, compute, names, keys, full)
-    comm_nodes, tail = _comm_nodes(data, compute, comm, names, comm_names, full)
+    keys = [k for k in keys if k[1] in (full if rows is None else rows[k[0]])]
+    nodes = _compute_nodes(data, compute, names, keys, full, rows)
+    comm_nodes, tail = _comm_nodes(data, compute, comm, names, comm_names, full, rows)
     ready = _ready(compute, names, keys)
     for n in nodes:  # runtime/ps.py broadcasts each dense PS variable on its own
         if n.kind == "ps_pull":
@@ -257,6 +266,7 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
         tail=tail,
         ready=ready,
         measured_steps=np.array(list(periods.values())),
+        own_pace=own,
         measured_rank_steps=_rank_periods(compute, data.world, steps),
         strategy=data.strategy,
         optimizer=data.optimizer,
@@ -265,19 +275,33 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
     )
 
 
+def _own_pace(data: TraceData, spans: list[dict[str, Any]], comm_names: tuple[str, ...]) -> bool:
+    """Every rank runs at its own pace (asynchronous gossip, a stale or asynchronous PS) and no
+    node of its step joins another rank; without a gate (not stale-synchronous), each rank's rows
+    may be steps of its own (a gate pairs each read with the other ranks' pushes of its step)."""
+    if not (gossip_alone(data.strategy) or staleness_of(data.strategy) != 0) or comm_names:
+        return False
+    kinds = {kind_of(e) for e in spans}
+    return not (kinds & set(JOIN_ALL)) and ("gossip" not in kinds or gossip_alone(data.strategy))
+
+
 def _compute_nodes(
     data: TraceData,
     compute: dict[tuple[int, int], list[dict[str, Any]]],
     names: tuple[str, ...],
     keys: list[tuple[int, int]],
     full: list[int],
+    rows: list[list[int]] | None = None,
 ) -> list[Node]:
+    """``rows``: each rank's own steps (``_own_pace``), else ``full`` for every rank."""
     p = data.world
+    at = rows if rows is not None else [full] * p
     nodes = []
     for i, name in enumerate(names):
         dur, gap = np.zeros((len(full), p)), np.zeros((len(full), p))
-        for j, s in enumerate(full):
+        for j in range(len(full)):
             for r in range(p):
+                s = at[r][j]
                 seq = compute[(r, s)]
                 dur[j, r] = seq[i]["end"] - seq[i]["start"]
                 before = seq[i - 1]["end"] if i else _last_end(compute.get((r, s - 1)))
@@ -289,7 +313,7 @@ def _compute_nodes(
         node.variables = tuple(args.get("variables") or ())
         if kind == "gossip" and gossip_alone(data.strategy):
             node.alone = True  # its own measured time: it waited for no one
-            node.peers = _peers(compute, i, full, p)
+            node.peers = _peers(compute, i, at)
         elif kind in JOIN_ALL or kind == "gossip":
             _collective_duration(node, compute, i, full, p)
         nodes.append(node)
@@ -297,18 +321,23 @@ def _compute_nodes(
     for i, node in enumerate(nodes):
         if node.kind == "ps_read":
             node.staleness = staleness_of(data.strategy)
-            node.tail = _read_tail(compute, i, push, node.staleness, full, p)
+            node.tail = _read_tail(compute, i, push, node.staleness, at)
     return nodes
 
 
-def _peers(compute: dict[tuple[int, int], list[dict[str, Any]]], i: int, full: list[int], p: int) -> list:
+def _peers(compute: dict[tuple[int, int], list[dict[str, Any]]], i: int, at: list[list[int]]) -> list:
     """Each replayed step's in-neighbours of every rank, as the gossip spans recorded them."""
+    p = len(at)
     return [
         [
-            [int(q) for q in (compute[(r, s)][i].get("args", {}).get("peers") or []) if 0 <= int(q) < p]
+            [
+                int(q)
+                for q in (compute[(r, at[r][j])][i].get("args", {}).get("peers") or [])
+                if 0 <= int(q) < p
+            ]
             for r in range(p)
         ]
-        for s in full
+        for j in range(len(at[0]))
     ]
 
 
@@ -317,19 +346,19 @@ def _read_tail(
     i: int,
     push: int | None,
     staleness: int | None,
-    full: list[int],
-    p: int,
+    at: list[list[int]],
 ) -> np.ndarray:
     """A stale PS read's own time: from the later of its start and its gate (every rank's push of
     ``staleness`` steps before ended: ``StalePS.ready``) to its end. Asynchronous: all of it."""
-    tail = np.zeros((len(full), p))
-    for j, s in enumerate(full):
-        gate = -np.inf
-        if staleness is not None and push is not None:
-            before = [compute.get((r, s - staleness)) for r in range(p)]
-            if all(seq is not None and len(seq) > push for seq in before):
-                gate = max(seq[push]["end"] for seq in before)  # type: ignore[index]
+    p = len(at)
+    tail = np.zeros((len(at[0]), p))
+    for j in range(len(at[0])):
         for r in range(p):
+            s, gate = at[r][j], -np.inf
+            if staleness is not None and push is not None:
+                before = [compute.get((q, s - staleness)) for q in range(p)]
+                if all(seq is not None and len(seq) > push for seq in before):
+                    gate = max(seq[push]["end"] for seq in before)  # type: ignore[index]
             e = compute[(r, s)][i]
             tail[j, r] = max(0.0, e["end"] - max(e["start"], gate))
     return tail
@@ -371,9 +400,12 @@ def _comm_nodes(
     names: tuple[str, ...],
     comm_names: tuple[str, ...],
     full: list[int],
+    rows: list[list[int]] | None = None,
 ) -> tuple[list[Node], np.ndarray]:
-    """The comm lane's nodes (one at a time on the link) and each rank's wait tail after it."""
+    """The comm lane's nodes (one at a time on the link) and each rank's wait tail after it
+    (``rows``: each rank's own steps, for a step with no comm lane: ``_own_pace``)."""
     p = data.world
+    at = rows if rows is not None else [full] * p
     b_index = max(i for i, n in enumerate(names) if compute[(0, full[0])][i]["cat"] == "backward")
     w_index = next((i for i, n in enumerate(names) if compute[(0, full[0])][i]["cat"] == "wait"), None)
     durs = np.zeros((len(comm_names), len(full)))
@@ -394,7 +426,7 @@ def _comm_nodes(
                 offsets[k, j, r] = seqs[r][k]["start"] - b["start"]
         if w_index is not None:
             for r in range(p):
-                w = compute[(r, s)][w_index]
+                w = compute[(r, at[r][j])][w_index]
                 done = max([w["start"], *(e["end"] for e in seqs[r])])
                 tail[j, r] = max(0.0, w["end"] - done)
     first = comm.get((0, full[0]), [])
@@ -482,16 +514,12 @@ def _rank_periods(
     )
 
 
-def _typical_per_rank(full: list[int], own: list[dict[int, float]]) -> list[int]:
-    """Asynchronous ranks: the steps where every rank's own period lies in the middle half of its
-    own (``_typical`` per rank); the middle half of the slowest rank's when fewer than 2 are left."""
-    keep = set(full)
-    for d in own:
-        keep &= set(_typical(full, d))
-    if len(keep) >= 2:
-        return sorted(keep)
-    slowest = max(range(len(own)), key=lambda r: np.median(list(own[r].values())) if own[r] else 0.0)
-    return _typical(full, own[slowest])
+def _typical_per_rank(full: list[int], own: list[dict[int, float]]) -> list[list[int]]:
+    """Ranks at their own pace: each rank's steps whose own period lies in the middle half of its
+    own (``_typical`` per rank), as many for every rank (the fewest any rank has)."""
+    each = [_typical(full, d) for d in own]
+    n = min(len(x) for x in each)
+    return [x[:n] for x in each]
 
 
 def _split_ddp_backward(

@@ -36,15 +36,21 @@ class Replayed:
 
     @property
     def step_time(self) -> float:
+        """The replayed steady state's period; ranks at their own pace (a stale or asynchronous
+        PS, asynchronous gossip): the slowest rank's own median period (``StepGraph.measured_step``
+        takes the run's so)."""
+        if self.graph.own_pace or any(n.kind == "ps_read" or n.alone for n in self.graph.compute):
+            return float(np.max(self.rank_step_times))
         ends = self.ends[self.warm :]
         return float(np.mean(np.diff(ends))) if len(ends) > 1 else float(ends[0])
 
     @property
     def rank_step_times(self) -> np.ndarray:
-        """Each rank's own mean period over the replayed steps: its end of a step minus its end of
-        the step before."""
+        """Each rank's own median period over the replayed steps: its end of a step minus its end
+        of the step before (a median, as the run's own pace is taken: a shared machine's steps
+        are skewed to the right)."""
         ends = np.array([times[-1][1] for times in self.compute])[self.warm :]  # [step, rank]
-        return np.diff(ends, axis=0).mean(axis=0) if len(ends) > 1 else ends[0]
+        return np.median(np.diff(ends, axis=0), axis=0) if len(ends) > 1 else ends[0]
 
     def breakdown(self) -> dict[str, float]:
         """The step of the rank that ends it, averaged over the replayed steps after the first:

@@ -127,7 +127,7 @@ def apply(
             )
             if at > 1e-12:
                 n.dur = n.dur * (now / at)
-        if any(n.kind in ("ps_stale", "ps_read") for n in g.compute):
+        if change.strategy is None and any(n.kind in ("ps_stale", "ps_read") for n in g.compute):
             notes.append(
                 "stale PS: its pushes and reads keep their measured time (the trace's span of a push "
                 "holds the server's optimizer step too); only the gate follows the new world"

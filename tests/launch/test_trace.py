@@ -96,9 +96,13 @@ def test_a_traced_allreduce_run_records_forward_backward_buckets_and_optimizer(l
         and 0 <= offsets[0]
         and offsets[-1] <= backward[-1]["end"] - backward[-1]["start"]
     )
-    # the replay: the identity reproduces the run's median step, the saved trace replays the same
+    # the replay: the identity reproduces the run's median step, the saved trace replays the same.
+    # identity_check replays every step, untrimmed, and takes the median of its periods: the
+    # typical-step identity (w.step_time) sits near the median by construction (finding 6)
     w = run.whatif()
-    assert w.changes == {} and 0.5 < w.step_time / w.measured_step < 2
+    assert w.changes == {}
+    replayed, measured = dl.whatif.of_run(run).identity_check()
+    assert replayed == pytest.approx(measured, rel=0.05)
     assert dl.whatif.load(path).whatif().step_time == pytest.approx(w.step_time, rel=1e-6)
     assert run.whatif(world=3).replayed.graph.world == 3
     assert {y for t in w.timeline().data for y in t.y} >= {
@@ -209,3 +213,131 @@ def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_
     m = run.metrics
     assert (m["delay"] > 0).mean() > 0.5 and m.groupby("rank")["delay"].std().min() > 0
     assert run.jitter == 0.5 and run.forecast is None and "jitter=" in run.route.no_prediction(run)
+
+
+# -- replays that know consistency, against the runs they came from ---------------------------
+# A model whose compute dominates the step (2 ranks on 2 shared cores), so a 2x straggler shows in
+# each rank's own pace; elastic=False: a default launch's checkpoints synchronise the ranks every
+# steps // 10 (issue 53, part 1), which is the runtime's matter, not the replay's.
+CSTEPS = 20
+
+
+def _mlp():
+    import distlab as dl
+
+    model = dl.zoo.get("mlp", width=512, in_features=256)
+    ds = dl.data.synthetic(model, n=1024)
+    return model, (ds.inputs, ds.targets)
+
+
+def _launch(lab, strategy, slowdown=None, model=None):
+    import distlab as dl
+
+    m, data = _mlp() if model is None else model
+    if isinstance(strategy, tuple):  # (builder, options): built for this model's profile
+        prof = dl.profile(m, data[0][:32], batch_size=32)
+        strategy = dl.strategy.build(strategy[0], prof, lab.resources, **strategy[1])
+    run = lab.launch(
+        m,
+        strategy=strategy,
+        steps=CSTEPS,
+        data=data,
+        batch_size=32,
+        trace=True,
+        block=True,
+        elastic=False,
+        slowdown=slowdown,
+    )
+    assert run.status == "finished"
+    return run
+
+
+def _paces(run):
+    """(each rank's replayed pace, each rank's measured pace), seconds per step."""
+    t = run.whatif()
+    return t.replayed.rank_step_times, t.replayed.graph.measured_rank_steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stale_ps_trace_replays_its_own_run_and_swaps_to_another_staleness(lab):
+    """Each rank's replayed pace within 10% of its measured one (issue 53's target), for an
+    asynchronous PS with a 2x straggler (the fast rank at its own pace: the old replay joined
+    every rank at the push) and a stale one at s=1 (the fast rank held by its gate)."""
+    free = _launch(lab, ("PS", {"sync": False}), slowdown={1: 2.0})
+    gated = _launch(lab, ("PS", {"staleness": 1}), slowdown={1: 2.0})
+    for run in (free, gated):
+        replayed, measured = _paces(run)
+        assert replayed == pytest.approx(measured, rel=0.10), run.strategy.name
+        r, m = run.whatif().replayed.step_time, run.whatif().measured_step
+        assert r == pytest.approx(m, rel=0.10)
+    replayed, measured = _paces(free)
+    if not measured[0] < 0.85 * measured[1]:
+        pytest.skip(f"the machine's load hid the 2x straggler (ranks at {measured * 1e3} ms): no gate to see")
+    held = _paces(gated)[1]
+    assert held[0] == pytest.approx(held[1], rel=0.10)  # s=1: the gate holds the fast rank
+    # the asynchronous trace under s=1's gate: the fast rank held to the straggler's pace, which
+    # stays the traced one. Not against the s=1 run's own figures: the same straggler's pace
+    # measured 15 and 23 ms in two runs minutes apart on these shared cores (docs/whatif.md)
+    w = free.whatif(strategy=gated.strategy).replayed.rank_step_times
+    assert w[0] == pytest.approx(w[1], rel=0.10) and w[1] == pytest.approx(measured[1], rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_async_gossip_trace_with_a_straggler_replays_each_rank_at_its_own_pace(lab):
+    """Each rank's replayed pace within 10% of its measured one, with rank 1 2x slow (the old
+    replay joined each rank with its in-neighbours, so the fast rank went at the straggler's
+    pace); a synchronous gossip trace swapped to asynchronous gossip runs its fast rank free."""
+    agossip = _launch(lab, ("Gossip", {"asynchronous": True}), slowdown={1: 2.0})
+    replayed, measured = _paces(agossip)
+    assert replayed == pytest.approx(measured, rel=0.10)
+    if not measured[0] < 0.85 * measured[1]:
+        pytest.skip(
+            f"the machine's load hid the 2x straggler (ranks at {measured * 1e3} ms): nothing to swap to"
+        )
+    sync = _launch(lab, ("Gossip", {}), slowdown={1: 2.0})
+    held = _paces(sync)[1]
+    assert held[0] == pytest.approx(held[1], rel=0.10)  # joined: the fast rank at the slow pace
+    # the fast rank free of the straggler, which keeps its traced pace. Not against the
+    # asynchronous run's figures: the same work measured 12 and 37 ms a step in two runs a
+    # minute apart on these shared cores (docs/whatif.md)
+    swapped = sync.whatif(strategy=agossip.strategy).replayed.rank_step_times
+    assert swapped[0] < 0.85 * swapped[1] and swapped[1] == pytest.approx(held[1], rel=0.10)
+
+
+class GRUTagger(torch.nn.Module):
+    """Tokens -> an embedding -> a GRU -> a tag per token (issue 53's model with an embedding)."""
+
+    def __init__(self, vocab: int = 2000, dim: int = 64, tags: int = 17) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.gru = torch.nn.GRU(dim, dim, batch_first=True)
+        self.head = torch.nn.Linear(dim, tags)
+
+    def forward(self, x):
+        return self.head(self.gru(self.emb(x))[0])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_swap_to_ps_from_an_allreduce_trace_of_a_model_with_an_embedding(lab):
+    """The replayed PS step against the measured PS run. Its bound is wide because what each
+    trace carries is the load of the moment: on 2 shared cores the same AllReduce run measured
+    9.4 to 52 ms a step (docs/whatif.md). The old swap priced the PS pull as one broadcast (the
+    runtime makes one per variable) and hid the pushes' launch work behind backward: 0.43x and
+    0.54x the measured PS step on an unloaded machine, below this bound; this one 0.66x and 0.75x."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 2000, (1024, 24))
+    model = (GRUTagger(), (x, x % 17))
+    traced = _launch(lab, "AllReduce", model=model)
+    ps = _launch(lab, "PS", model=(GRUTagger(), model[1]))
+    w = traced.whatif(strategy=ps.strategy)
+    assert w.changes == {"strategy": ps.strategy.name}
+    assert 0.6 < w.step_time / ps.whatif().measured_step < 2.0
+    import distlab as dl
+
+    prof = dl.profile(GRUTagger(), x[:32], batch_size=32)
+    stale = dl.strategy.build("PS", prof, lab.resources, staleness=2)
+    with pytest.raises(dl.whatif.TraceError, match=r"cm\.predict"):
+        traced.whatif(strategy=stale)
