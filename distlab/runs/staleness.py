@@ -34,14 +34,14 @@ def probe(
 ) -> dict[Any, float]:
     """Launch ``model`` for ``steps`` at staleness 0 and at each of ``staleness`` (``build(options)``
     makes the strategy), one after the other; returns g per staleness (0 -> 1.0; ``None`` keyed
-    ``"async"``, as ``CostModel.rank`` looks asynchronous plans up). Every run is a
-    real run of the Lab (``lab.runs`` lists them); ``launch_options`` go to each launch
-    (``slowdown=``, ``jitter=``: probe under the conditions the runs will have)."""
+    ``"async"``, as ``CostModel.rank`` looks asynchronous plans up). Every run is a real run of the
+    Lab (``lab.runs`` lists them); ``launch_options`` go to each launch (``slowdown=``, ``jitter=``:
+    probe under the conditions the runs will have)."""
     from distlab.costmodel.consistency import statistical_cost
 
     if steps < 10:
         raise LaunchError(f"steps: {steps} is too few to smooth a loss; probe with 10 or more")
-    chosen = list(dict.fromkeys([0, *(key(s) for s in staleness)]))
+    chosen = list(dict.fromkeys([0, *(staleness_key(s) for s in staleness)]))
     runs = {}
     for s in chosen:
         st = build(consistency_options(s))
@@ -65,8 +65,8 @@ def probe(
     return g
 
 
-def key(s: Any) -> Any:
-    """A staleness as the probe's result keys it, the key ``consistency.key_of`` looks up: an
+def staleness_key(s: Any) -> Any:
+    """A staleness as the probe's result keys it, the key ``convergence.key_of`` gives a plan: an
     integer, or ``"async"`` (also for ``None``, the builders' asynchronous staleness)."""
     consistency_options(s)  # refuses anything else, in one line
     return ASYNC_NAME if s is None else s

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from distlab.costmodel.consistency import ASYNC, RankTime, measured, rank_times, simulate
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, LaunchError
 
 RANKS = [RankTime(0.1, 0.02)] * 4
 
@@ -228,6 +228,10 @@ def test_the_probe_keys_asynchronous_staleness_as_the_ranking_looks_it_up():
     assert set(g) == {0, 1, "async"} and key_of(asp) in g and g["async"] > g[1] > 1.0
     rows = _by_key(cm.rank(prof, res, cands, staleness_cost=g))
     assert rows["async"]["goodput"] == pytest.approx(rows["async"]["throughput"] / g["async"])
+    launched.clear()
+    with pytest.raises(LaunchError, match="staleness: 'x' is not an integer >= 0 or 'async'"):
+        probe(launch, build, None, None, staleness=(1, "x"))
+    assert launched == []  # refused before any run
 
 
 def test_a_probe_that_finds_staleness_faster_warns_that_the_ranking_counts_it_as_one():
