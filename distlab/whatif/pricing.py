@@ -100,8 +100,8 @@ def factors(g: StepGraph, pricing: Pricing) -> dict[str, float]:
 def factor(g: StepGraph, kind: str) -> float:
     """Measured / priced for a node of ``kind``: the kind's own when the trace has it, else 1 (the
     cost model alone). Another kind's residual is not carried over: one all-reduce bucket's, under
-    the load of a shared machine, measured 1.4x to 3.6x its price and over-priced a PS swap's 14
-    calls by up to 2x (docs/whatif.md)."""
+    the load of a shared machine, measured 1.4x to 3.6x its price, and carried over to a PS swap's
+    14 calls it put the swap at up to 2.8x the measured PS step (docs/whatif.md)."""
     return g.factors.get(kind, 1.0)
 
 

@@ -278,7 +278,8 @@ def test_a_stale_ps_trace_replays_its_own_run_and_swaps_to_another_staleness(lab
     assert held[0] == pytest.approx(held[1], rel=0.10)  # s=1: the gate holds the fast rank
     # the asynchronous trace under s=1's gate: the fast rank held to the straggler's pace, which
     # stays the traced one. Not against the s=1 run's own figures: the same straggler's pace
-    # measured 15 and 23 ms in two runs minutes apart on these shared cores (docs/whatif.md)
+    # measured 15 ms under PS(staleness=1) and 23 ms under PS(sync=False) a minute apart on
+    # these shared cores (docs/whatif.md)
     w = free.whatif(strategy=gated.strategy).replayed.rank_step_times
     assert w[0] == pytest.approx(w[1], rel=0.10) and w[1] == pytest.approx(measured[1], rel=0.05)
 
@@ -300,8 +301,8 @@ def test_an_async_gossip_trace_with_a_straggler_replays_each_rank_at_its_own_pac
     held = _paces(sync)[1]
     assert held[0] == pytest.approx(held[1], rel=0.10)  # joined: the fast rank at the slow pace
     # the fast rank free of the straggler, which keeps its traced pace. Not against the
-    # asynchronous run's figures: the same work measured 12 and 37 ms a step in two runs a
-    # minute apart on these shared cores (docs/whatif.md)
+    # asynchronous run's figures: the fast rank's work took 12 ms a step in one run's trace and
+    # 37 ms in the other, a minute apart on these shared cores (load average 10)
     swapped = sync.whatif(strategy=agossip.strategy).replayed.rank_step_times
     assert swapped[0] < 0.85 * swapped[1] and swapped[1] == pytest.approx(held[1], rel=0.10)
 
