@@ -1,5 +1,5 @@
 """A step graph from a trace: each rank's program of one training step, with durations measured
-(every step of typical length after the first, each with its own durations: ``_typical``), as
+(every step of typical length after the first, each with its own durations: ``steps.typical``), as
 dPRO and Lumos build from theirs.
 
 Two lanes per rank, and the edges between them:
@@ -16,18 +16,7 @@ joins every rank (starts when the last is ready), gossip joins a rank with its i
 wait node ends when the step's comm lane is done (plus the ``tail`` measured after it), so the
 optimizer waits for its gradients. ``StepGraph.edges()`` lists them.
 
-Consistency, as the trace's strategy says (runtime/stale_ps.py, runtime/async_gossip.py):
-
-- a stale-synchronous or asynchronous PS pushes on the loop (``ps_stale``: each rank's own time,
-  no join) and then reads (``ps_read``): at staleness s the read of a rank that pushed step c
-  waits until every rank pushed step c-s (``StalePS.ready``: clock c+1 needs clocks 0..c-s of
-  every worker), then its own answer's time (``Node.tail``, measured after that gate); an
-  asynchronous read has no gate, only its own time;
-- asynchronous gossip exchanges at each rank's own pace (``Node.alone``): no join with the
-  in-neighbours.
-
-DDP's reducer waits for its buckets inside backward: its backward is cut at the last gradient's
-ready instant and the rest becomes the wait it really was.
+Consistency as the trace's strategy says: ``consistency.py``; DDP's wait inside backward: ``ddp.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +29,9 @@ from typing import Any
 import numpy as np
 
 from distlab.strategy.types import Strategy
+from distlab.whatif.consistency import gossip_alone, own_pace, peers_of, read_tail, staleness_of
+from distlab.whatif.steps import own_periods, periods, rank_periods, typical_per_rank
+from distlab.whatif.steps import typical as typical_steps
 from distlab.whatif.trace import TraceData, TraceError, check
 
 # the cost model's collective that prices each kind of communication node
@@ -71,18 +63,6 @@ def kind_of(span: dict[str, Any]) -> str:
     if cat == "wait" and name.startswith(STALE_READ):
         return "ps_read"
     return {"wait": "wait"}.get(cat, cat)
-
-
-def staleness_of(strategy: Strategy | None) -> int | None:
-    """The PS read's gate: staleness s of a stale-synchronous PS, None when asynchronous (no gate)."""
-    sync, s = strategy.consistency if strategy is not None else (True, 0)
-    return s if sync else None
-
-
-def gossip_alone(strategy: Strategy | None) -> bool:
-    """Asynchronous gossip: each rank exchanges at its own pace, joined with no in-neighbour."""
-    cfg = strategy.gossip if strategy is not None else None
-    return bool(cfg is not None and cfg.asynchronous)
 
 
 @dataclass
@@ -226,16 +206,17 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
     full = sorted(s for s, rs in by_step.items() if len(rs) == data.world)
     if not full:
         raise TraceError(f"{data.source}: no step after the first was traced on every rank; trace more steps")
-    periods = _periods(compute, data.world, steps)
+    step_periods = periods(compute, data.world, steps)
     rows = None  # [rank][row]: each rank's own steps, for ranks that join no one
-    own = _own_pace(data, compute[(0, full[0])], comm_names)
+    kinds = {kind_of(e) for e in compute[(0, full[0])]}
+    own = own_pace(data.strategy, kinds, bool(comm_names), JOIN_ALL)
     if typical and own and staleness_of(data.strategy) in (None, 0):
         # each rank's steps of typical length by its own period: a step's period across ranks
         # mixes different moments of each, and their rows need not be the same steps
-        rows = _typical_per_rank(full, _own_periods(compute, data.world, steps))
+        rows = typical_per_rank(full, own_periods(compute, data.world, steps))
         full = rows[0]
     elif typical:
-        full = _typical(full, periods)
+        full = typical_steps(full, step_periods)
     keys = [k for k in keys if k[1] in (full if rows is None else rows[k[0]])]
     nodes = _compute_nodes(data, compute, names, keys, full, rows)
     comm_nodes, tail = _comm_nodes(data, compute, comm, names, comm_names, full, rows)
@@ -245,8 +226,10 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
             n.calls = max(1, sum(c.kind == "ps_push" for c in comm_nodes))
     notes = []
     if comm_nodes and not any(n.kind == "wait" for n in nodes):
+        from distlab.whatif.ddp import split_ddp_backward  # it builds this module's Node
+
         before = float(last_backward(nodes).dur.mean())  # type: ignore[union-attr]
-        nodes, tail, note = _split_ddp_backward(nodes, compute, comm, names, full, data.world)
+        nodes, tail, note = split_ddp_backward(nodes, compute, comm, names, full, data.world)
         scale = before / max(float(last_backward(nodes).dur.mean()), 1e-9)  # type: ignore[union-attr]
         for n in comm_nodes:  # ready instants as fractions of the backward that computes
             n.ready = min(n.ready * scale, 1.0)
@@ -265,24 +248,14 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
         samples_per_step=data.samples_per_step,
         tail=tail,
         ready=ready,
-        measured_steps=np.array(list(periods.values())),
+        measured_steps=np.array(list(step_periods.values())),
         own_pace=own,
-        measured_rank_steps=_rank_periods(compute, data.world, steps),
+        measured_rank_steps=rank_periods(compute, data.world, steps),
         strategy=data.strategy,
         optimizer=data.optimizer,
         source=data.source,
         notes=notes,
     )
-
-
-def _own_pace(data: TraceData, spans: list[dict[str, Any]], comm_names: tuple[str, ...]) -> bool:
-    """Every rank runs at its own pace (asynchronous gossip, a stale or asynchronous PS) and no
-    node of its step joins another rank; without a gate (not stale-synchronous), each rank's rows
-    may be steps of its own (a gate pairs each read with the other ranks' pushes of its step)."""
-    if not (gossip_alone(data.strategy) or staleness_of(data.strategy) != 0) or comm_names:
-        return False
-    kinds = {kind_of(e) for e in spans}
-    return not (kinds & set(JOIN_ALL)) and ("gossip" not in kinds or gossip_alone(data.strategy))
 
 
 def _compute_nodes(
@@ -293,7 +266,7 @@ def _compute_nodes(
     full: list[int],
     rows: list[list[int]] | None = None,
 ) -> list[Node]:
-    """``rows``: each rank's own steps (``_own_pace``), else ``full`` for every rank."""
+    """``rows``: each rank's own steps (``own_pace``), else ``full`` for every rank."""
     p = data.world
     at = rows if rows is not None else [full] * p
     nodes = []
@@ -313,7 +286,7 @@ def _compute_nodes(
         node.variables = tuple(args.get("variables") or ())
         if kind == "gossip" and gossip_alone(data.strategy):
             node.alone = True  # its own measured time: it waited for no one
-            node.peers = _peers(compute, i, at)
+            node.peers = peers_of(compute, i, at)
         elif kind in JOIN_ALL or kind == "gossip":
             _collective_duration(node, compute, i, full, p)
         nodes.append(node)
@@ -321,47 +294,8 @@ def _compute_nodes(
     for i, node in enumerate(nodes):
         if node.kind == "ps_read":
             node.staleness = staleness_of(data.strategy)
-            node.tail = _read_tail(compute, i, push, node.staleness, at)
+            node.tail = read_tail(compute, i, push, node.staleness, at)
     return nodes
-
-
-def _peers(compute: dict[tuple[int, int], list[dict[str, Any]]], i: int, at: list[list[int]]) -> list:
-    """Each replayed step's in-neighbours of every rank, as the gossip spans recorded them."""
-    p = len(at)
-    return [
-        [
-            [
-                int(q)
-                for q in (compute[(r, at[r][j])][i].get("args", {}).get("peers") or [])
-                if 0 <= int(q) < p
-            ]
-            for r in range(p)
-        ]
-        for j in range(len(at[0]))
-    ]
-
-
-def _read_tail(
-    compute: dict[tuple[int, int], list[dict[str, Any]]],
-    i: int,
-    push: int | None,
-    staleness: int | None,
-    at: list[list[int]],
-) -> np.ndarray:
-    """A stale PS read's own time: from the later of its start and its gate (every rank's push of
-    ``staleness`` steps before ended: ``StalePS.ready``) to its end. Asynchronous: all of it."""
-    p = len(at)
-    tail = np.zeros((len(at[0]), p))
-    for j in range(len(at[0])):
-        for r in range(p):
-            s, gate = at[r][j], -np.inf
-            if staleness is not None and push is not None:
-                before = [compute.get((q, s - staleness)) for q in range(p)]
-                if all(seq is not None and len(seq) > push for seq in before):
-                    gate = max(seq[push]["end"] for seq in before)  # type: ignore[index]
-            e = compute[(r, s)][i]
-            tail[j, r] = max(0.0, e["end"] - max(e["start"], gate))
-    return tail
 
 
 def _last_end(seq: list[dict[str, Any]] | None) -> float | None:
@@ -403,7 +337,7 @@ def _comm_nodes(
     rows: list[list[int]] | None = None,
 ) -> tuple[list[Node], np.ndarray]:
     """The comm lane's nodes (one at a time on the link) and each rank's wait tail after it
-    (``rows``: each rank's own steps, for a step with no comm lane: ``_own_pace``)."""
+    (``rows``: each rank's own steps, for a step with no comm lane: ``own_pace``)."""
     p = data.world
     at = rows if rows is not None else [full] * p
     b_index = max(i for i, n in enumerate(names) if compute[(0, full[0])][i]["cat"] == "backward")
@@ -463,91 +397,3 @@ def _ready(
             sizes[var] = int(nbytes)
     out = [(v, sizes[v], float(np.median(f))) for v, f in seen.items()]
     return sorted(out, key=lambda x: x[2])
-
-
-def _typical(full: list[int], periods: dict[int, float]) -> list[int]:
-    """The steps whose period lies in the middle half of the run's periods (all when fewer than 4).
-
-    Each of them is replayed with its own durations, not one step of per-node medians: on a busy
-    machine each node's time is skewed to the right and the slowest rank changes from step to
-    step, so per-node medians replay 17-35% short of the median step on 2 shared cores."""
-    have = [s for s in full if s in periods]
-    if len(have) < 4:
-        return have or full
-    lo, hi = np.percentile([periods[s] for s in have], [25, 75])
-    return [s for s in have if lo <= periods[s] <= hi]
-
-
-def _periods(
-    compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]
-) -> dict[int, float]:
-    """Each step's period: the last rank's end of it minus the last rank's end of the step before."""
-    ends = {}
-    for s in steps:
-        last = [compute[(r, s)][-1]["end"] for r in range(p) if (r, s) in compute]
-        if len(last) == p:
-            ends[s] = max(last)
-    periods = {s: ends[s] - ends[s - 1] for s in steps if s in ends and s - 1 in ends}
-    if not periods:
-        raise TraceError("the trace has no two consecutive steps on every rank; trace at least 3 steps")
-    return periods
-
-
-def _own_periods(
-    compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]
-) -> list[dict[int, float]]:
-    """Each rank's own period of each step: its end of the step minus its end of the step before."""
-    out = []
-    for r in range(p):
-        ends = {s: compute[(r, s)][-1]["end"] for s in steps if (r, s) in compute}
-        out.append({s: ends[s] - ends[s - 1] for s in steps if s in ends and s - 1 in ends})
-    return out
-
-
-def _rank_periods(
-    compute: dict[tuple[int, int], list[dict[str, Any]]], p: int, steps: list[int]
-) -> np.ndarray:
-    """Each rank's own median period (an asynchronous rank runs at its own pace; a synchronous
-    one at the slowest's)."""
-    return np.array(
-        [float(np.median(list(d.values()))) if d else np.nan for d in _own_periods(compute, p, steps)]
-    )
-
-
-def _typical_per_rank(full: list[int], own: list[dict[int, float]]) -> list[list[int]]:
-    """Ranks at their own pace: each rank's steps whose own period lies in the middle half of its
-    own (``_typical`` per rank), as many for every rank (the fewest any rank has)."""
-    each = [_typical(full, d) for d in own]
-    n = min(len(x) for x in each)
-    return [x[:n] for x in each]
-
-
-def _split_ddp_backward(
-    nodes: list[Node],
-    compute: dict[tuple[int, int], list[dict[str, Any]]],
-    comm: dict[tuple[int, int], list[dict[str, Any]]],
-    names: tuple[str, ...],
-    full: list[int],
-    p: int,
-) -> tuple[list[Node], np.ndarray, str]:
-    """DDP waits for its buckets inside backward: cut backward at its last gradient and make the
-    rest an explicit wait (its tail: what is left after the last bucket completed)."""
-    b_index = max(i for i, n in enumerate(nodes) if n.kind == "backward")
-    compute_part = np.zeros((len(full), p))
-    tail = np.zeros((len(full), p))
-    for r in range(p):
-        for j, s in enumerate(full):
-            b = compute[(r, s)][b_index]
-            ready = b.get("args", {}).get("ready") or []
-            cut = max((float(t) for _, _, t in ready), default=b["end"] - b["start"])
-            compute_part[j, r] = cut
-            done = max([b["start"] + cut, *(e["end"] for e in comm.get((r, s), []))])
-            tail[j, r] = max(0.0, b["end"] - done)
-    b = nodes[b_index]
-    b.dur = np.minimum(b.dur, compute_part)
-    zero = np.zeros((len(full), p))
-    wait = Node(
-        "waiting for gradient communication (inside DDP's backward)", "wait", "compute", zero, zero.copy()
-    )
-    nodes = nodes[: b_index + 1] + [wait] + nodes[b_index + 1 :]
-    return nodes, tail, "DDP's backward waits for its buckets: cut at the last gradient's ready instant"
