@@ -143,6 +143,16 @@ def test_a_strategy_swap_replaces_the_communication_and_the_optimizer_share():
     pull = next(n for n in g.compute if n.kind == "ps_pull")
     assert pull.calls == len(VARS)  # runtime/ps.py broadcasts each PS variable on its own
     assert ps.changes == {"strategy": "PS"}
+    # each call's work around the wire is CPU work of the rank that launches it from backward:
+    # 4 PS pushes in place of the trace's one bucket add 3 calls' work to backward
+    import dataclasses
+
+    base = dl.CostModel.default()
+    busy = base.with_params(dataclasses.replace(base.params, call_overhead=1 * MS))
+    slow = Trace(fabricated(), busy).whatif(strategy=_strategy("ps")).replayed.graph
+    b0 = next(n for n in g.compute if n.kind == "backward")
+    b1 = next(n for n in slow.compute if n.kind == "backward")
+    assert b1.dur.mean() == pytest.approx(b0.dur.mean() + 3 * MS)
     # a swap to all-reduce with a bucket cap lays its buckets at that cap
     one = t.whatif(strategy=_strategy("allreduce"), bucket_mb=0.25).replayed.graph.comm
     assert sum(n.kind == "allreduce" for n in one) == 2
