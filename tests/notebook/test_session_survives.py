@@ -32,7 +32,11 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
 
-    def cell(self, code: str, timeout: float = 180) -> tuple[str, str, str]:
+    def cell(
+        self, code: str, timeout: float = 180, interrupt_after: str | None = None
+    ) -> tuple[str, str, str]:
+        """Runs ``code``; with ``interrupt_after``, presses the stop button a second after the cell
+        shows that text (a fixed delay from the start can land before a launch's run exists)."""
         msg_id = self.kc.execute(code)
         out, err, error = [], [], ""
         while True:
@@ -48,6 +52,9 @@ class Kernel:
                 error = f"{content['ename']}: {content['evalue']}"
             elif kind == "status" and content["execution_state"] == "idle":
                 return "".join(out), "".join(err), error
+            if interrupt_after is not None and interrupt_after in "".join(out):
+                threading.Timer(1.0, self.km.interrupt_kernel).start()
+                interrupt_after = None
 
     def pids(self) -> list[int]:
         out, _, error = self.cell("print(sorted(lab.client.run(__import__('os').getpid).values()))")
@@ -130,11 +137,18 @@ def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
             "import torch\nX = torch.randn(512, 8); train = (X, (X[:, 0] > 0).long())\n"
             "net = torch.nn.Linear(8, 2)"
         )
-        threading.Timer(8.0, kernel.km.interrupt_kernel).start()
-        _, err, error = kernel.cell("%distlab launch net --data train --strategy AllReduce --steps 1000000")
-        assert not error and (
-            "cancelled: Ctrl-C stopped it on every worker" in err or "interrupted" in err
-        ), err
+        # pressed a second after the run's card is shown, while the cell waits for the run: the run itself
+        # must be cancelled, not a launch interrupted while it prepared (which cancels nothing and said
+        # "interrupted"; the old fixed 8 s landed there on a loaded machine). Pressed between the launch's
+        # print and its card, while the live view is set up, the interrupt can be swallowed ("Exception
+        # ignored in: WeakSet._remove") and the run trains on: a defect of the magic, not this test's.
+        _, err, error = kernel.cell(
+            "%distlab launch net --data train --strategy AllReduce --steps 1000000",
+            interrupt_after="<Run ",
+        )
+        assert not error and "cancelled: Ctrl-C stopped it on every worker" in err, err
+        out, _, error = kernel.cell("print(run.status, run.steps_done < run.steps)")
+        assert not error and out.split() == ["cancelled", "True"], (out, error)
         assert kernel.pids() == before
 
         # the browser tab closed during a run and opened again: a new connection to the same kernel
