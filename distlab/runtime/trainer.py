@@ -13,14 +13,11 @@ import torch.nn.functional as F
 
 from distlab.allocator import tune_allocator
 from distlab.errors import DistlabError, LaunchError
-from distlab.runtime import checkpoint as ckpt
 from distlab.runtime.adaptive import BatchState
-from distlab.runtime.cut import checkpoint_cadence
 from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer
 from distlab.runtime.gossip import resolve_topology
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
-from distlab.runtime.optim_state import gather_state, restore_state
 from distlab.runtime.plan import build_units
 from distlab.runtime.process_group import (
     StopSignal,
@@ -30,6 +27,7 @@ from distlab.runtime.process_group import (
     report_failure,
     resolve_backend,
 )
+from distlab.runtime.resume import Checkpoints, resume
 from distlab.runtime.sparse import sparse_names
 from distlab.runtime.straggler import Straggler
 from distlab.runtime.sync import Synchronizer
@@ -267,13 +265,11 @@ def _train(
     batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, _controller(job))
     pos = job.sample_offset
     if job.resume_from:
-        _resume(job, model, sync, units, batches)
+        resume(job, model, sync, units, batches)
     asynchronous = _asynchronous(sync)
     stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world), at_once=asynchronous)
-    cadence = checkpoint_cadence(store, job.checkpoint_every, asynchronous) if job.checkpoint_dir else None
-    writer = ckpt.Writer()
+    ckpts = Checkpoints(job, model, sync, units, batches, store, asynchronous)
     records: list[dict[str, Any]] = []
-    last_ckpt = None
     step = job.start_step
     stopped = False
     try:
@@ -281,10 +277,7 @@ def _train(
         for step in range(job.start_step, job.steps):
             if stop.stop_before(step):
                 stopped = True
-                # a resize resumes exactly here (an asynchronous run: after its furthest rank)
-                if cadence and (asynchronous or step > job.start_step) and cadence.stop():
-                    last_ckpt = _checkpoint(job, model, sync, units, step, pos, batches, writer)
-                    cadence.served()
+                ckpts.at_stop(step, pos)
                 break
             progress["step"] = step
             t0 = time.perf_counter()
@@ -309,17 +302,14 @@ def _train(
             records.append(rec)
             if emit is not None:
                 emit(rec)
-            if cadence and cadence.due(step + 1):
-                last_ckpt = _checkpoint(job, model, sync, units, step + 1, pos, batches, writer)
-                cadence.served()
-        if cadence and not stopped and cadence.close():  # a cut asked before this rank's end
-            last_ckpt = _checkpoint(job, model, sync, units, job.steps, pos, batches, writer)
-            cadence.served()
+            ckpts.after_step(step + 1, pos)
+        if not stopped:
+            ckpts.at_end(pos)
         sync.finish()
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
-        writer.wait()  # the last checkpoint reported is on disk
+        last_ckpt = ckpts.wait()  # the last checkpoint reported is on disk
     finally:
-        writer.close()
+        ckpts.close()
         sync.close()
     return {
         "rank": job.rank,
@@ -328,75 +318,7 @@ def _train(
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         if job.rank == 0
         else None,
-        "checkpoint": str(last_ckpt) if last_ckpt else None,
+        "checkpoint": last_ckpt,
         "consensus_distance": distance,
         "stopped": stopped,
     }
-
-
-def _resume(job: RankJob, model: torch.nn.Module, sync: Any, units: list, batches: Any) -> None:
-    """The checkpoint ``job.resume_from`` into the model, the optimizers and the batch state."""
-    state = ckpt.load(job.resume_from)
-    _load_model_state(model, state, job.resume_from)
-    sync.refresh_shadows()
-    restore_state(sync.local_opt, units, state["optimizer"])
-    restore_state(sync.server_opt, units, state["optimizer"])
-    if sync.stale is not None:  # the servers reloaded before any rank pushes: a barrier
-        restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
-        sync.settle()
-    batches.load_state_dict(state.get("adaptive"))
-
-
-def _load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) -> None:
-    """The checkpoint's weights into ``model``, or one error naming what does not match."""
-    saved = state.get("model") or {}
-    own = model.state_dict()
-    missing = sorted(set(own) - set(saved))
-    extra = sorted(set(saved) - set(own))
-    shapes = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
-    if missing or extra or shapes:
-        what = "; ".join(
-            part
-            for part in (
-                f"missing {missing[:3]}" if missing else "",
-                f"unexpected {extra[:3]}" if extra else "",
-                f"shape of {shapes[0]}: {tuple(saved[shapes[0]].shape)} saved, {tuple(own[shapes[0]].shape)} "
-                "here"
-                if shapes
-                else "",
-            )
-            if part
-        )
-        raise LaunchError(
-            f"RankJob.resume_from: checkpoint {path} was written by another model ({what}); resume it "
-            f"with the model that wrote it ({type(model).__name__} here)"
-        )
-    model.load_state_dict(saved)
-
-
-def _checkpoint(
-    job: RankJob,
-    model: torch.nn.Module,
-    sync: Any,
-    units: list,
-    step: int,
-    samples: int,
-    batches: Any,
-    writer: ckpt.Writer,
-) -> Any:
-    step, samples = sync.settle(step, samples)  # a stale PS: every push applied, every replica equal
-    stale = (sync.stale.optimizer, sync.stale.targets()) if sync.stale is not None else None
-    opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world, stale)
-    if job.rank != 0:
-        return None
-    payload = {
-        "step": step,
-        "samples": samples,
-        "world": job.world,
-        "run_id": job.run_id,
-        "strategy": job.strategy.to_json(indent=None),
-        "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
-        "optimizer": opt_state,
-        "adaptive": batches.state_dict(),
-    }
-    return writer.submit(job.checkpoint_dir, payload)  # the training goes on while it is written

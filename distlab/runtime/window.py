@@ -6,9 +6,9 @@ receives from). Each thread always has a receive posted for its neighbour's next
 so a sender never waits on a receiver doing something else, and it applies what arrives under
 the window's lock: a ``put`` overwrites the sender's buffer, an ``accumulate`` adds to it, and
 either bumps that neighbour's version. A ``get`` asks the owner's thread for a snapshot, which it
-sends to a receive the asker posted before asking; a mutex ``lock`` is answered the same way, so
-no thread ever waits on another rank's thread (no cycle, no deadlock). Each window has its own
-tags; sends go from snapshots, never from a tensor being updated.
+sends to a receive the asker posted before asking, so no thread ever waits on another rank's
+thread (no cycle, no deadlock); a mutex grant is a header (window_protocol.py). Each window has
+its own tags; sends go from snapshots, never from a tensor being updated.
 
 ``Window(method="push_sum")`` carries the push-sum weight p with every message (BlueFog's
 associated p): ``accumulate`` sends (x w_j, p w_j) and keeps (x w_self, p w_self), which must
@@ -120,11 +120,8 @@ class Window:
         (``copy=False``: an averaging window's tensor itself, to read and not to change)."""
         with self.lock:
             if self.method == "push_sum":
-                if self.p <= 0:
-                    raise WindowError(
-                        f"window {self.name!r}: this rank's push-sum weight is {self.p:g}, so its value "
-                        "(tensor / weight) is undefined; collect landed mass (update_then_collect) first"
-                    )
+                if self.p <= 0:  # set(p=0): accumulate refuses to give every share away
+                    raise WindowError(f"window {self.name!r}: push-sum weight {self.p:g}: value undefined")
                 return self.tensor / self.p
             return self.tensor.clone() if copy else self.tensor
 
@@ -519,8 +516,8 @@ class Windows(Mutexes):
                 counts[w.wid, self.rank, j] = n
         counts = on_run_device(counts)
         work = dist.all_reduce(counts, group=run_group, async_op=True)
-        while not work.is_completed():  # a collective's completion polls (a p2p receive's does not)
-            self.heartbeat()  # the neighbours still training keep hearing from this rank
+        while not work.is_completed():  # (a collective's completion polls) neighbours keep hearing
+            self.heartbeat()
             time.sleep(0.001)
         work.wait()
         counts = counts.cpu()

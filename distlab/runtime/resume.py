@@ -1,0 +1,135 @@
+"""A rank's checkpoints: when they are taken (runtime/cut.py), the consistent cut's payload written
+off the training thread, and a checkpoint loaded back into the model, optimizers and batch state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distlab.errors import LaunchError
+from distlab.runtime import checkpoint as ckpt
+from distlab.runtime.cut import checkpoint_cadence
+from distlab.runtime.job import RankJob
+from distlab.runtime.optim_state import gather_state, restore_state
+
+
+class Checkpoints:
+    """One rank's checkpoints over a run (none when ``job.checkpoint_dir`` is None)."""
+
+    def __init__(
+        self,
+        job: RankJob,
+        model: torch.nn.Module,
+        sync: Any,
+        units: list,
+        batches: Any,
+        store: Any,
+        asynchronous: bool,
+    ) -> None:
+        self.job, self.model, self.sync, self.units, self.batches = job, model, sync, units, batches
+        self.asynchronous = asynchronous
+        on = job.checkpoint_dir is not None
+        self.cadence = checkpoint_cadence(store, job.checkpoint_every, asynchronous) if on else None
+        self.writer = ckpt.Writer()
+        self.last: Path | None = None
+
+    def _take(self, step: int, samples: int) -> None:
+        self.last = _checkpoint(
+            self.job, self.model, self.sync, self.units, step, samples, self.batches, self.writer
+        )
+        assert self.cadence is not None
+        self.cadence.served()
+
+    def at_stop(self, step: int, samples: int) -> None:
+        """A stop before ``step``: a resize resumes exactly here (an asynchronous run: after its
+        furthest rank, through one last cut)."""
+        c = self.cadence
+        if c and (self.asynchronous or step > self.job.start_step) and c.stop():
+            self._take(step, samples)
+
+    def after_step(self, steps_done: int, samples: int) -> None:
+        if self.cadence and self.cadence.due(steps_done):
+            self._take(steps_done, samples)
+
+    def at_end(self, samples: int) -> None:
+        """This rank has done its steps: join a cut asked before its end (its askers wait for it)."""
+        if self.cadence and self.cadence.close():
+            self._take(self.job.steps, samples)
+
+    def wait(self) -> str | None:
+        """The last checkpoint is on disk; its path."""
+        self.writer.wait()
+        return str(self.last) if self.last else None
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def resume(job: RankJob, model: torch.nn.Module, sync: Any, units: list, batches: Any) -> None:
+    """The checkpoint ``job.resume_from`` into the model, the optimizers and the batch state."""
+    state = ckpt.load(job.resume_from)
+    load_model_state(model, state, job.resume_from)
+    sync.refresh_shadows()
+    restore_state(sync.local_opt, units, state["optimizer"])
+    restore_state(sync.server_opt, units, state["optimizer"])
+    if sync.stale is not None:  # the servers reloaded before any rank pushes: a barrier
+        restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
+        sync.settle()
+    batches.load_state_dict(state.get("adaptive"))
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) -> None:
+    """The checkpoint's weights into ``model``, or one error naming what does not match."""
+    saved = state.get("model") or {}
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    extra = sorted(set(saved) - set(own))
+    shapes = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if missing or extra or shapes:
+        what = "; ".join(
+            part
+            for part in (
+                f"missing {missing[:3]}" if missing else "",
+                f"unexpected {extra[:3]}" if extra else "",
+                f"shape of {shapes[0]}: {tuple(saved[shapes[0]].shape)} saved, {tuple(own[shapes[0]].shape)} "
+                "here"
+                if shapes
+                else "",
+            )
+            if part
+        )
+        raise LaunchError(
+            f"RankJob.resume_from: checkpoint {path} was written by another model ({what}); resume it "
+            f"with the model that wrote it ({type(model).__name__} here)"
+        )
+    model.load_state_dict(saved)
+
+
+def _checkpoint(
+    job: RankJob,
+    model: torch.nn.Module,
+    sync: Any,
+    units: list,
+    step: int,
+    samples: int,
+    batches: Any,
+    writer: ckpt.Writer,
+) -> Any:
+    step, samples = sync.settle(step, samples)  # a stale PS: every push applied, every replica equal
+    stale = (sync.stale.optimizer, sync.stale.targets()) if sync.stale is not None else None
+    opt_state = gather_state(sync.local_opt, sync.server_opt, units, job.rank, job.world, stale)
+    if job.rank != 0:
+        return None
+    payload = {
+        "step": step,
+        "samples": samples,
+        "world": job.world,
+        "run_id": job.run_id,
+        "strategy": job.strategy.to_json(indent=None),
+        "model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+        "optimizer": opt_state,
+        "adaptive": batches.state_dict(),
+    }
+    return writer.submit(job.checkpoint_dir, payload)  # the training goes on while it is written
