@@ -104,7 +104,7 @@ class DistlabMagics(Magics):
     def distlab(self, line: str) -> Any:
         """distlab: profile, simulate, pick and launch distributed training. ``%distlab help``."""
         try:
-            words = shlex.split(line)
+            words = shlex.split(line, comments=True)  # a trailing "# ..." is the user's comment
         except ValueError as exc:
             return self._fail(f"cannot parse the line ({exc}); check the quotes")
         if not words:

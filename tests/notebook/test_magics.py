@@ -94,6 +94,12 @@ def test_profile_shows_the_table_and_stores_the_profile(shell, capsys):
     assert "4 variables (0 sparse, 0 embedding), 195 parameters" in out
 
 
+def test_a_magic_line_takes_a_trailing_comment_as_users_copy_them(shell, capsys):
+    shell.user_ns["net"] = nn.Sequential(nn.Linear(8, 3))
+    out, err = run(shell, "profile net --batch-size 4 -o prof   # per-layer table + chart", capsys)
+    assert err == "" and shell.user_ns["prof"].batch_size == 4, err
+
+
 def test_profile_chart_shows_time_and_flops_per_layer():
     import distlab as dl
     from distlab.notebook.views import profile_chart
