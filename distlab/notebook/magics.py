@@ -118,8 +118,11 @@ class DistlabMagics(Magics):
             )
         remembered = self.session.remembered()  # a line that fails leaves them as they were
         self._recalled = None
+        before = self.session.current_lab
         try:
-            return self._commands[known](args)
+            out = self._commands[known](args)
+            self._bind_started_lab(before, known)
+            return out
         except DistlabError as exc:
             self.session.restore(remembered)
             return self._fail(str(exc) + self._recalled_hint(str(exc)))
@@ -134,6 +137,18 @@ class DistlabMagics(Magics):
                 f"%distlab {known} failed unexpectedly ({type(exc).__name__}: {first}); "
                 f"the full traceback is in {log}"
             )
+
+    def _bind_started_lab(self, before: Any, command: str) -> None:
+        """A subcommand that started the notebook's cluster on first need binds its Lab to ``lab``,
+        as ``%distlab cluster local`` does (unless ``lab`` already names something else)."""
+        lab = self.session.current_lab
+        if command == "cluster" or lab is None or lab is before:
+            return
+        ns = self.shell.user_ns
+        if "lab" in ns and not getattr(ns["lab"], "closed", False):
+            return
+        ns["lab"] = lab
+        print("distlab: started the notebook's cluster; its Lab is in `lab` (lab.launch(...), lab.runs)")
 
     def _recalled_hint(self, message: str) -> str:
         """For an error about data this line did not give: where the remembered data came from."""

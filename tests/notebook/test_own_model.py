@@ -196,6 +196,10 @@ def test_mistakes_lose_nothing(session_shell, capsys):
         lab.launch(sh.user_ns["tab"], strategy="AllReduce")
     # its checkpoint folder went with it
     assert not os.path.exists(lab.checkpoint_dir)
+    # a magic that starts the cluster on first need binds its Lab to `lab`, as `cluster local` does
+    out, err = magic(sh, "launch tab --strategy AllReduce --steps 2 --batch-size 8", capsys)
+    assert err == "" and "its Lab is in `lab`" in out, (out, err)
+    assert sh.user_ns["lab"] is magics.session.current_lab and not sh.user_ns["lab"].closed
 
 
 def test_a_lab_that_fails_to_start_leaves_no_checkpoint_folder():
