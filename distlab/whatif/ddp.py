@@ -13,13 +13,13 @@ from distlab.whatif.graph import Node
 def split_ddp_backward(
     nodes: list[Node],
     compute: dict[tuple[int, int], list[dict[str, Any]]],
-    comm: dict[tuple[int, int], list[dict[str, Any]]],
-    names: tuple[str, ...],
+    lane_end: np.ndarray,
     full: list[int],
     p: int,
 ) -> tuple[list[Node], np.ndarray, str]:
     """DDP waits for its buckets inside backward: cut backward at its last gradient and make the
-    rest an explicit wait (its tail: what is left after the last bucket completed)."""
+    rest an explicit wait (its tail: what is left after the comm lane's end as the replay
+    schedules it, ``lane_end`` per step)."""
     b_index = max(i for i, n in enumerate(nodes) if n.kind == "backward")
     compute_part = np.zeros((len(full), p))
     tail = np.zeros((len(full), p))
@@ -29,7 +29,7 @@ def split_ddp_backward(
             ready = b.get("args", {}).get("ready") or []
             cut = max((float(t) for _, _, t in ready), default=b["end"] - b["start"])
             compute_part[j, r] = cut
-            done = max([b["start"] + cut, *(e["end"] for e in comm.get((r, s), []))])
+            done = max(b["start"] + cut, lane_end[j])
             tail[j, r] = max(0.0, b["end"] - done)
     b = nodes[b_index]
     b.dur = np.minimum(b.dur, compute_part)

@@ -1,6 +1,5 @@
 """A step graph from a trace: each rank's program of one training step, with durations measured
-(every step of typical length after the first, each with its own durations: ``steps.typical``), as
-dPRO and Lumos build from theirs.
+(every step after the first, each with its own durations), as dPRO and Lumos build from theirs.
 
 Two lanes per rank, and the edges between them:
 
@@ -177,9 +176,10 @@ def _sequences(data: TraceData, track: str) -> dict[tuple[int, int], list[dict[s
     return out
 
 
-def build(data: TraceData, typical: bool = True) -> StepGraph:
+def build(data: TraceData, typical: bool = False) -> StepGraph:
     """The step graph of a trace (see the module's docstring); ``TraceError`` when it has too few
-    steps. ``typical`` False: every step after the first, untrimmed (``Trace.identity_check``)."""
+    steps. ``typical``: only the steps whose period lies in the middle half of the run's (each
+    rank's own, for ranks at their own pace), else every step after the first."""
     check(data)
     steps = data.steps
     if len(steps) < 2:
@@ -219,7 +219,7 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
         full = typical_steps(full, step_periods)
     keys = [k for k in keys if k[1] in (full if rows is None else rows[k[0]])]
     nodes = _compute_nodes(data, compute, names, keys, full, rows)
-    comm_nodes, tail = _comm_nodes(data, compute, comm, names, comm_names, full, rows)
+    comm_nodes, tail, lane_end = _comm_nodes(data, compute, comm, names, comm_names, full, rows)
     ready = _ready(compute, names, keys)
     for n in nodes:  # runtime/ps.py broadcasts each dense PS variable on its own
         if n.kind == "ps_pull":
@@ -229,7 +229,7 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
         from distlab.whatif.ddp import split_ddp_backward  # it builds this module's Node
 
         before = float(last_backward(nodes).dur.mean())  # type: ignore[union-attr]
-        nodes, tail, note = split_ddp_backward(nodes, compute, comm, names, full, data.world)
+        nodes, tail, note = split_ddp_backward(nodes, compute, lane_end, full, data.world)
         scale = before / max(float(last_backward(nodes).dur.mean()), 1e-9)  # type: ignore[union-attr]
         for n in comm_nodes:  # ready instants as fractions of the backward that computes
             n.ready = min(n.ready * scale, 1.0)
@@ -238,7 +238,7 @@ def build(data: TraceData, typical: bool = True) -> StepGraph:
     backward = last_backward(nodes)
     for n in comm_nodes:  # each step's own launch instant, as a fraction of its own backward
         if n.ready_at is not None and backward is not None:
-            n.ready_at = np.clip(n.ready_at / np.maximum(backward.dur, 1e-9), 0.0, 1.5)
+            n.ready_at = np.maximum(n.ready_at / np.maximum(backward.dur, 1e-9), 0.0)
     return StepGraph(
         compute=nodes,
         comm=comm_nodes,
@@ -335,8 +335,9 @@ def _comm_nodes(
     comm_names: tuple[str, ...],
     full: list[int],
     rows: list[list[int]] | None = None,
-) -> tuple[list[Node], np.ndarray]:
-    """The comm lane's nodes (one at a time on the link) and each rank's wait tail after it
+) -> tuple[list[Node], np.ndarray, np.ndarray]:
+    """The comm lane's nodes (one at a time on the link), each rank's wait tail after it and the
+    lane's end per step
     (``rows``: each rank's own steps, for a step with no comm lane: ``own_pace``)."""
     p = data.world
     at = rows if rows is not None else [full] * p
@@ -346,6 +347,7 @@ def _comm_nodes(
     fracs: list[list[float]] = [[] for _ in comm_names]
     offsets = np.zeros((len(comm_names), len(full), p))  # launch, seconds after backward's start
     tail = np.zeros((len(full), p))
+    lane_end = np.full(len(full), -np.inf)  # the lane's end as the replay schedules it
     for j, s in enumerate(full):
         seqs = [comm.get((r, s), []) for r in range(p)]
         prev_end = -np.inf
@@ -354,15 +356,18 @@ def _comm_nodes(
             end = float(np.median([seq[k]["end"] for seq in seqs]))
             durs[k, j] = max(0.0, end - max(launch, prev_end))
             prev_end = max(prev_end, end)
+            lane_end[j] = max(launch, lane_end[j]) + durs[k, j]
             for r in range(p):
                 b = compute[(r, s)][b_index]
                 fracs[k].append((seqs[r][k]["start"] - b["start"]) / max(b["end"] - b["start"], 1e-9))
                 offsets[k, j, r] = seqs[r][k]["start"] - b["start"]
         if w_index is not None:
             for r in range(p):
+                # after the lane's end as replayed (one end for every rank), not this rank's own:
+                # a reduce ends later on its destination than on a sender, and the replay's wait
+                # starts from the lane's end
                 w = compute[(r, at[r][j])][w_index]
-                done = max([w["start"], *(e["end"] for e in seqs[r])])
-                tail[j, r] = max(0.0, w["end"] - done)
+                tail[j, r] = max(0.0, w["end"] - max(w["start"], lane_end[j]))
     first = comm.get((0, full[0]), [])
     nodes = []
     for k, name in enumerate(comm_names):
@@ -380,7 +385,7 @@ def _comm_nodes(
                 variables=tuple(e.get("args", {}).get("variables") or ()),
             )
         )
-    return nodes, tail
+    return nodes, tail, lane_end
 
 
 def _ready(

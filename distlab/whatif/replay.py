@@ -6,9 +6,10 @@ node after the one before it plus its gap; a collective when every rank has reac
 when the rank and its in-neighbours have (asynchronous gossip: when the rank has); a comm node
 when its gradients are ready and the link is free; the wait when the comm lane is done; a stale
 PS read when every rank's push of ``staleness`` steps before is done, then its own time (an
-asynchronous read: its own time). The step time is the period of the replayed steady state: the
-last rank's end of a step minus its end of the step before; ``rank_step_times`` is each rank's
-own (an asynchronous rank's pace, which the slowest's does not set).
+asynchronous read: its own time). The step time is the median period of the replayed steps (the
+last rank's end of a step minus its end of the step before), as the run's step is the median of
+its own; ``rank_step_times`` is each rank's own (an asynchronous rank's pace, which the slowest's
+does not set).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Replayed:
         if self.graph.own_pace or any(n.kind == "ps_read" or n.alone for n in self.graph.compute):
             return float(np.max(self.rank_step_times))
         ends = self.ends[self.warm :]
-        return float(np.mean(np.diff(ends))) if len(ends) > 1 else float(ends[0])
+        return float(np.median(np.diff(ends))) if len(ends) > 1 else float(ends[0])
 
     @property
     def rank_step_times(self) -> np.ndarray:
@@ -97,7 +98,8 @@ def _cat(node: Node) -> str:
 
 def replay(g: StepGraph, steps: int | None = None) -> Replayed:
     """Replay ``g`` (see the module's docstring): each recorded step once with its own durations,
-    after a first step that starts every rank at once (``steps``: that many, cycling)."""
+    after a first step that starts every rank at once (``steps``: that many, cycling); the step
+    time is the median of the replayed periods, as the run's step is the median of its own."""
     p = g.world
     t = np.zeros(p)
     backward = last_backward(g.compute)

@@ -29,7 +29,7 @@ import numpy as np
 
 from distlab.strategy.execution import BUCKET_BYTES
 from distlab.strategy.types import Strategy
-from distlab.whatif.graph import Node, StepGraph, gossip_alone, staleness_of
+from distlab.whatif.graph import COLLECTIVE, Node, StepGraph, gossip_alone, staleness_of
 from distlab.whatif.pricing import Pricing, bucket_nodes, degree, factor, gossip_peers, sliced
 from distlab.whatif.trace import TraceError
 
@@ -130,6 +130,15 @@ def swap(
     for kind in sorted({n.kind for n in comm + compute if n.repriced} - set(g.factors)):
         notes.append(
             f"{kind}: priced by the cost model alone (the trace has no {kind} to measure its residual)"
+        )
+    calls = sum(n.calls for n in comm + compute if n.repriced)
+    was = sum(n.calls for n in g.comm + g.compute if n.kind in COLLECTIVE)
+    if calls > was and pricing.call_work("allreduce", 2) == 0.0:
+        # an uncalibrated model prices a call at its alpha alone: a PS swap of a GRU tagger's 14
+        # calls replayed at 0.3-0.5x the PS run's step with it (docs/whatif.md)
+        notes.append(
+            f"{calls} collective calls where the trace made {was}, and the cost model has no price for "
+            "a call's own work (uncalibrated): calibrate first (lab.calibrate()) for a swap that adds calls"
         )
     return g.replace(comm=sorted(comm, key=lambda n: n.ready), compute=compute, strategy=strategy)
 
