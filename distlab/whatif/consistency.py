@@ -34,9 +34,8 @@ def gossip_alone(strategy: Strategy | None) -> bool:
 
 def own_pace(strategy: Strategy | None, kinds: set[str], comm: bool, joins: tuple[str, ...]) -> bool:
     """Every rank runs at its own pace (asynchronous gossip, a stale or asynchronous PS) and no
-    node of its step (``kinds``; ``comm``: a comm lane) joins another rank; without a gate (not
-    stale-synchronous), each rank's rows may be steps of its own (a gate pairs each read with the
-    other ranks' pushes of its step)."""
+    node of its step (``kinds``; ``comm``: a comm lane) joins another rank: its step is then the
+    slowest rank's own pace (``StepGraph.measured_step``)."""
     if not (gossip_alone(strategy) or staleness_of(strategy) != 0) or comm:
         return False
     return not (kinds & set(joins)) and ("gossip" not in kinds or gossip_alone(strategy))

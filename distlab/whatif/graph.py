@@ -29,8 +29,7 @@ import numpy as np
 
 from distlab.strategy.types import Strategy
 from distlab.whatif.consistency import gossip_alone, own_pace, peers_of, read_tail, staleness_of
-from distlab.whatif.steps import own_periods, periods, rank_periods, typical_per_rank
-from distlab.whatif.steps import typical as typical_steps
+from distlab.whatif.steps import periods, rank_periods
 from distlab.whatif.trace import TraceData, TraceError, check
 
 # the cost model's collective that prices each kind of communication node
@@ -176,10 +175,8 @@ def _sequences(data: TraceData, track: str) -> dict[tuple[int, int], list[dict[s
     return out
 
 
-def build(data: TraceData, typical: bool = False) -> StepGraph:
-    """The step graph of a trace (see the module's docstring); ``TraceError`` when it has too few
-    steps. ``typical``: only the steps whose period lies in the middle half of the run's (each
-    rank's own, for ranks at their own pace), else every step after the first."""
+def build(data: TraceData) -> StepGraph:
+    """The step graph of a trace (see the module's docstring); ``TraceError`` when it has too few steps."""
     check(data)
     steps = data.steps
     if len(steps) < 2:
@@ -207,19 +204,11 @@ def build(data: TraceData, typical: bool = False) -> StepGraph:
     if not full:
         raise TraceError(f"{data.source}: no step after the first was traced on every rank; trace more steps")
     step_periods = periods(compute, data.world, steps)
-    rows = None  # [rank][row]: each rank's own steps, for ranks that join no one
     kinds = {kind_of(e) for e in compute[(0, full[0])]}
     own = own_pace(data.strategy, kinds, bool(comm_names), JOIN_ALL)
-    if typical and own and staleness_of(data.strategy) in (None, 0):
-        # each rank's steps of typical length by its own period: a step's period across ranks
-        # mixes different moments of each, and their rows need not be the same steps
-        rows = typical_per_rank(full, own_periods(compute, data.world, steps))
-        full = rows[0]
-    elif typical:
-        full = typical_steps(full, step_periods)
-    keys = [k for k in keys if k[1] in (full if rows is None else rows[k[0]])]
-    nodes = _compute_nodes(data, compute, names, keys, full, rows)
-    comm_nodes, tail, lane_end = _comm_nodes(data, compute, comm, names, comm_names, full, rows)
+    keys = [k for k in keys if k[1] in full]
+    nodes = _compute_nodes(data, compute, names, keys, full)
+    comm_nodes, tail, lane_end = _comm_nodes(data, compute, comm, names, comm_names, full)
     ready = _ready(compute, names, keys)
     for n in nodes:  # runtime/ps.py broadcasts each dense PS variable on its own
         if n.kind == "ps_pull":
@@ -264,11 +253,9 @@ def _compute_nodes(
     names: tuple[str, ...],
     keys: list[tuple[int, int]],
     full: list[int],
-    rows: list[list[int]] | None = None,
 ) -> list[Node]:
-    """``rows``: each rank's own steps (``own_pace``), else ``full`` for every rank."""
     p = data.world
-    at = rows if rows is not None else [full] * p
+    at = [full] * p  # each rank's step of each row
     nodes = []
     for i, name in enumerate(names):
         dur, gap = np.zeros((len(full), p)), np.zeros((len(full), p))
@@ -334,13 +321,11 @@ def _comm_nodes(
     names: tuple[str, ...],
     comm_names: tuple[str, ...],
     full: list[int],
-    rows: list[list[int]] | None = None,
 ) -> tuple[list[Node], np.ndarray, np.ndarray]:
     """The comm lane's nodes (one at a time on the link), each rank's wait tail after it and the
-    lane's end per step
-    (``rows``: each rank's own steps, for a step with no comm lane: ``own_pace``)."""
+    lane's end per step."""
     p = data.world
-    at = rows if rows is not None else [full] * p
+    at = [full] * p
     b_index = max(i for i, n in enumerate(names) if compute[(0, full[0])][i]["cat"] == "backward")
     w_index = next((i for i, n in enumerate(names) if compute[(0, full[0])][i]["cat"] == "wait"), None)
     durs = np.zeros((len(comm_names), len(full)))

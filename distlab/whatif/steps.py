@@ -1,5 +1,5 @@
-"""Which steps of a trace a replay keeps, and the run's periods: each step's (the last rank's end
-of it minus its end of the step before) and each rank's own (its end minus its own before)."""
+"""The run's periods: each step's (the last rank's end of it minus its end of the step before) and
+each rank's own (its end of a step minus its own end of the step before)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,6 @@ from typing import Any
 import numpy as np
 
 from distlab.whatif.trace import TraceError
-
-
-def typical(full: list[int], periods: dict[int, float]) -> list[int]:
-    """The steps whose period lies in the middle half of the run's periods (all when fewer than 4).
-
-    Each of them is replayed with its own durations, not one step of per-node medians: on a busy
-    machine each node's time is skewed to the right and the slowest rank changes from step to
-    step, so per-node medians replay 17-35% short of the median step on 2 shared cores."""
-    have = [s for s in full if s in periods]
-    if len(have) < 4:
-        return have or full
-    lo, hi = np.percentile([periods[s] for s in have], [25, 75])
-    return [s for s in have if lo <= periods[s] <= hi]
 
 
 def periods(
@@ -57,11 +44,3 @@ def rank_periods(
     return np.array(
         [float(np.median(list(d.values()))) if d else np.nan for d in own_periods(compute, p, steps)]
     )
-
-
-def typical_per_rank(full: list[int], own: list[dict[int, float]]) -> list[list[int]]:
-    """Ranks at their own pace: each rank's steps whose own period lies in the middle half of its
-    own (``typical`` per rank), as many for every rank (the fewest any rank has)."""
-    each = [typical(full, d) for d in own]
-    n = min(len(x) for x in each)
-    return [x[:n] for x in each]
