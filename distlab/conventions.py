@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from distlab.errors import LaunchError
+from distlab.keras_optim import OPTIMIZERS, KerasOptimizer
 
 EPSILON = 1e-7  # keras.config.epsilon(): probabilities are clipped to [EPSILON, 1 - EPSILON]
 
@@ -45,48 +46,6 @@ KERAS_LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
 _ALIASES = {"mse": "mean_squared_error", "mae": "mean_absolute_error", "huber_loss": "huber"}
 _ALIASES.update({cls.lower(): name for name, (cls, _) in KERAS_LOSSES.items()})
 
-# optimizer kind -> (Keras class, the Keras settings both routes carry, with Keras's defaults);
-# weight_decay is Keras's decoupled decay (var -= var * wd * lr before the update), on every kind
-OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "adam": (
-        "Adam",
-        {
-            "learning_rate": 1e-3,
-            "beta_1": 0.9,
-            "beta_2": 0.999,
-            "epsilon": 1e-7,
-            "amsgrad": False,
-            "weight_decay": None,
-        },
-    ),
-    "adamw": (
-        "AdamW",
-        {
-            "learning_rate": 1e-3,
-            "beta_1": 0.9,
-            "beta_2": 0.999,
-            "epsilon": 1e-7,
-            "amsgrad": False,
-            "weight_decay": 0.004,
-        },
-    ),
-    "sgd": ("SGD", {"learning_rate": 0.01, "momentum": 0.0, "nesterov": False, "weight_decay": None}),
-    "rmsprop": (
-        "RMSprop",
-        {
-            "learning_rate": 1e-3,
-            "rho": 0.9,
-            "momentum": 0.0,
-            "epsilon": 1e-7,
-            "centered": False,
-            "weight_decay": None,
-        },
-    ),
-    "adagrad": (
-        "Adagrad",
-        {"learning_rate": 1e-3, "initial_accumulator_value": 0.1, "epsilon": 1e-7, "weight_decay": None},
-    ),
-}
 # Keras optimizer settings that change the update and that no route carries as Keras means them:
 # setting -> (why, the fix), refused in one line (their Keras defaults are None or False)
 _UNCARRIED = {
@@ -240,8 +199,6 @@ class OptimizerSpec:
         return f"{OPTIMIZERS[self.kind][0]}(learning_rate={s['learning_rate']:g}{extra}){where}"
 
     def __call__(self, params: Any) -> Any:
-        from distlab.keras_optim import KerasOptimizer
-
         return KerasOptimizer(params, self.kind, self.settings)
 
     def keras(self) -> Any:

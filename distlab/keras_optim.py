@@ -1,4 +1,4 @@
-"""Keras 3's optimizers as torch optimizers: Keras's update rules, step for step, on the torch route.
+"""Keras 3's optimizers as torch optimizers: their settings and Keras's update rules, step for step.
 
 torch's own optimizers differ from Keras's in small places that matter when gradients are small:
 Keras's Adam adds epsilon to ``sqrt(v)`` before the bias correction (torch after it), Keras's
@@ -16,13 +16,52 @@ from typing import Any
 
 import torch
 
-# the settings each kind's update reads (Keras's names; the rate is torch's "lr" so lr scaling works)
+# optimizer kind -> (Keras class, the Keras settings both routes carry, with Keras's defaults);
+# weight_decay is Keras's decoupled decay (var -= var * wd * lr before the update), on every kind
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "adam": (
+        "Adam",
+        {
+            "learning_rate": 1e-3,
+            "beta_1": 0.9,
+            "beta_2": 0.999,
+            "epsilon": 1e-7,
+            "amsgrad": False,
+            "weight_decay": None,
+        },
+    ),
+    "adamw": (
+        "AdamW",
+        {
+            "learning_rate": 1e-3,
+            "beta_1": 0.9,
+            "beta_2": 0.999,
+            "epsilon": 1e-7,
+            "amsgrad": False,
+            "weight_decay": 0.004,
+        },
+    ),
+    "sgd": ("SGD", {"learning_rate": 0.01, "momentum": 0.0, "nesterov": False, "weight_decay": None}),
+    "rmsprop": (
+        "RMSprop",
+        {
+            "learning_rate": 1e-3,
+            "rho": 0.9,
+            "momentum": 0.0,
+            "epsilon": 1e-7,
+            "centered": False,
+            "weight_decay": None,
+        },
+    ),
+    "adagrad": (
+        "Adagrad",
+        {"learning_rate": 1e-3, "initial_accumulator_value": 0.1, "epsilon": 1e-7, "weight_decay": None},
+    ),
+}
+# the settings each kind's update reads besides the rate and the decay
 KINDS = {
-    "adam": ("beta_1", "beta_2", "epsilon", "amsgrad"),
-    "adamw": ("beta_1", "beta_2", "epsilon", "amsgrad"),
-    "sgd": ("momentum", "nesterov"),
-    "rmsprop": ("rho", "momentum", "epsilon", "centered"),
-    "adagrad": ("initial_accumulator_value", "epsilon"),
+    kind: tuple(k for k in settings if k not in ("learning_rate", "weight_decay"))
+    for kind, (_, settings) in OPTIMIZERS.items()
 }
 
 
