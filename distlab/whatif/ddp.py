@@ -30,7 +30,7 @@ def split_ddp_backward(
             cut = max((float(t) for _, _, t in ready), default=b["end"] - b["start"])
             compute_part[j, r] = cut
             done = max(b["start"] + cut, lane_end[j])
-            tail[j, r] = max(0.0, b["end"] - done)
+            tail[j, r] = b["end"] - done  # below 0: this rank saw the lane end sooner (graph.py)
     b = nodes[b_index]
     b.dur = np.minimum(b.dur, compute_part)
     zero = np.zeros((len(full), p))

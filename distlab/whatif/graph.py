@@ -94,7 +94,7 @@ class StepGraph:
     hosts: list[str]
     cores: dict[str, int | None]
     samples_per_step: float
-    tail: np.ndarray  # [step, rank]: the wait's own time after the comm lane is done
+    tail: np.ndarray  # [step, rank]: the wait's time after the comm lane is done (< 0: it saw it end sooner)
     ready: list[tuple[str, int, float]]  # (variable, bytes, fraction of backward), in ready order
     measured_steps: np.ndarray  # the run's step periods (s), the steps after the first
     measured_rank_steps: np.ndarray | None = None  # each rank's own median period (s)
@@ -348,11 +348,11 @@ def _comm_nodes(
                 offsets[k, j, r] = seqs[r][k]["start"] - b["start"]
         if w_index is not None:
             for r in range(p):
-                # after the lane's end as replayed (one end for every rank), not this rank's own:
-                # a reduce ends later on its destination than on a sender, and the replay's wait
-                # starts from the lane's end
+                # after the lane's end as replayed (one end for every rank), not this rank's own,
+                # and below 0 when this rank saw it end earlier (a reduce ends later on its
+                # destination than on a sender): the replay's wait ends at the lane's end plus it
                 w = compute[(r, at[r][j])][w_index]
-                tail[j, r] = max(0.0, w["end"] - max(w["start"], lane_end[j]))
+                tail[j, r] = w["end"] - max(w["start"], lane_end[j])
     first = comm.get((0, full[0]), [])
     nodes = []
     for k, name in enumerate(comm_names):

@@ -118,7 +118,8 @@ def replay(g: StepGraph, steps: int | None = None) -> Replayed:
         for node in g.compute:
             start, dur = t + node.gap[j], node.dur[j]
             if node.kind == "wait":
-                end = np.maximum(start, start if done is None else done) + g.tail[j]
+                # the lane's end plus this rank's own tail (below 0: it saw the lane end sooner)
+                end = np.maximum(start, np.maximum(start, start if done is None else done) + g.tail[j])
             elif node.kind in JOIN_ALL:
                 end = start.max() + dur
             elif node.kind == "gossip" and not node.alone:
