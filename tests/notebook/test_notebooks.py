@@ -116,6 +116,7 @@ SMALL: dict[str, dict] = {
         "put_bytes": 2**20,
         "put_rounds": 2,
     },
+    "bench/async-pace": {"width": 32, "steps": 12, "rounds": 1},
     "bench/prediction-paths": {  # the diagnostic set: no test runs distlab.holdout's models
         "model_set": "diagnostic",
         "models": "mlp",
