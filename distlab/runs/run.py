@@ -160,10 +160,8 @@ class Run:
             new = key[2] > self._last.get(key[:2], -1)  # else sent again: the later record is kept
             self._last[key[:2]] = max(key[2], self._last.get(key[:2], -1))
             self._frame.add(rec, new)
-            # the slowest rank's: an asynchronous run's ranks stand at different steps, and the
-            # run (its bar, its card) is done when its slowest rank is, not its fastest
-            mine = [st for (r, _), st in self._last.items() if r == key[0]]
-            if len(mine) >= self.world:
+            # the slowest rank's: an asynchronous run is done when its slowest rank is
+            if len(mine := [st for (r, _), st in self._last.items() if r == key[0]]) >= self.world:
                 self._steps_done = max(self._steps_done, min(mine) + 1)
             if spans is not None:
                 self._trace[key] = [{**e, "restart": key[0], "rank": key[1], "step": key[2]} for e in spans]

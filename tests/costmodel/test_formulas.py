@@ -312,7 +312,8 @@ def test_a_sparse_gradient_updates_only_the_rows_it_holds_and_a_stateful_optimiz
                 rows * 64 * 1e-9
             )
             # momentum or Adam (the launch default, densifying): every row with state changes each
-            # step, in a steady state the whole table (runtime/ps.py _changed_rows, conventions.Adam)
+            # step, in a steady state the whole table (runtime/ps.py _changed_rows,
+            # keras_optim.KerasOptimizer)
             work = cm.params.momentum_work
             assert cm.predict(prof, res, st, optimizer="momentum").breakdown["optimizer"] == pytest.approx(
                 1000 * 64 * 1e-9 * work
