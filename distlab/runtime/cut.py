@@ -1,7 +1,7 @@
 """When a run checkpoints: every ``every`` steps in lockstep for synchronous runs; for asynchronous
-ones (stale or asynchronous PS, asynchronous gossip) a cut that the fastest rank asks for on its
-own clock and every rank joins at its own next step boundary, so no rank waits for another to
-reach a step.
+ones (asynchronous PS, asynchronous gossip) a cut that the fastest rank asks for on its own clock
+and every rank joins at its own next step boundary, so no rank waits for another to reach a step;
+and where an asynchronous run's ranks meet at its end (``EndRendezvous``).
 
 Why a cut on request and not one at a step number: a checkpoint needs every rank (a stale PS's
 servers hold the values and their optimizers; a window's messages in flight must land), but an
@@ -25,35 +25,42 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from distlab.errors import LaunchError
+
 CUT_KEY = "cut"
 
 
 class StepCadence:
     """A synchronous run's checkpoints: after every ``every`` steps (every rank is at the same
-    step, so every rank decides alike without a word)."""
+    step, so every rank decides alike without a word), and one at an agreed stop."""
 
     asynchronous = False
 
     def __init__(self, every: int | None) -> None:
         self.every = every or 0
+        self._stop = False
 
     def due(self, steps_done: int) -> bool:
         return bool(self.every) and steps_done % self.every == 0
 
     def served(self) -> None:
+        self._stop = False
+
+    def close(self) -> None:
         pass
 
-    def close(self) -> bool:
-        return False
+    def stop(self) -> None:
+        self._stop = True  # every rank stops at the agreed step (StopSignal) and checkpoints there
 
-    def stop(self) -> bool:
-        return True  # every rank stops at the agreed step (StopSignal) and checkpoints there
+    def pending(self) -> bool:
+        return self._stop
 
 
 class CutCadence:
     """An asynchronous run's checkpoints: cut ``n`` is asked by the first rank whose own steps
-    pass ``n * every``; every rank joins it at its next step boundary (it reads the store when its
-    own clock calls for a cut, else at most every ``interval`` seconds)."""
+    since the run (re)started pass ``n * every``; every rank joins it at its next step boundary
+    (it reads the store when its own clock calls for a cut, else at most every ``interval``
+    seconds). ``start_step``: where this run resumed (the store, and so the count, is new)."""
 
     asynchronous = True
 
@@ -61,10 +68,12 @@ class CutCadence:
         self,
         store: Any,
         every: int | None,
+        start_step: int = 0,
         interval: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.every, self.interval, self.clock = store, every or 0, interval, clock
+        self.base = start_step // self.every if self.every else 0
         self.asked = 0  # cuts asked so far, as this rank last read
         self.joined = 0  # cuts this rank has joined
         self.closed = False
@@ -83,9 +92,9 @@ class CutCadence:
 
     def due(self, steps_done: int) -> bool:
         """After this rank's step ``steps_done``: whether it joins a cut now."""
-        mine = steps_done // self.every if self.every else 0  # cuts this rank's own clock calls for
+        mine = steps_done // self.every - self.base if self.every else 0  # cuts its own clock calls for
         now = self.clock()
-        if self.asked > self.joined:
+        if self.pending():
             return True
         if self.closed or (mine <= self.asked and now - self._last_read < self.interval):
             return False
@@ -94,30 +103,86 @@ class CutCadence:
         self._take(value)
         if not self.closed and mine > self.asked:
             self._take(self._swap(value, f"open:{self.asked + 1}"))  # lost a race: read what won
-        return self.asked > self.joined
+        return self.pending()
 
     def served(self) -> None:
         self.joined += 1
 
-    def close(self) -> bool:
-        """This rank has done its steps: no cut is asked after this. Returns whether a cut asked
-        before must still be joined (its askers wait for this rank)."""
+    def pending(self) -> bool:
+        """A cut asked that this rank has not joined (its askers wait for it)."""
+        return self.asked > self.joined
+
+    def close(self) -> None:
+        """This rank has done its steps: no cut is asked after this (``pending`` says whether one
+        asked before must still be joined)."""
+        self._end(0)
+
+    def stop(self) -> None:
+        """A stop (a cancel, a resize) asks one last cut and closes. A cut asked before that this
+        rank has not read yet stays pending too: ``pending`` until both are joined."""
+        self._end(1)
+
+    def _end(self, more: int) -> None:
         value = self._read()
         while not value.startswith("closed"):  # a failed swap returns what won: try again on it
-            value = self._swap(value, f"closed:{value.partition(':')[2] or '0'}")
+            value = self._swap(value, f"closed:{int(value.partition(':')[2] or 0) + more}")
         self._take(value)
-        return self.asked > self.joined
-
-    def stop(self) -> bool:
-        """A stop (a cancel, a resize) asks one last cut and closes at once; returns whether this
-        rank joins it now (False when it has already joined it)."""
-        value = self._read()
-        while not value.startswith("closed"):
-            value = self._swap(value, f"closed:{int(value.partition(':')[2] or 0) + 1}")
-        self._take(value)
-        return self.asked > self.joined
 
 
-def checkpoint_cadence(store: Any, every: int | None, asynchronous: bool) -> StepCadence | CutCadence:
+def checkpoint_cadence(
+    store: Any, every: int | None, asynchronous: bool, start_step: int = 0
+) -> StepCadence | CutCadence:
     """The cadence of a run's checkpoints (``every`` steps; None: only at a stop)."""
-    return CutCadence(store, every) if asynchronous else StepCadence(every)
+    return CutCadence(store, every, start_step) if asynchronous else StepCadence(every)
+
+
+class EndRendezvous:
+    """An asynchronous run's ranks meet at the end through the store, with no collective: each
+    rank posts its step now and then, and a rank that has done its steps waits until every rank
+    has, for as long as some rank's step keeps moving. The run's last collectives (the servers'
+    final broadcast, the consensus distance) come after it: a collective waits under the group's
+    timeout, and a straggler far behind would fail the fast ranks there."""
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world: int,
+        timeout: float,
+        failed: Callable[[], tuple[int, str] | None],
+        every: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.rank, self.world, self.timeout = store, rank, world, timeout
+        self.failed, self.every, self.clock = failed, every, clock
+        self._posted = -every
+
+    def progress(self, step: int) -> None:
+        """(each step) This rank's step, posted at most every ``every`` seconds."""
+        now = self.clock()
+        if now - self._posted >= self.every:
+            self._posted = now
+            self.store.set(f"pace/{self.rank}", str(step))
+
+    def wait(self, poll: float = 0.1) -> None:
+        """This rank has done its steps: wait for every other rank to have done theirs."""
+        self.store.set(f"end/{self.rank}", "1")
+        ends = [f"end/{r}" for r in range(self.world)]
+        seen: dict[int, str] = {}
+        deadline = self.clock() + self.timeout
+        while not self.store.check(ends):
+            if (other := self.failed()) is not None:
+                raise LaunchError(f"rank {self.rank}: stopped because rank {other[0]} failed: {other[1]}")
+            for r in range(self.world):
+                key = f"pace/{r}"
+                if r != self.rank and self.store.check([key]):
+                    step = self.store.get(key).decode()
+                    if seen.get(r) != step:
+                        seen[r], deadline = step, self.clock() + self.timeout
+            if self.clock() > deadline:
+                late = [r for r in range(self.world) if not self.store.check([f"end/{r}"])]
+                raise LaunchError(
+                    f"rank {self.rank}: done with its steps, it heard no progress from rank(s) {late} "
+                    f"for {self.timeout:g} s; raise lab.launch(timeout=) if their steps take that long"
+                )
+            time.sleep(poll)

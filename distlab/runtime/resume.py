@@ -31,7 +31,8 @@ class Checkpoints:
         self.job, self.model, self.sync, self.units, self.batches = job, model, sync, units, batches
         self.asynchronous = asynchronous
         on = job.checkpoint_dir is not None
-        self.cadence = checkpoint_cadence(store, job.checkpoint_every, asynchronous) if on else None
+        every = job.checkpoint_every
+        self.cadence = checkpoint_cadence(store, every, asynchronous, job.start_step) if on else None
         self.writer = ckpt.Writer()
         self.last: Path | None = None
 
@@ -46,8 +47,10 @@ class Checkpoints:
         """A stop before ``step``: a resize resumes exactly here (an asynchronous run: after its
         furthest rank, through one last cut)."""
         c = self.cadence
-        if c and (self.asynchronous or step > self.job.start_step) and c.stop():
-            self._take(step, samples)
+        if c and (self.asynchronous or step > self.job.start_step):
+            c.stop()
+            while c.pending():  # a cut asked before the stop, not yet joined, comes first
+                self._take(step, samples)
 
     def after_step(self, steps_done: int, samples: int) -> None:
         if self.cadence and self.cadence.due(steps_done):
@@ -55,8 +58,10 @@ class Checkpoints:
 
     def at_end(self, samples: int) -> None:
         """This rank has done its steps: join a cut asked before its end (its askers wait for it)."""
-        if self.cadence and self.cadence.close():
-            self._take(self.job.steps, samples)
+        if self.cadence:
+            self.cadence.close()
+            while self.cadence.pending():
+                self._take(self.job.steps, samples)
 
     def wait(self) -> str | None:
         """The last checkpoint is on disk; its path."""

@@ -350,10 +350,11 @@ class StalePS:
         self._answers = left
 
     # -- the end -----------------------------------------------------------------------------
-    def finish(self) -> None:
+    def finish(self, rendezvous: Callable[[], None] | None = None) -> None:
         """At the end of the run: tell every server this worker is done, wait for its answers and
-        for this rank's server to have applied every push, then every rank takes the servers'
-        final values (a broadcast on the run's group: every rank calls it)."""
+        for this rank's server to have applied every push, meet every rank (``rendezvous``: an
+        asynchronous run's, through the store, for as long as a straggler makes progress), then
+        every rank takes the servers' final values (a broadcast on the run's group)."""
         for s in self.layouts:
             if s == self.rank:
                 assert self.server is not None
@@ -366,6 +367,8 @@ class StalePS:
         self._read(block=True)
         self._join_servers()
         self._check_server()
+        if rendezvous is not None:
+            rendezvous()
         self._finished = True
         self.publish()
 

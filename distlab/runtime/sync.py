@@ -261,13 +261,16 @@ class Synchronizer:
                 return _furthest(step, samples)
         return self.stale.settle(step, samples) if self.stale is not None else (step, samples)
 
-    def finish(self) -> None:
+    def finish(self, rendezvous: Callable[[], None] | None = None) -> None:
         """After the last step: a stale PS's final values on every rank; asynchronous gossip's
-        last messages taken in once every neighbour has finished."""
+        last messages taken in once every neighbour has finished. ``rendezvous`` (an asynchronous
+        run's end, with no collective) comes before the run's last collectives."""
         if self.stale is not None:
-            self.stale.finish()
-        if isinstance(self.gossip, AsyncGossip):
+            self.stale.finish(rendezvous)  # before the servers' final broadcast
+        elif isinstance(self.gossip, AsyncGossip):
             self.gossip.finish()
+            if rendezvous is not None:  # before the consensus distance's all-reduce
+                rendezvous()
 
     def close(self) -> None:
         for h in self._hooks:

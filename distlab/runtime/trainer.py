@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from distlab.allocator import tune_allocator
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime.adaptive import BatchState
+from distlab.runtime.cut import EndRendezvous
 from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer
 from distlab.runtime.gossip import resolve_topology
@@ -253,6 +254,9 @@ def _train(
     progress: dict[str, int],
     wait: Callable,
 ) -> dict[str, Any]:
+    # Long because one step's order (a stop, forward and backward, the strategy's step, the
+    # record, a checkpoint) and the run's end (the rendezvous, the last collectives) read best as
+    # one loop: each piece is a call, the order between them is the design.
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
     tracer = Tracer() if job.options.trace else OFF
@@ -269,6 +273,9 @@ def _train(
     asynchronous = _asynchronous(sync)
     stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world), at_once=asynchronous)
     ckpts = Checkpoints(job, model, sync, units, batches, store, asynchronous)
+    end = EndRendezvous(
+        store, job.rank, job.world, job.timeout, lambda: failure_of_other(store, job.rank, wait=0.0)
+    )
     records: list[dict[str, Any]] = []
     step = job.start_step
     stopped = False
@@ -303,9 +310,11 @@ def _train(
             if emit is not None:
                 emit(rec)
             ckpts.after_step(step + 1, pos)
+            if asynchronous:
+                end.progress(step + 1)
         if not stopped:
             ckpts.at_end(pos)
-        sync.finish()
+        sync.finish(end.wait if asynchronous else None)  # no collective waits for a straggler
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
         last_ckpt = ckpts.wait()  # the last checkpoint reported is on disk
     finally:

@@ -56,3 +56,19 @@ def test_a_default_asynchronous_launch_keeps_the_fast_rank_at_its_own_pace(lab, 
     assert run.checkpoint is not None and run.checkpoint.endswith(".pt")  # checkpoints were taken
     losses = df[df["rank"] == 0].sort_values("step")["loss"].to_numpy()
     assert losses[-10:].mean() < 0.8 * losses[:10].mean(), losses  # and it trained
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_fast_rank_waits_out_a_far_behind_server_longer_than_the_timeout(lab):
+    """Asynchronous PS keeps its one server on rank 0; slowed 4x it ends long after rank 1, whose
+    wait for it outlasts the run's 2 s timeout. The ranks meet through the store for as long as
+    rank 0 makes progress, not in the servers' final broadcast (a collective that failed there)."""
+    model = Wide()
+    s = dl.strategy.build("PS", variables_profile(model), lab.resources, sync=False, batch_size=64)
+    run = lab.launch(model, strategy=s, steps=500, data=_data(), slowdown={0: 4.0}, timeout=2, elastic=False)
+    run.wait(180)
+    assert run.status == "finished", run.error
+    df = run.metrics
+    ends = df.groupby("rank")["wall_time"].max()
+    assert ends[0] - ends[1] > 2.0, ends  # rank 1 waited past the timeout, and the run lived

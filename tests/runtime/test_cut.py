@@ -30,26 +30,59 @@ def test_a_cut_is_asked_by_the_fastest_rank_and_joined_where_each_rank_stands(st
     assert not slow.due(3) and not slow.due(4)  # its clock reaching 4 asks nothing: cut 1 was it
     assert fast.due(8)  # cut 2
     fast.served()
-    assert slow.close()  # finished before it joined cut 2: it must still join (the asker waits)
+    slow.close()
+    assert slow.pending()  # finished before it joined cut 2: it must still join (the asker waits)
     slow.served()
     assert not fast.due(9) and not fast.due(12)  # closed: a finished rank joins no more cuts
-    assert not fast.close()
+    fast.close()
+    assert not fast.pending()
 
 
 def test_a_stop_asks_one_last_cut_that_every_rank_joins_once(store):
     a, b = CutCadence(store, 100, interval=0), CutCadence(store, 100, interval=0)
-    assert a.stop()
+    a.stop()
+    assert a.pending()
     a.served()
     assert b.due(1)  # b joins it at its next step
     b.served()
-    assert not b.stop() and not b.close() and not a.close()
+    b.stop(), b.close(), a.close()
+    assert not b.pending() and not a.pending()
 
 
-def test_a_synchronous_run_checkpoints_every_k_steps_without_a_word():
+def test_a_stop_on_a_rank_that_has_not_read_a_pending_cut_joins_both(store):
+    """The fast rank asked cut 1 and waits in it; the slow rank, between its reads of the store,
+    is stopped: it must join cut 1 and the stop's cut 2, as the fast rank will, or the fast rank
+    would wait alone in cut 2's collective until the timeout."""
+    fast, slow = CutCadence(store, 4, interval=0), CutCadence(store, 4, interval=60)
+    assert fast.due(4)
+    assert not slow.due(1)  # within its read interval: it has not seen cut 1
+    slow.stop()
+    joined = 0
+    while slow.pending():
+        slow.served()
+        joined += 1
+    fast.served()  # cut 1, with the slow rank's first
+    assert fast.due(5)  # then the stop's cut, with the slow rank's second
+    fast.served()
+    assert joined == 2 and not fast.pending() and not fast.due(8)
+
+
+def test_a_resumed_run_counts_its_cuts_from_where_it_resumed(store):
+    c = CutCadence(store, 10, start_step=30, interval=0)
+    assert [c.due(k) for k in (31, 32, 33, 39)] == [False] * 4  # not a cut at every step
+    assert c.due(40)
+
+
+def test_a_synchronous_run_checkpoints_every_k_steps_and_once_at_a_stop():
     c = checkpoint_cadence(None, 3, asynchronous=False)
     assert isinstance(c, StepCadence)
     assert [c.due(k) for k in range(1, 7)] == [False, False, True, False, False, True]
-    assert not c.close() and c.stop()
+    c.close()
+    assert not c.pending()
+    c.stop()
+    assert c.pending()
+    c.served()
+    assert not c.pending()
 
 
 @pytest.mark.timeout(60)
@@ -72,7 +105,8 @@ def test_ranks_at_their_own_pace_join_the_same_cuts_and_never_wait_for_a_step(st
                     barrier.wait()
                     joined[r].append(step + 1)
                     cad.served()
-            if cad.close():
+            cad.close()
+            while cad.pending():
                 barrier.wait()
                 joined[r].append(steps)
                 cad.served()
