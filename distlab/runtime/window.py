@@ -112,6 +112,7 @@ class Window:
         self.lock = threading.Condition()
         self.holder: int | None = None  # the rank holding this rank's mutex of the window
         self.queue: list[int] = []  # ranks waiting for it
+        self.requests: dict[int, int] = {}  # each rank's latest lock request number
         self.body_tag, self.reply_tag = tags(wid)
 
     # -- this rank's value -------------------------------------------------------------------
@@ -333,7 +334,7 @@ class Windows(Mutexes):
         self._said_done = False
         self._error: BaseException | None = None
         self._cv = threading.Condition()
-        self._grants = {}
+        self._grants, self._requests = {}, 0  # the mutex's lock requests (window_protocol.py)
         self._alive_sent = 0.0
         self._stop = threading.Event()
         self._finished = False
@@ -458,11 +459,11 @@ class Windows(Mutexes):
                     dist.send(header(GET, wid, p), src, group=self.group, tag=w.reply_tag)
                     dist.send(snap, src, group=self.group, tag=w.reply_tag)
                 elif op == LOCK:
-                    self.grant_or_queue(w, src)
+                    self.grant_or_queue(w, src, int(weight_of(head)))
                 elif op == UNLOCK:
                     self.release(w, src)
                 elif op == GRANT:
-                    self.granted(w.wid, src)
+                    self.granted(w.wid, src, int(weight_of(head)))
         except BaseException as exc:  # noqa: BLE001 - the training thread raises it
             if self._error is None and not self._stop.is_set():
                 self._error = exc

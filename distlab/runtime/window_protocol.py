@@ -44,7 +44,8 @@ class Mutexes:
     group: Any
     rank: int
     timeout: float
-    _grants: dict[tuple[int, int], Any]  # (window id, owner) -> the Event a waiting lock waits on
+    _grants: dict[tuple[int, int, int], Any]  # (window id, owner, request) -> the Event a lock waits on
+    _requests: int  # lock requests this rank has sent
 
     def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
         raise NotImplementedError
@@ -58,11 +59,15 @@ class Mutexes:
     def check(self) -> None:
         raise NotImplementedError
 
-    def grant_or_queue(self, w: Any, rank: int) -> None:
+    def grant_or_queue(self, w: Any, rank: int, request: int = 0) -> None:
+        """``rank``'s lock request number ``request``: granted now (the grant echoes the number,
+        so a grant that crossed an earlier request's withdrawal never answers a later one) or
+        queued."""
         with w.lock:
+            w.requests[rank] = request
             if w.holder is None:
                 w.holder = rank
-                dist.send(header(GRANT, w.wid), rank, group=self.group, tag=0)
+                dist.send(header(GRANT, w.wid, request), rank, group=self.group, tag=0)
             else:
                 w.queue.append(rank)
 
@@ -75,13 +80,15 @@ class Mutexes:
                 return
             w.holder = w.queue.pop(0) if w.queue else None
             if w.holder is not None and w.holder != self.rank:
-                dist.send(header(GRANT, w.wid), w.holder, group=self.group, tag=0)
+                grant = header(GRANT, w.wid, w.requests.get(w.holder, 0))
+                dist.send(grant, w.holder, group=self.group, tag=0)
             w.lock.notify_all()
 
-    def granted(self, wid: int, owner: int) -> None:
-        """(a receiver thread) ``owner`` granted its mutex of window ``wid``: wake the waiting
-        lock; a grant that comes after its lock gave up was already passed on by its UNLOCK."""
-        event = self._grants.get((wid, owner))
+    def granted(self, wid: int, owner: int, request: int) -> None:
+        """(a receiver thread) ``owner`` granted its mutex of window ``wid`` to lock request
+        ``request``: wake that lock; a grant for a request that gave up was already passed on by
+        its UNLOCK."""
+        event = self._grants.get((wid, owner, request))
         if event is not None:
             event.set()
 
@@ -105,9 +112,11 @@ class Mutexes:
                     w.lock.wait(0.2)
             return
         event = threading.Event()
-        self._grants[(w.wid, owner)] = event
+        self._requests += 1
+        key = (w.wid, owner, self._requests)
+        self._grants[key] = event
         try:
-            self.wait(self.isend(header(LOCK, w.wid), owner, 0), f"rank {owner}")
+            self.wait(self.isend(header(LOCK, w.wid, key[2]), owner, 0), f"rank {owner}")
             deadline = time.monotonic() + self.timeout
             while not event.wait(0.05):
                 self.check()
@@ -121,7 +130,7 @@ class Mutexes:
                         "for less time)"
                     )
         finally:
-            self._grants.pop((w.wid, owner), None)
+            self._grants.pop(key, None)
 
     def unlock(self, w: Any, owner: int) -> None:
         if owner == self.rank:
