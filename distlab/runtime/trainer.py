@@ -314,7 +314,10 @@ def _train(
                 end.progress(step + 1)
         if not stopped:
             ckpts.at_end(pos)
-        sync.finish(end.wait if asynchronous else None)  # no collective waits for a straggler
+        if asynchronous:
+            sync.finish(end.wait)  # the ranks meet through the store: no collective waits for a straggler
+        else:
+            sync.finish()
         distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
         last_ckpt = ckpts.wait()  # the last checkpoint reported is on disk
     finally:
