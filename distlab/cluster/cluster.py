@@ -53,12 +53,20 @@ class Cluster:
         elif address is not None:
             try:
                 self.client = Client(address, security=security, timeout=timeout)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - what Dask raises reading what is not its protocol
                 if on_fail is not None:
                     on_fail()
+                # a server that is not a Dask scheduler answers bytes Dask reads as frame sizes
+                # (MemoryError "Unable to allocate 3.01 EiB"), or closes the connection
+                first = (str(exc).splitlines() or [""])[0][:120]
+                what = (
+                    f"cannot reach the scheduler ({first})"
+                    if isinstance(exc, OSError)
+                    else "something answers there, but not a Dask scheduler"
+                )
                 raise LaunchError(
-                    f"Lab(address={address!r}): cannot reach the scheduler ({exc}); check the address and "
-                    "that it runs"
+                    f"Lab(address={address!r}): {what}; give the address a Dask scheduler listens on "
+                    "(`dask scheduler` prints it: tcp://HOST:8786) and check that it runs"
                 ) from None
         if client is not None or address is not None:
             how = f"address={address!r}" if address else "client=..."

@@ -4,6 +4,7 @@ model."""
 from __future__ import annotations
 
 import sys
+import time
 
 import cloudpickle
 import pytest
@@ -196,6 +197,37 @@ def test_unreachable_address_is_a_clear_error():
 
     with pytest.raises(LaunchError, match="cannot reach the scheduler"):
         Lab(address="tcp://127.0.0.1:9", timeout=2)
+
+
+def test_an_address_that_is_no_dask_scheduler_says_so_in_one_line_within_the_timeout():
+    """A loopback server that answers as a web server does: Dask read its bytes as frame sizes and
+    raised MemoryError ("Unable to allocate 3.01 EiB"), through IPython as a SystemError."""
+    import socket
+    import threading
+
+    from distlab.lab import Lab
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\n\r\n<html>hello</html>")
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(LaunchError, match="not a Dask scheduler") as info:
+            Lab(address=f"tcp://127.0.0.1:{srv.getsockname()[1]}", timeout=5)
+    finally:
+        srv.close()
+    assert time.monotonic() - start < 5 + 2 and "\n" not in str(info.value)
 
 
 class IdsAndDense(torch.nn.Module):
