@@ -77,9 +77,7 @@ class Writer:
 
     def wait(self) -> None:
         """The write in flight is on disk (or its error raised here)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self.close()
         if self._error is not None:
             err, self._error = self._error, None
             if isinstance(err, LaunchError):

@@ -3,20 +3,20 @@ ones (asynchronous PS, asynchronous gossip) a cut that the fastest rank asks for
 and every rank joins at its own next step boundary, so no rank waits for another to reach a step;
 and where an asynchronous run's ranks meet at its end (``EndRendezvous``).
 
-Why a cut on request and not one at a step number: a checkpoint needs every rank (a stale PS's
+Why a cut on request and not one at a step number: a checkpoint needs every rank (a PS's
 servers hold the values and their optimizers; a window's messages in flight must land), but an
 asynchronous run's ranks stand at different steps. Joining "at step k" made each rank wait for
 the slowest to reach k, which pulled a run with a persistent straggler into lockstep at every
 checkpoint, and once the drift between checkpoints outgrew the group's timeout the fast ranks'
 wait failed the run. Joining "now" costs each rank at most the slowest rank's current step and
 the store's read interval, whatever the drift. Per-rank snapshots without any collective were the
-other choice: they leave a stale PS's server optimizers and a window's mass in flight out of
-every file, and a resume would have to stitch ranks' files taken at different times.
+other choice: they leave a PS's server optimizers and a window's mass in flight out of every
+file, and a resume would have to stitch ranks' files taken at different times.
 
 The store holds one key: ``""`` (no cut yet), ``"open:N"`` (N cuts asked so far) or
-``"closed:N"`` (a rank has done its steps after N cuts: no more are asked, since a finished rank
-no longer joins). Asking and closing are ``compare_set`` swaps, so a cut asked just before a rank
-closes is still joined by it.
+``"closed:N"`` (a rank has done its steps, or a stop asked the last cut: no more are asked, since
+a finished rank no longer joins). Asking and closing are ``compare_set`` swaps, so a cut asked
+just before a rank closes is still joined by it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ class Checkpoints:
         asynchronous: bool,
     ) -> None:
         self.job, self.model, self.sync, self.units, self.batches = job, model, sync, units, batches
-        self.asynchronous = asynchronous
         on = job.checkpoint_dir is not None
         every = job.checkpoint_every
         self.cadence = checkpoint_cadence(store, every, asynchronous, job.start_step) if on else None
@@ -47,7 +46,7 @@ class Checkpoints:
         """A stop before ``step``: a resize resumes exactly here (an asynchronous run: after its
         furthest rank, through one last cut)."""
         c = self.cadence
-        if c and (self.asynchronous or step > self.job.start_step):
+        if c and (c.asynchronous or step > self.job.start_step):
             c.stop()
             while c.pending():  # a cut asked before the stop, not yet joined, comes first
                 self._take(step, samples)
