@@ -220,8 +220,8 @@ def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_
 # -- replays that know consistency, against the runs they came from ---------------------------
 # A model whose compute dominates the step (2 ranks on 2 shared cores; batch 128: at 32 the
 # machine's load hid a 2x straggler), so a 2x straggler shows in each rank's own pace;
-# elastic=False: a default launch's checkpoints synchronise the ranks every steps // 10 (issue 53,
-# part 1), which is the runtime's matter, not the replay's.
+# elastic=False: a default launch would take two checkpoint cuts in these 20 steps (runtime/cut.py),
+# pauses between steps that the replay does not model; the runtime's matter, not the replay's.
 CSTEPS = 20
 
 
