@@ -49,6 +49,8 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
 CALIBRATION_FORMAT = 21
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
+# what the kernel's interrupt says, as an interrupted run.wait() does; nothing is cached
+INTERRUPTED = "{what} interrupted: cancelled on every worker"
 
 
 def cache_key(resources: Any, sizes: Any) -> str:
@@ -120,6 +122,8 @@ def calibrate_cluster(
             cm = _measure_collectives(cluster, res, sizes, cases, bar)
         if todo:
             cm = cm.with_compute(measure_models(cluster, todo, worlds, passes, bar=bar))
+    except KeyboardInterrupt:  # the ranks in flight were ended by the wait on them (cluster/spmd.py)
+        raise KeyboardInterrupt(INTERRUPTED.format(what="calibrate")) from None
     finally:
         bar.close()
     loads = monitor.stop()
@@ -186,6 +190,8 @@ def measure_model(
     monitor = LoadMonitor(cluster.client).start()
     try:
         rows = measure_models(cluster, targets, worlds, passes, bar=bar)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(INTERRUPTED.format(what=desc)) from None
     finally:
         bar.close()
     disturbed = warn_disturbed(

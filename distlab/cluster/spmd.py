@@ -8,12 +8,19 @@ that worker process's registry (``_STORES``) keyed by run id. Keeping the server
 itself means it can be closed from outside: closing it makes every rank still waiting in the
 rendezvous fail at once, which is how a cancel or a missing rank ends quickly.
 
+A stop is asked first (``request_stop``: a run's ranks agree on a step and return); ranks still
+executing after a grace, or any rank of a call whose function never reads the stop (a calibration's
+measurements), are aborted: ``RankAborted`` is raised in the rank's own thread, which leaves its
+process group, and the peers' collectives then fail at once. A worker is restarted only when a rank
+survives that too (blocked in C code whose peers are all blocked as well).
+
 The registries below live in *worker* processes (never in the notebook), keyed by run id, and
 are emptied by ``cleanup`` when a run segment ends. They are the only worker-side state.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import threading
@@ -25,6 +32,7 @@ from typing import Any
 
 import dask
 
+from distlab.cluster.interrupts import interrupts_held
 from distlab.errors import LaunchError
 from distlab.resources import host_of
 
@@ -32,8 +40,13 @@ from distlab.resources import host_of
 _STORES: dict[str, Any] = {}  # run id -> TCPStore server object
 _STOPS: set[str] = set()  # run ids asked to stop
 _ACTIVE: dict[str, set[int]] = {}  # run id -> ranks training in this process right now
+_THREADS: dict[tuple[str, int], int] = {}  # (run id, rank) -> the thread executing it here
+_ABORTED: set[tuple[str, int]] = set()  # ranks sent RankAborted (once each)
 _LOCK = threading.Lock()
-STOP_GRACE = 5.0  # seconds ranks get to stop on their own before their workers are restarted
+STOP_GRACE = 5.0  # seconds ranks get to stop on their own before they are aborted
+ABORT_GRACE = 3.0  # seconds aborted ranks get to leave before their workers are restarted
+INTERRUPT_GRACE = 1.0  # seconds ranks get to stop on their own after the kernel's interrupt
+CANCEL_ABORT_AFTER = 1.0  # seconds a cancelled run's ranks get to stop at a step before the abort
 
 
 def open_store(run_id: str, host: str, timeout: float) -> int:
@@ -75,6 +88,47 @@ def forget_stop(run_id: str) -> bool:
     return True
 
 
+class RankAborted(BaseException):
+    """Raised in a rank's thread by ``abort_ranks``: a BaseException, so the rank's own ``except
+    Exception`` handlers do not swallow it on the way out of its process group."""
+
+
+def abort_ranks(run_id: str) -> list[int]:
+    """(worker) Raise ``RankAborted`` in the thread of each rank of ``run_id`` executing in this
+    process (once per rank), and close the run's store if it is here (ranks in the rendezvous
+    fail); returns the ranks aborted. Python delivers it at the thread's next bytecode: a rank
+    computing leaves within an operator, one blocked in a collective when a peer's leaving
+    closes its sockets."""
+    cleanup(run_id)
+    with _LOCK:
+        sent = []
+        for (rid, rank), ident in _THREADS.items():
+            if rid == run_id and (rid, rank) not in _ABORTED:
+                _ABORTED.add((rid, rank))
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(ident), ctypes.py_object(RankAborted)
+                )
+                sent.append(rank)
+    return sent
+
+
+def _leave(run_id: str, rank: int) -> None:
+    """(worker) The rank's thread is no longer its: it can no longer be aborted, and a
+    ``RankAborted`` sent but not yet raised is withdrawn (the thread goes back to Dask)."""
+    ident = threading.get_ident()
+    with _LOCK:
+        _THREADS.pop((run_id, rank), None)
+        sent = (run_id, rank) in _ABORTED
+        _ABORTED.discard((run_id, rank))
+    if sent:
+        _set_async_exc(ident, None)
+
+
+def _set_async_exc(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in thread ``ident`` at its next bytecode (None: withdraw one not yet raised)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+
+
 def active_ranks() -> dict[str, list[int]]:
     """(worker) Ranks still executing in this worker process, per run id."""
     with _LOCK:
@@ -108,9 +162,18 @@ def rank_entry(
     progress.set_topic(progress_topic(run_id) if rank == 0 else None)
     with _LOCK:
         _ACTIVE.setdefault(run_id, set()).add(rank)
+        _THREADS[(run_id, rank)] = threading.get_ident()
     failure = None
     try:
-        return fn(rank, world, master_addr, master_port, *args)
+        try:
+            return fn(rank, world, master_addr, master_port, *args)
+        finally:
+            # at most one RankAborted is ever sent to this rank: if it lands in _leave, the
+            # second call completes it
+            try:
+                _leave(run_id, rank)
+            except RankAborted:
+                _leave(run_id, rank)
     except BaseException as exc:  # summarise here: the client sees one picklable error per rank
         failure = RankFailure(rank, os.uname().nodename, type(exc).__name__, str(exc), traceback.format_exc())
     finally:
@@ -120,6 +183,7 @@ def rank_entry(
             # of waiting for their timeout. Raising outside the except block keeps no __context__.
             gc.collect()
         progress.set_topic(None)
+        _leave(run_id, rank)  # when RankAborted landed before the inner finally could
         with _LOCK:
             ranks = _ACTIVE.get(run_id)
             if ranks is not None:
@@ -137,6 +201,8 @@ class RankFailure(Exception):
         self.rank, self.host, self.kind, self.message, self.tb = rank, host, kind, message, tb
 
     def summary(self) -> str:
+        if self.kind == RankAborted.__name__:
+            return f"rank {self.rank} was aborted: it did not stop when asked"
         first = (self.message.strip().splitlines() or [""])[0]
         if len(first) > 240:
             first = first[:237] + "..."
@@ -166,13 +232,45 @@ class RankGroup:
     master_port: int
     futures: list[Any] = field(default_factory=list)
     stop_requested_at: float | None = None
+    abort_after: float | None = None  # seconds from the stop to the abort (None: STOP_GRACE)
+    aborted_at: float | None = None
     restarted: set[str] = field(default_factory=set)
 
-    def stop(self) -> None:
-        """Ask every rank to stop; they agree on a step through the store and return normally."""
+    def stop(self, abort_after: float | None = None) -> None:
+        """Ask every rank to stop; they agree on a step through the store and return normally.
+        Ranks still executing ``abort_after`` seconds later (default ``STOP_GRACE``) are aborted:
+        a cancel passes a short one, a pause (which needs the agreed step's checkpoint) none."""
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
+        if abort_after is not None:
+            self.abort_after = abort_after if self.abort_after is None else min(self.abort_after, abort_after)
         _broadcast(self.client, request_stop, self.run_id, self.workers)
+
+    def abort(self) -> None:
+        """Raise ``RankAborted`` in every rank of the run still executing (``abort_ranks``)."""
+        if self.aborted_at is None:
+            self.aborted_at = time.monotonic()
+        _broadcast(self.client, abort_ranks, self.run_id, self.workers)
+
+    def interrupt(self) -> None:
+        """The kernel's interrupt while the client waits: the ranks get ``INTERRUPT_GRACE``
+        seconds to stop on their own, then are aborted; a worker is restarted only when one of
+        its ranks outlives ``ABORT_GRACE`` more."""
+        self.stop()
+        if self._settled_within(INTERRUPT_GRACE):
+            return
+        self.abort()
+        if not self._settled_within(ABORT_GRACE):
+            self.restart_stuck()
+
+    def _settled_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while True:
+            if not self.stuck():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
     def close(self) -> None:
         """Close the rendezvous store, forget the run on its workers, release its tasks (always called)."""
@@ -192,8 +290,9 @@ class RankGroup:
         return [w for w, v in out.items() if isinstance(v, dict) and v.get(self.run_id)]
 
     def restart_stuck(self) -> None:
-        """Last resort: restart the worker processes whose rank ignores the stop (e.g. blocked in a
-        collective whose peer is gone). The Lab stays usable; those workers come back cold."""
+        """Last resort: restart the worker processes whose rank outlived its abort (e.g. blocked
+        in C code whose peers are all blocked too). The Lab stays usable; those workers come
+        back cold."""
         stuck = self.stuck()
         if stuck:
             self.restarted.update(stuck)
@@ -203,21 +302,31 @@ class RankGroup:
                 pass
 
     def settle(self, timeout: float) -> None:
-        """After a failure: stop the other ranks, wait ``timeout`` s, then restart any still executing."""
+        """After a failure: stop the other ranks, wait ``timeout`` s, abort any still executing,
+        and restart the workers of those that outlive ``ABORT_GRACE`` more."""
         self.stop()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # ranks that never started are not waited for
-            if not self.stuck():
-                return
-            time.sleep(0.1)
-        self.restart_stuck()
+        if self._settled_within(timeout):  # ranks that never started are not waited for
+            return
+        self.abort()
+        if not self._settled_within(ABORT_GRACE):
+            self.restart_stuck()
 
     def wait(self, timeout: float | None, poll: float = 0.5) -> list[Any]:
         """Results in rank order; the first failure (or lost worker) raises, after the others settled.
 
-        After ``stop()``, ranks get ``STOP_GRACE`` seconds to agree on a step and return; the
-        workers of ranks still executing then are restarted.
+        After ``stop()``, ranks get ``abort_after`` (default ``STOP_GRACE``) seconds to agree on
+        a step and return, then are aborted; the workers of ranks still executing ``ABORT_GRACE``
+        later are restarted. The kernel's interrupt here (a ``KeyboardInterrupt`` in the waiting
+        thread) ends the ranks (``interrupt``) before it propagates.
         """
+        try:
+            return self._wait(timeout, poll)
+        except KeyboardInterrupt:
+            with interrupts_held(reraise=False):  # a second press must not leave ranks running
+                self.interrupt()
+            raise
+
+    def _wait(self, timeout: float | None, poll: float) -> list[Any]:
         from distributed import wait as dwait
 
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -247,13 +356,23 @@ class RankGroup:
                 fresh = [w for w in lost if w not in self.restarted]
                 self.settle(STOP_GRACE)
                 raise WorkerLost(fresh or lost)
-            if self.stop_requested_at is not None and time.monotonic() - self.stop_requested_at > STOP_GRACE:
-                self.restart_stuck()
+            self._escalate()
             if deadline is not None and time.monotonic() > deadline:
                 self.settle(STOP_GRACE)
                 raise LaunchError(
                     f"run {self.run_id}: ranks did not finish within {timeout:g} s; raise timeout="
                 )
+
+    def _escalate(self) -> None:
+        """A stop not obeyed in time: abort the ranks, then restart the workers of any left."""
+        if self.stop_requested_at is None:
+            return
+        now = time.monotonic()
+        grace = STOP_GRACE if self.abort_after is None else self.abort_after
+        if self.aborted_at is None and now - self.stop_requested_at > grace:
+            self.abort()
+        elif self.aborted_at is not None and now - self.aborted_at > ABORT_GRACE:
+            self.restart_stuck()
 
 
 class WorkerLost(Exception):
@@ -289,7 +408,7 @@ def start_ranks(
     if not workers:
         raise LaunchError("run: no workers to launch on; the cluster has none (check lab.client)")
     host = host_of(workers[0])
-    port = client.submit(
+    opened = client.submit(
         open_store,
         run_id,
         host,
@@ -298,29 +417,42 @@ def start_ranks(
         allow_other_workers=False,
         pure=False,
         key=f"distlab-store-{run_id}",
-    ).result(timeout=timeout)
+    )
+    try:
+        port = opened.result(timeout=timeout)
+    except KeyboardInterrupt:  # the store may open after all: closed here, as a group's close does
+        with interrupts_held(reraise=False):
+            client.cancel([opened], force=True)
+            _broadcast(client, cleanup, run_id, workers[:1])
+        raise
     group = RankGroup(client, run_id, tuple(workers), host, port)
     world = len(workers)
-    for rank, w in enumerate(workers):
-        # each rank's task carries the model by design (one copy per rank): no "large graph" warning
-        with dask.config.set({"distributed.admin.large-graph-warning-threshold": "64GiB"}):
-            future = client.submit(
-                rank_entry,
-                fn,
-                rank,
-                world,
-                host,
-                port,
-                run_id,
-                threads[rank],
-                args,
-                workers=[w],
-                allow_other_workers=False,
-                pure=False,
-                retries=0,
-                key=f"{key_prefix}-{run_id}-{rank}",
-            )
-        group.futures.append(future)
+    try:
+        for rank, w in enumerate(workers):
+            # each rank's task carries the model by design (one copy per rank): no "large graph" warning
+            with dask.config.set({"distributed.admin.large-graph-warning-threshold": "64GiB"}):
+                future = client.submit(
+                    rank_entry,
+                    fn,
+                    rank,
+                    world,
+                    host,
+                    port,
+                    run_id,
+                    threads[rank],
+                    args,
+                    workers=[w],
+                    allow_other_workers=False,
+                    pure=False,
+                    retries=0,
+                    key=f"{key_prefix}-{run_id}-{rank}",
+                )
+            group.futures.append(future)
+    except KeyboardInterrupt:  # ranks already submitted would wait in the rendezvous for the timeout
+        with interrupts_held(reraise=False):
+            group.interrupt()
+            group.close()
+        raise
     return group
 
 

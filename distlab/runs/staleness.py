@@ -5,9 +5,12 @@ consistencies (``consistency.price(g=...)``, ``CostModel.rank(staleness_cost=...
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from distlab.cluster import spmd
+from distlab.cluster.interrupts import interrupts_held
 from distlab.errors import LaunchError
 
 ASYNC_NAME = "async"
@@ -36,17 +39,23 @@ def probe(
     makes the strategy), one after the other; returns g per staleness (0 -> 1.0; ``None`` keyed
     ``"async"``, as ``CostModel.rank`` looks asynchronous plans up). Every run is a real run of the
     Lab (``lab.runs`` lists them); ``launch_options`` go to each launch (``slowdown=``, ``jitter=``:
-    probe under the conditions the runs will have)."""
+    probe under the conditions the runs will have). The kernel's interrupt cancels the run in
+    flight on every worker (within seconds, its ranks aborted if they do not stop at once), starts
+    no further run and raises ``KeyboardInterrupt``."""
     from distlab.costmodel.consistency import statistical_cost
 
     if steps < 10:
         raise LaunchError(f"steps: {steps} is too few to smooth a loss; probe with 10 or more")
     chosen = list(dict.fromkeys([0, *(staleness_key(s) for s in staleness)]))
     runs = {}
-    for s in chosen:
-        st = build(consistency_options(s))
-        run = launch(model, st, steps=steps, data=data, elastic=False, block=True, **launch_options)
-        runs[s] = run.metrics
+    bar = _ProbeBar(steps * len(chosen))
+    try:
+        for i, s in enumerate(chosen):
+            st = build(consistency_options(s))
+            run = launch(model, st, steps=steps, data=data, elastic=False, block=False, **launch_options)
+            runs[s] = _wait(run, bar, f"staleness {s} (run {i + 1} of {len(chosen)})").metrics
+    finally:
+        bar.close()
     g = statistical_cost(runs, target_at)
     below = {s: v for s, v in g.items() if v < 1.0}
     if below:
@@ -63,6 +72,66 @@ def probe(
             stacklevel=3,
         )
     return g
+
+
+def _wait(run: Any, bar: _ProbeBar, what: str) -> Any:
+    """Wait for one of the probe's runs, its steps on the probe's bar; raise its error if it failed.
+    The kernel's interrupt here cancels it at once (``_cancel_now``) and ends the probe."""
+    done_before = bar.n
+    try:
+        while not run.join(0.1):
+            bar.show(done_before + run.steps_done, what)
+    except KeyboardInterrupt:
+        with interrupts_held(reraise=False):  # a second press must not leave the run's ranks running
+            _cancel_now(run)
+        raise KeyboardInterrupt(
+            f"staleness probe interrupted: run {run.id} cancelled on every worker; no further run started"
+        ) from None
+    bar.show(done_before + run.steps, what)
+    return run.wait(progress=False)
+
+
+def _cancel_now(run: Any, within: float = 10.0) -> None:
+    """Cancel ``run``, its ranks aborted if they have not stopped ``spmd.CANCEL_ABORT_AFTER`` s after
+    the stop: a cancel alone lets them agree on a step several steps ahead (a stale run's margin is
+    its staleness plus two), a minute of a model whose step takes seconds."""
+    deadline = time.monotonic() + within
+    asked = None
+    while True:
+        group = getattr(run, "_group", None)  # the run segment's ranks (spmd.RankGroup)
+        if group is not None and group is not asked:
+            group.stop(abort_after=spmd.CANCEL_ABORT_AFTER)
+            asked = group
+        try:
+            run.cancel(timeout=0.1)
+            return
+        except LaunchError:  # not stopped yet
+            if time.monotonic() > deadline:
+                raise
+
+
+class _ProbeBar:
+    """The probe's progress: one bar over every run's steps, shown after a second (as run.wait's)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.n = total, 0
+        self._bar: Any = None
+        self._since = time.monotonic()
+
+    def show(self, n: int, what: str) -> None:
+        self.n = n
+        if self._bar is None and time.monotonic() - self._since > 1.0:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total, desc="staleness probe", unit="step", leave=False)
+        if self._bar is not None and (self._bar.n != n or self._bar.postfix != what):
+            self._bar.n = n
+            self._bar.set_postfix_str(what, refresh=False)
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def staleness_key(s: Any) -> Any:
