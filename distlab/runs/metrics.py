@@ -76,7 +76,44 @@ class FrameCache:
         if self._sorted is None:
             self._build()
             self._sorted = frame_sorted(self._built if self._built is not None else frame([]))
-        return self._sorted.copy()  # the caller's to change
+        out = self._sorted.copy()  # the caller's to change
+        return out if len(out) else _not_yet(out)
+
+
+class NoRecordsYet(KeyError):
+    """A column asked of a run's metrics before its first record: the runtime's own columns
+    (``clock``, ``staleness``, ``heard``...) arrive with the records. A ``KeyError``, so pandas'
+    ``get`` and ``in`` still work on the frame."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+_EMPTY: Any = None
+
+
+def _not_yet(df: Any) -> Any:
+    """``df`` (no rows) as a frame whose missing column says the run has not recorded a step yet,
+    not pandas' bare ``KeyError: "['staleness'] not in index"``."""
+    global _EMPTY
+    if _EMPTY is None:
+        import pandas as pd
+
+        class NoRowsYet(pd.DataFrame):
+            def __getitem__(self, key: Any) -> Any:
+                try:
+                    return super().__getitem__(key)
+                except KeyError:
+                    raise NoRecordsYet(
+                        f"distlab: run.metrics has no rows yet (the run has recorded no step), so no column "
+                        f"{key!r} yet: run.wait(), or look again once it trains"
+                    ) from None
+
+            def __reduce__(self) -> Any:  # pickled as the plain frame (this class is not importable)
+                return pd.DataFrame(self).__reduce__()
+
+        _EMPTY = NoRowsYet
+    return _EMPTY(df)
 
 
 def frame_sorted(df: Any) -> Any:

@@ -142,3 +142,19 @@ def test_a_frame_asked_for_before_the_first_record_keeps_ranks_and_steps_integer
         cache.add(rec)
     df = cache.frame()
     assert df["rank"].tolist() == [0, 1] * 3 and str(df["rank"].dtype).startswith("int")
+
+
+def test_a_runtime_column_asked_before_the_first_record_says_the_run_has_not_recorded_yet():
+    """docs/consistency.md's ``run.metrics[[..., "staleness"]]`` right after a non-blocking launch
+    raised pandas' bare KeyError; it now says why and what to do, and stays a KeyError for pandas."""
+    import pickle
+
+    empty = metrics.FrameCache().frame()
+    assert list(empty[["rank", "step"]].columns) == ["rank", "step"]
+    assert empty.get("staleness") is None and "staleness" not in empty
+    with pytest.raises(KeyError, match=r"no rows yet .*'staleness'.*run\.wait\(\)"):
+        empty[["rank", "staleness"]]
+    assert type(pickle.loads(pickle.dumps(empty))).__name__ == "DataFrame"
+    cache = metrics.FrameCache()
+    cache.add({"run_id": "r", "step": 0, "rank": 0, "restart": 0, "staleness": 1})
+    assert cache.frame()[["staleness"]].iloc[0, 0] == 1
