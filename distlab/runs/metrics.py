@@ -76,44 +76,50 @@ class FrameCache:
         if self._sorted is None:
             self._build()
             self._sorted = frame_sorted(self._built if self._built is not None else frame([]))
-        out = self._sorted.copy()  # the caller's to change
-        return out if len(out) else _not_yet(out)
+        return _with_hints(self._sorted.copy())  # the caller's to change
 
 
-class NoRecordsYet(KeyError):
-    """A column asked of a run's metrics before its first record: the runtime's own columns
-    (``clock``, ``staleness``, ``heard``...) arrive with the records. A ``KeyError``, so pandas'
-    ``get`` and ``in`` still work on the frame."""
+class NoSuchColumn(KeyError):
+    """A column a run's metrics do not have: the runtime's own columns (``clock``, ``staleness``,
+    ``heard``, ``weight``...) come with the records of the strategies that make them. A
+    ``KeyError``, so pandas' ``get`` and ``in`` still work on the frame."""
 
     def __str__(self) -> str:
         return str(self.args[0])
 
 
-_EMPTY: Any = None
+_FRAME: Any = None
 
 
-def _not_yet(df: Any) -> Any:
-    """``df`` (no rows) as a frame whose missing column says the run has not recorded a step yet,
-    not pandas' bare ``KeyError: "['staleness'] not in index"``."""
-    global _EMPTY
-    if _EMPTY is None:
+def _with_hints(df: Any) -> Any:
+    """``df`` as a frame whose missing column says what the run has, or that it has recorded no
+    step yet, instead of pandas' bare ``KeyError: "['staleness'] not in index"``."""
+    global _FRAME
+    if _FRAME is None:
         import pandas as pd
 
-        class NoRowsYet(pd.DataFrame):
+        class RunMetrics(pd.DataFrame):
             def __getitem__(self, key: Any) -> Any:
                 try:
                     return super().__getitem__(key)
                 except KeyError:
-                    raise NoRecordsYet(
-                        f"distlab: run.metrics has no rows yet (the run has recorded no step), so no column "
-                        f"{key!r} yet: run.wait(), or look again once it trains"
+                    if not len(self):
+                        raise NoSuchColumn(
+                            f"distlab: run.metrics has no rows yet (the run has recorded no step), so no "
+                            f"column {key!r} yet: run.wait(), or look again once it trains"
+                        ) from None
+                    wanted = key if isinstance(key, list) else [key]
+                    missing = [k for k in wanted if k not in self.columns]
+                    raise NoSuchColumn(
+                        f"distlab: run.metrics has no column {', '.join(map(repr, missing)) or repr(key)}: "
+                        f"this run's columns are {', '.join(map(str, self.columns))}"
                     ) from None
 
             def __reduce__(self) -> Any:  # pickled as the plain frame (this class is not importable)
                 return pd.DataFrame(self).__reduce__()
 
-        _EMPTY = NoRowsYet
-    return _EMPTY(df)
+        _FRAME = RunMetrics
+    return _FRAME(df)
 
 
 def frame_sorted(df: Any) -> Any:

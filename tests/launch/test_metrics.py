@@ -158,3 +158,6 @@ def test_a_runtime_column_asked_before_the_first_record_says_the_run_has_not_rec
     cache = metrics.FrameCache()
     cache.add({"run_id": "r", "step": 0, "rank": 0, "restart": 0, "staleness": 1})
     assert cache.frame()[["staleness"]].iloc[0, 0] == 1
+    # docs/async-gossip.md's old example asked neighbour averaging for push-sum's "weight"
+    with pytest.raises(KeyError, match=r"no column 'weight': this run's columns are run_id, .*staleness"):
+        cache.frame()[["rank", "weight"]]
