@@ -377,7 +377,7 @@ class Lab:
     def _after_run(self, run: Run) -> str | None:
         """(driver thread) Refit the cost model on every run so far (runs/forecast.py); the note
         the run's ``wait`` shows when runs keep landing far from their predictions."""
-        if self.cost_model is None or run.forecast is None:
+        if self.cost_model is None or not run.forecast:
             return None
         again = "%distlab calibrate --force" if self.via_magics else "lab.calibrate(cache=False)"
         self.cost_model, note = refit_after_run(self.cost_model, self.runs, self._runs, again)

@@ -10,9 +10,10 @@ subset gets, lost workers counted and restarted, and ``close``. It knows no Lab 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from distlab.cluster import local as _local
@@ -131,7 +132,8 @@ class Cluster:
         )
         name = getattr(fn, "__name__", "fn")
         try:
-            return group.wait(timeout)
+            with current_client(self.client):
+                return group.wait(timeout)
         except spmd.RankFailure as exc:
             raise LaunchError(f"run_ranks({name}): {exc.summary()}") from None
         except spmd.WorkerLost as exc:
@@ -187,6 +189,22 @@ class Cluster:
             if self.local is not None:
                 _local.close_quietly(self.local)
                 self.local = None
+
+
+@contextlib.contextmanager
+def current_client(client: Any) -> Iterator[None]:
+    """Dask calls that find their client themselves (``distributed.wait``, which a rank group's wait
+    polls with) use ``client`` in this thread. Dask's default is the process's newest client: once
+    a second Lab started, the first Lab's waits ran on the second's event loop, where the futures'
+    asyncio events refused them ("bound to a different event loop") and the first Lab's run failed.
+    (``Client.as_current()`` would also set Dask's global config from this thread.)"""
+    from distributed.client import _current_client
+
+    token = _current_client.set(client)
+    try:
+        yield
+    finally:
+        _current_client.reset(token)
 
 
 def _warm_torch() -> bool:

@@ -175,7 +175,7 @@ def native_forecast(cm: CostModel | None, profile: ModelProfile, res: ResourceSp
     ``lab.calibrate(backend="tensorflow")`` and for builders it does not predict."""
     from distlab.costmodel.compute import model_key
     from distlab.costmodel.native import predict_native
-    from distlab.runs.run import Forecast
+    from distlab.runs.forecast import Forecast
 
     if cm is None or cm.native is None:
         return None

@@ -43,7 +43,7 @@ def model_name(model: Any) -> str:
 def run_row(run: Run, model: str) -> dict[str, Any]:
     """``run``'s row of ``runs_frame`` (``model``: its model's name)."""
     tp = run.throughput
-    base = run.forecast.base if run.forecast is not None else None
+    base = run.forecast.base if run.forecast else None
     return {
         "run_id": run.id,
         "model": model,
@@ -57,7 +57,7 @@ def run_row(run: Run, model: str) -> dict[str, Any]:
         "measured_throughput": tp,
         "predicted_throughput": run.predicted_throughput,
         "refitted_throughput": run.refitted_throughput,
-        "model_key": run.forecast.model_key if run.forecast is not None else None,
+        "model_key": run.forecast.model_key if run.forecast else None,
         "per_replica": run.batch_size,
         "measured_step": run.batch_size * run.world / tp if tp and tp == tp else math.nan,
         "predicted_compute": base.breakdown["compute"] if base is not None else math.nan,
@@ -81,7 +81,7 @@ def runs_frame(runs: list[Run]) -> Any:
 
 def _no_prediction(run: Run) -> str:
     """Why a run has no prediction, and the call that gives the next one."""
-    if run.forecast is not None:
+    if run.forecast:
         return ""
     return run.route.no_prediction(run)
 
@@ -89,7 +89,7 @@ def _no_prediction(run: Run) -> str:
 def _prediction_text(run: Run, pred: float) -> str:
     """The card's predicted figure with what it rests on: ``1,234 samples/s (before the run, from
     the measured step, typically within 10%)`` and any note (uncalibrated, profiled under load)."""
-    base = run.forecast.base if run.forecast is not None else None
+    base = run.forecast.base if run.forecast else None
     if base is None or not hasattr(base, "basis_text"):
         return f"{pred:,.0f} samples/s (before the run)"
     return f"{pred:,.0f} samples/s (before the run, {base.basis_text()})" + "".join(

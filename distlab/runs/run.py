@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distlab.cluster import spmd
+from distlab.cluster.cluster import current_client
 from distlab.errors import DistlabError, DistlabWarning, LaunchError
 from distlab.runs import metrics as _metrics
+from distlab.runs.forecast import Forecast, NoForecast
 from distlab.runs.report import model_name, run_card, run_row
 
 if TYPE_CHECKING:
@@ -27,21 +29,6 @@ CANCEL_WITHIN = 10.0  # seconds: every rank stops within this after cancel()
 
 class PredictionDriftWarning(DistlabWarning):
     """Runs keep landing far from their predictions: the Lab refitted its cost model to them."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Forecast:
-    """What the Lab predicted for a run before it started: ``prediction`` as shown (refitted on the
-    runs before it), ``base`` the calibration's own (what ``CostModel.refit`` fits), and the
-    profile and resources to predict it again after a refit."""
-
-    prediction: Any
-    base: Any
-    profile: Any
-    resources: Any
-    model_key: str
-    optimizer: str | None = None  # what the run's optimizer costs like ("sgd", "momentum", "adam")
-    cost_model: Any = None  # the model that predicted it (run.whatif prices its what-ifs with it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +85,10 @@ class Run:
         self.steps = job.steps
         self.batch_size = job.batch_size or strategy.batch.per_replica
         self.elastic = elastic
-        self.forecast = forecast
+        # what the Lab predicted, or why it did not (its route says: no cost model, a slowed run...)
+        self.forecast = (
+            forecast if forecast is not None else NoForecast(run_id, lambda: route.no_prediction(self))
+        )
         self.predicted_throughput = forecast.prediction.throughput if forecast is not None else math.nan
         self.refitted_throughput = math.nan  # the Lab's prediction for this run refitted on every run so far
         self.on_record: list[Callable[[dict[str, Any]], None]] = []
@@ -176,6 +166,10 @@ class Run:
 
     # -- the driver ------------------------------------------------------------------------------
     def _drive(self) -> None:
+        with current_client(self._client):  # not the newest Lab's: cluster.current_client says why
+            self._drive_segments()
+
+    def _drive_segments(self) -> None:
         client = self._client
         workers, threads, job = list(self._workers), list(self._threads), self._job
         restart = 0
@@ -487,7 +481,7 @@ class Run:
         model's predicted step below (notebook/timeline.py)."""
         from distlab.notebook.timeline import timeline_figure
 
-        return timeline_figure(self, steps, predicted)
+        return timeline_figure(self, steps, predicted and bool(self.forecast))
 
     def whatif(self, cost_model: Any = None, **changes: Any) -> Any:
         """This traced run replayed with one thing changed (``bandwidth``, ``latency``, ``world``,
@@ -503,9 +497,15 @@ class Run:
     def save_trace(self, path: Any) -> Any:
         """Write the trace as Chrome trace-event JSON (open it in https://ui.perfetto.dev); returns the
         path."""
-        from distlab.notebook.timeline import save_trace
+        import json
+        from pathlib import Path
 
-        return save_trace(self, path)
+        from distlab.notebook.timeline import chrome_trace
+
+        path = Path(path)  # notebook/timeline.save_trace, with no predicted step where none was made
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(chrome_trace(self, predicted=bool(self.forecast))))
+        return path
 
     @property
     def restarts(self) -> int:

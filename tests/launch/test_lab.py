@@ -3,16 +3,18 @@ model."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
 import cloudpickle
 import pytest
 import torch
-from launch_helpers import TinyNet, allreduce_strategy
+from launch_helpers import Blobs, Gate, HeldBlobs, TinyNet, allreduce_strategy
 
 import distlab as dl
 from distlab.errors import DistlabError, LaunchError
+from tests.polling import poll_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -369,3 +371,38 @@ def test_a_scaling_rule_the_optimizer_cannot_take_is_refused_before_the_launch(c
     st = dl.strategy.build("AdaptiveBatch", prof, clean_lab.resources, batch_size=8, lr_scaling="linear")
     with pytest.raises(DistlabError, match=r"NoRate has no numeric 'lr' .*use lr_scaling='none'"):
         clean_lab.launch(tiny, strategy=st, steps=5, data=blobs, optimizer=NoRate)
+
+
+def test_a_second_lab_while_a_run_trains_works_beside_it_and_the_run_finishes(
+    clean_lab, tiny, tmp_path, capfd
+):
+    # one notebook kernel, two Labs: the second's client became Dask's default, and the first
+    # run's driver then waited on the second's event loop ("bound to a different event loop"):
+    # the run failed and its ranks printed c10d "Broken pipe" frames
+    gate = Gate(tmp_path)  # the ranks hold after 3 steps until released: the run trains throughout
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    run = clean_lab.launch(tiny, strategy=st, steps=60, data=HeldBlobs(gate, free=3 * 16), optimizer=sgd)
+    poll_for(lambda: run.steps_done >= 2, 60, "the first run's first steps")
+    with dl.Lab(workers=1, timeout=20) as second:
+        assert set(second.workers).isdisjoint(clean_lab.workers)  # a cluster of its own
+        time.sleep(1.5)  # the first run's driver polls its ranks (every 0.5 s) with the second Lab up
+        assert run.status == "running", run.error
+        gate.release()
+        assert run.wait(timeout=60).status == "finished"
+        assert second.run_ranks(_sum_ranks, 1.0) == [{"rank": 0, "world": 1, "sum": 1.0, "threads": 2}]
+    losses = run.losses
+    assert losses.iloc[-5:].mean() < 0.7 * losses.iloc[:5].mean(), losses
+    assert clean_lab.launch(tiny, strategy=st, steps=3, data=Blobs(), block=True).status == "finished"
+    assert "different event loop" not in capfd.readouterr().err
+
+
+def test_a_run_without_a_prediction_says_why_its_forecast_is_missing(clean_lab, tiny, blobs):
+    run = clean_lab.launch(tiny, strategy=allreduce_strategy(tiny, clean_lab.resources), steps=2, data=blobs)
+    run.wait(60)
+    assert clean_lab.cost_model is None and not run.forecast
+    why = "the Lab had no cost model at launch; lab.calibrate() measures this cluster"
+    assert why in repr(run.forecast)
+    with pytest.raises(DistlabError, match=re.escape(f"run {run.id} has no forecast (prediction): {why}")):
+        run.forecast.prediction  # noqa: B018 - what docs/keras.md reads
+    assert clean_lab.runs.iloc[-1]["model_key"] is None and "none: " + why in run._repr_html_()
