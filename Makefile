@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`. Everything else is set-up.
+# The commands of the README: `make demo`, `make test` (everything; what CI runs) and `make check`
+# (the fast tests, for the inner loop). Everything else is set-up.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ EXTRAS := dev,bench$(if $(GPU),$(comma)gpu)
 # (make test TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build from PyPI's mirror)
 TORCH_INDEX ?=
 
-.PHONY: demo test install lint bench browser-deps clean
+.PHONY: demo test check install lint bench browser-deps clean
 
 $(STAMP): pyproject.toml constraints.txt kernels/distlab/kernel.json kernels/distlab/logo-32x32.png kernels/distlab/logo-64x64.png
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +32,11 @@ demo: $(STAMP)
 
 test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q --durations=30
+
+# every module's fast tests: no notebooks, browsers, TensorFlow children, calibrations or clusters
+# (what `slow` marks: tests/conftest.py says which)
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" --durations=10
 
 # Debian's Chromium for the real-browser test; skipped (and the test skips) where apt cannot install it.
 browser-deps:

@@ -65,6 +65,7 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, case):
     assert res[0]["samples"] == 16
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_one_error_naming_what_differs(tmp_path):
     from runtime_bodies import wrong_checkpoint_body
 

@@ -55,6 +55,7 @@ SMALL = {
 }
 
 
+@pytest.mark.slow  # every zoo model profiled: seconds
 @pytest.mark.timeout(240)
 def test_candidates_on_every_zoo_model(two_nodes):
     pytest.importorskip("torch")
