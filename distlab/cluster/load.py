@@ -4,9 +4,9 @@ A measurement taken while other programs compete for the cores (a build, a brows
 notebook's training) describes that moment, not the cluster (datasets/measurements/README.md,
 "Figures behind the code", says how far off). ``LoadMonitor`` reads each host's CPU
 accounting (``/proc/stat``) and the CPU time of the cluster's own processes (the Dask workers,
-their nannies and children, and the notebook's process when it shares the host) at the start
-and the end of a measurement; what the host's cores spent on anything else is the foreign load.
-Where ``/proc`` is not readable (not Linux), nothing is known and nothing is flagged.
+their nannies and children, the scheduler, and the notebook's process when it shares the host)
+at the start and the end of a measurement; what the host's cores spent on anything else is the
+foreign load. Where ``/proc`` is not readable (not Linux), nothing is known and nothing is flagged.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, An
 
     with open("/proc/stat") as f:
         lines = f.read().splitlines()
-    fields = [int(x) for x in lines[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal, then guest and guest_nice: a host's virtual
+    # machines' time, which the kernel counts in user and nice already (proc(5))
+    fields = [int(x) for x in lines[0].split()[1:9]]
     cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit()) or 1
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     procs = {}
@@ -119,11 +121,9 @@ def host_load(before: dict[str, Any], after: dict[str, Any]) -> HostLoad:
     cpus = after["cpus"]
     seconds = max(after["time"] - before["time"], 1e-9)
     ours = set(before["ours"]) | set(after["ours"])
-    delta = {
-        pid: t - before["ticks"].get(pid, 0)
-        for pid, t in after["ticks"].items()
-        if pid in before["ticks"] or pid not in ours
-    }
+    # a process that started between the samples spent all its ticks in between: a worker that
+    # replaced a lost one, a native TensorFlow rank still running (a pid reused meanwhile: 0)
+    delta = {pid: max(t - before["ticks"].get(pid, 0), 0) for pid, t in after["ticks"].items()}
     busy = after["busy"] - before["busy"]
     own = sum(d for pid, d in delta.items() if pid in ours)
     own += sum(t - before.get("reaped", {}).get(pid, t) for pid, t in after.get("reaped", {}).items())
@@ -156,18 +156,32 @@ class LoadMonitor:
         import socket
 
         try:
-            info = self.client.run(_pid_info)
+            self._add_workers()
         except Exception:  # noqa: BLE001 - a cluster that cannot tell: nothing is flagged
             return self
-        for addr, (host, pid, ppid) in sorted(info.items()):
-            self._probe.setdefault(host, addr)
-            self._roots.setdefault(host, []).append(pid)  # a worker and what it starts (DataLoader workers)
-            self._alone.setdefault(host, []).append(ppid)  # its nanny's process, which may be the notebook's
         here = socket.gethostname()
         if here in self._roots:  # the notebook's process (and an embedded scheduler) share this host;
             self._alone[here].append(os.getpid())  # its other children (the user's programs) are not ours
+        try:  # a scheduler of its own process (`dask scheduler` beside the workers) is the cluster's too
+            host, pid, _ = self.client.run_on_scheduler(_pid_info)
+            if host in self._roots:
+                self._alone[host].append(pid)
+        except Exception:  # noqa: BLE001 - a scheduler that cannot tell is not counted
+            pass
         self._before = self._sample()
         return self
+
+    def _add_workers(self) -> None:
+        """The workers' processes now: each one's own and what it starts (DataLoader workers, a
+        native rank), and its nanny's process alone (it may be the notebook's)."""
+        info = self.client.run(_pid_info)
+        for addr, (host, pid, ppid) in sorted(info.items()):
+            if self._probe.get(host) not in info:  # a host's first worker samples it, a live one
+                self._probe[host] = addr
+            if pid not in self._roots.setdefault(host, []):
+                self._roots[host].append(pid)
+            if ppid not in self._alone.setdefault(host, []):
+                self._alone[host].append(ppid)
 
     def _sample(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -181,6 +195,10 @@ class LoadMonitor:
         return out
 
     def stop(self) -> list[HostLoad]:
+        try:  # a worker that (re)started meanwhile is the notebook's child, not a worker's: ask again
+            self._add_workers()
+        except Exception:  # noqa: BLE001 - the workers known at the start are counted
+            pass
         after = self._sample()
         return [host_load(self._before[h], after[h]) for h in after if h in self._before]
 
