@@ -208,7 +208,16 @@ def current_client(client: Any) -> Iterator[None]:
 
 
 def _warm_torch() -> bool:
+    import importlib
+    import sys
+    import threading
+
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
+    # DDP's constructor and every optimizer's first add_param_group import torch._dynamo (about 2 s
+    # here): imported now, beside the idle worker, rather than inside a run's first step
+    if "torch._dynamo" not in sys.modules:
+        warm = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True)
+        warm.start()
     return True

@@ -191,6 +191,29 @@ def _destroy() -> None:
         dist.destroy_process_group()
 
 
+class PeerFailed(LaunchError):
+    """A rank that stopped because another rank failed: the run reports the other's error."""
+
+
+def abort_groups() -> bool:
+    """Abort every process group of this rank (the default one and the runtime's own: PS,
+    windows, gossip), so a peer blocked in a collective with it fails at once; True when the
+    default group was aborted. Best effort: a backend without ``abort`` is left to ``_destroy``."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return False
+    default = c10d._get_default_group()
+    done = False
+    for pg in [g for g in list(getattr(c10d._world, "pg_map", {})) if g is not default] + [default]:
+        try:
+            pg.abort()
+            done = done or pg is default
+        except Exception:  # noqa: BLE001 - aborting is an optimisation; destroy follows
+            pass
+    return done
+
+
 def _abort() -> None:
     """Abort the default group (NCCL: unblocks pending kernels); best effort, destroy follows."""
     try:

@@ -21,7 +21,9 @@ from distlab.runtime.gossip import resolve_topology
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
 from distlab.runtime.plan import build_units
 from distlab.runtime.process_group import (
+    PeerFailed,
     StopSignal,
+    abort_groups,
     connect_store,
     failure_of_other,
     process_group,
@@ -92,27 +94,33 @@ def run_rank(
         try:
             return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
-            _release(exc)
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
+            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if other is None:
+                report_failure(pstore, job.rank, cause)  # before the abort: a woken peer reads it
+            # the peers leave their collectives now (one blocked in DDP's reducer sees no store),
+            # not when the garbage collector frees this group (0.5 s of gc.collect here)
+            aborted = abort_groups()
+            _release(exc, collect=not aborted)
             if other is not None and not isinstance(exc, DistlabError):
-                raise LaunchError(
+                raise PeerFailed(
                     f"rank {job.rank}: stopped because rank {other[0]} failed: {other[1]}"
                 ) from exc
-            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            report_failure(pstore, job.rank, cause)
             if isinstance(exc, DistlabError):
                 raise
             raise LaunchError(f"rank {job.rank} failed at step {progress['step']}: {cause}") from exc
 
 
-def _release(exc: BaseException) -> None:
+def _release(exc: BaseException, collect: bool = True) -> None:
     """Drop the failed run's objects (DDP reducer, kernels) that the traceback keeps alive.
 
-    The group's sockets close only when nothing refers to it; the launcher keeps the
-    exception (and so its frames), which would leave peers blocked until their timeout.
+    The launcher keeps the exception (and so its frames). Without an abort the group's sockets
+    close only when nothing refers to it, so ``collect`` frees it at once, or the peers would
+    wait for their timeout; after an abort the collector frees the rest in its own time.
     """
     traceback.clear_frames(exc.__traceback__)
-    gc.collect()
+    if collect:
+        gc.collect()
 
 
 def _is_comm_error(exc: BaseException) -> bool:

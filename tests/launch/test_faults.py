@@ -48,13 +48,17 @@ def test_a_rank_that_raises_fails_the_run_with_its_error(clean_lab, tiny, blobs)
     st = allreduce_strategy(
         tiny, clean_lab.resources
     )  # 16 per replica: step 3 reads [96, 128), rank 1 [112, 128)
+    pids = clean_lab.client.run(os.getpid)
     run = clean_lab.launch(tiny, strategy=st, steps=50, data=Poisoned(bad=120), shuffle=False, elastic=False)
     with pytest.raises(LaunchError) as info:
         run.wait(60)
     msg = str(info.value)
     assert run.status == "failed" and run.error is info.value
-    assert "\n" not in msg and "rank 1" in msg and "sample 120 is corrupt" in msg
+    assert "\n" not in msg and "sample 120 is corrupt" in msg
+    # the raising rank is named, not rank 0 that its abort stopped (whichever error arrived first)
+    assert "rank 1 raised" in msg and "stopped because" not in msg, msg
     assert spmd.active_on_cluster(clean_lab.client) == {}
+    assert clean_lab.client.run(os.getpid) == pids  # no worker was restarted to free rank 0
     _assert_reusable(clean_lab, tiny, blobs)
 
 
