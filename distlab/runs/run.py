@@ -17,6 +17,7 @@ from distlab.cluster.cluster import current_client
 from distlab.errors import DistlabError, DistlabWarning, LaunchError
 from distlab.runs import metrics as _metrics
 from distlab.runs.forecast import Forecast, NoForecast
+from distlab.runs.progress import StepBar
 from distlab.runs.report import model_name, run_card, run_row
 
 if TYPE_CHECKING:
@@ -410,7 +411,7 @@ class Run:
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; raise its error if it failed. Ctrl-C cancels it on the workers.
         ``progress``: a progress bar after a second (not when the run's live view is showing)."""
-        bar = None
+        bar = StepBar(f"run {self.id}", self.steps, show=progress and self.view is None)
         start = time.monotonic()
         try:
             while not self._done.wait(0.1):
@@ -418,20 +419,12 @@ class Run:
                     raise LaunchError(
                         f"run {self.id}: still {self.status} after {timeout:g} s; wait longer or run.cancel()"
                     )
-                if progress and self.view is None and bar is None and time.monotonic() - start > 1.0:
-                    from tqdm.auto import tqdm
-
-                    bar = tqdm(total=self.steps, desc=f"run {self.id}", unit="step", leave=False)
-                if bar is not None and bar.n != self.steps_done:
-                    bar.n = self.steps_done
-                    bar.refresh()
+                bar.advance(self.steps_done)
         except KeyboardInterrupt:
             self.cancel()
             raise KeyboardInterrupt(f"run {self.id} interrupted: cancelled on every worker") from None
         finally:
-            if bar is not None:
-                bar.n = self.steps_done
-                bar.close()
+            bar.close(self.steps_done)
         if self.view is not None:  # its final drawing goes out with the cell that waits (papermill keeps it)
             self.view.join()
         if self._status == "failed" and self.error is not None:
