@@ -189,7 +189,7 @@ def measure_model(
     bar = Progress(passes * len(worlds), desc, progress)
     monitor = LoadMonitor(cluster.client).start()
     try:
-        rows = measure_models(cluster, targets, worlds, passes, bar=bar)
+        rows = measure_models(cluster, targets, worlds, passes, bar=bar, doing="measuring {names}'s step")
     except KeyboardInterrupt:
         raise KeyboardInterrupt(INTERRUPTED.format(what=desc)) from None
     finally:

@@ -5,6 +5,8 @@ measurement fits is described in docs/cost-model.md."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,12 @@ from distlab.costmodel.compute import compute_rows, model_key
 from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_features
 from distlab.errors import CalibrationError, LaunchError
 from distlab.runs.metrics import slowest_median
-from distlab.runtime.loopbench import LOCAL_MAX_STEPS, LocalCase, LoopCase, loop_pass_rank
+from distlab.runtime.loopbench import (
+    LOCAL_MAX_STEPS,
+    LocalCase,
+    LoopCase,
+    loop_pass_rank,
+)
 from distlab.runtime.microbench import COLLECTIVES, DEFAULT_SIZES, microbench_worlds
 
 if TYPE_CHECKING:
@@ -33,46 +40,78 @@ SHORT_STEP, OVERHEAD_PASSES, LONG_STEPS = 0.02, 3, 6
 # stepping for LOCAL_SECONDS, at most MODEL_MAX_STEPS steps (evidence: docs/cost-model.md
 # §History and evidence)
 MODEL_PASSES, LOCAL_SECONDS, MODEL_MAX_STEPS = 8, 0.4, 1000
+# a model stage expected to last longer than ANNOUNCE_AFTER seconds says so, in a line, before it starts
+ANNOUNCE_AFTER = 20.0
 
 
 class Progress:
     """Calibration's bar (tqdm, shown when ``enabled``): ``total`` parts, each a call on the
-    workers or a reference model profiled, named as it starts; a no-op when disabled."""
+    workers or a reference model profiled, named as it starts; a no-op when disabled. Within a
+    part it moves by the workers' ticks and, for a part of known length (``start(what,
+    expected)``), with the time spent on it, up to nine tenths of the part until it is done."""
 
     def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
         self._bar = None
-        self._moved = 0.0  # of the current part, by ticks from the workers
+        self._moved = 0.0  # of the current part, by ticks from the workers or by its clock
+        self._lock = threading.Lock()  # ticks come on the client's event thread, the clock on its own
+        self._pacer: threading.Event | None = None
         if enabled and total > 0:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit="part", leave=False)
 
-    def start(self, what: str) -> None:
-        """Name the part now measured."""
-        if self._bar is not None:
-            self._bar.set_postfix_str(what)
+    def start(self, what: str, expected: float | None = None) -> None:
+        """Name the part now measured; ``expected``: the seconds it should take."""
+        self._stop_pacer()
+        if self._bar is None:
+            return
+        self._bar.set_postfix_str(what)
+        if expected is not None and expected > 0:
+            stop = self._pacer = threading.Event()
+            began = time.monotonic()
+
+            def pace() -> None:
+                while not stop.wait(0.5):
+                    self._move_to(min(0.9, (time.monotonic() - began) / expected), stop)
+
+            threading.Thread(target=pace, name="distlab-calibration-bar", daemon=True).start()
+
+    def _move_to(self, fraction: float, pacer: threading.Event | None = None) -> None:
+        with self._lock:
+            if self._bar is None or (pacer is not None and pacer.is_set()) or fraction <= self._moved:
+                return
+            self._bar.update(fraction - self._moved)
+            self._moved = fraction
+
+    def _stop_pacer(self) -> None:
+        if self._pacer is not None:
+            self._pacer.set()
+            self._pacer = None
 
     def ticks(self, n: int) -> Any:
         """``on_tick`` for a part of ``n`` ticks on the workers (``Lab.run_ranks``): each moves
-        the bar ``1/n`` of the part, up to nine tenths of it; ``done()`` completes the part."""
+        the bar ``1/n`` of the part past where it stands, up to nine tenths of it; ``done()``
+        completes the part."""
         step = 1.0 / max(n, 1)
+        count = [0]
 
         def on_tick(what: str) -> None:
-            if self._bar is not None and self._moved + step <= 0.9:
-                self._moved += step
-                self._bar.update(step)
+            count[0] += 1
+            self._move_to(min(0.9, count[0] * step))
 
-        self._moved = 0.0
         return on_tick
 
     def done(self, parts: int = 1) -> None:
-        if self._bar is not None and parts > 0:
-            self._bar.update(parts - self._moved)
-            self._bar.n = round(self._bar.n, 6)  # whole parts again after fractions
-            self._bar.refresh()
-        self._moved = 0.0
+        self._stop_pacer()
+        with self._lock:
+            if self._bar is not None and parts > 0:
+                self._bar.update(parts - self._moved)
+                self._bar.n = round(self._bar.n, 6)  # whole parts again after fractions
+                self._bar.refresh()
+            self._moved = 0.0
 
     def close(self) -> None:
+        self._stop_pacer()
         if self._bar is not None:
             self._bar.close()
 
@@ -126,23 +165,44 @@ def measure_models(
     worlds: Any,
     passes: int = MODEL_PASSES,
     bar: Progress | None = None,
+    doing: str = "calibrating {names}",
 ) -> list[LocalStep]:
     """Each target's local step at each world size and batch (runtime.loopbench.loop_pass_rank,
     with every rank of the world busy): compute rows. One call per world size and pass, the
     world sizes in turn pass after pass (each pass in the other direction), so a slow minute
     of the machine hits every world size a little; each row the median of its steps over the passes.
-    ``bar`` advances once a call (``passes * len(worlds)`` in all)."""
+    ``bar`` advances once a call (``passes * len(worlds)`` in all), within a call with its
+    expected time. That time comes from one step of each case measured first (estimate.py); a
+    stage expected to last past ``ANNOUNCE_AFTER`` seconds says how long first, in one line
+    (``doing``, its ``{names}`` the models': "distlab: calibrating transformer_lm will take about
+    4 minutes (its step is 2.1 s at batch 32)")."""
+    from distlab.calibration.estimate import about, estimate_stage
+    from distlab.runs.report import model_name
+
     res = cluster.resources
     bar = bar or Progress(0, "", False)
     worlds = sorted(set(worlds))
-    names = ", ".join(dict.fromkeys(type(m).__name__ for _, m, _, _, _ in targets))
+    names = ", ".join(dict.fromkeys(model_name(m) for _, m, _, _, _ in targets))
     cases = [LocalCase(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
     keys = [k for k, _, _, batches, _ in targets for _ in batches]
+    bar.start(f"one step of {names} (for an estimate)")
+    try:
+        plan = estimate_stage(cluster, cases, worlds, passes, LOCAL_SECONDS, MODEL_MAX_STEPS)
+    except LaunchError as exc:
+        raise CalibrationError(f"calibrate: {names}'s first step failed: {exc}") from None
+    if plan.seconds >= ANNOUNCE_AFTER:
+        slowest = max(range(len(cases)), key=lambda i: plan.first[i])
+        print(
+            f"distlab: {doing.format(names=names)} will take {about(plan.seconds)} (its step is "
+            f"{plan.first[slowest]:.1f} s at batch {cases[slowest].batch})",
+            flush=True,
+        )
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     for turn in range(passes):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
             threads = cluster.threads_for(cluster.first(k, res), res)  # as a k-rank run gets
-            bar.start(f"local step of {names} at {ranks_label([k])}, pass {turn + 1} of {passes}")
+            what = f"local step of {names} at {ranks_label([k])}, pass {turn + 1} of {passes}"
+            bar.start(what, plan.calls[k])
             try:
                 per_rank = cluster.run_ranks(
                     loop_pass_rank,

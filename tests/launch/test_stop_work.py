@@ -155,3 +155,72 @@ def test_stop_during_calibrate_ends_its_ranks(clean_lab, tmp_path, monkeypatch):
     )
     assert said == "calibrate interrupted: cancelled on every worker", said
     _trains_next(clean_lab)
+
+
+def test_a_model_stage_of_seconds_says_how_long_it_will_take_before_it_starts(
+    clean_lab, tmp_path, monkeypatch, capsys
+):
+    """measure_model of a model whose step is a quarter of a second (minutes at calibrate's
+    passes): one line before it starts, an estimate within a factor 2 of what it took. The step
+    is sleeps, which other programs on this shared machine do not slow (a step of compute
+    sampled once under their load was off by 3x), and which do not slow with two ranks on two
+    cores, as the estimate assumes a model's compute does: it comes out about 1.4x long here."""
+    import re
+
+    monkeypatch.setattr(clean_lab, "cache_dir", tmp_path)
+    x, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
+    t0 = time.monotonic()
+    clean_lab.measure_model(SlowStep(0.25), data=(x, y), progress=False)
+    took = time.monotonic() - t0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("distlab:")]
+    assert len(said) == 1, said
+    found = re.fullmatch(
+        r"distlab: measuring SlowStep's step will take about (\d+) (s|minutes?) "
+        r"\(its step is (\d+\.\d) s at batch (8|32)\)",
+        said[0],
+    )
+    assert found, said[0]
+    estimate = int(found[1]) * (60 if found[2] != "s" else 1)
+    assert took / 2 <= estimate <= took * 2, f"estimated {said[0]!r}, took {took:.0f} s"
+
+
+def test_the_estimate_counts_passes_warmup_and_ranks_sharing_cores():
+    """estimate_stage's arithmetic on a stand-in cluster of 2 ranks on 2 cores whose first steps
+    are 1 s (batch 32) and 0.3 s (batch 8): each call takes 2 warm-up steps and 8 timed ones of
+    each case, two ranks each step at half speed, over 3 passes."""
+    from types import SimpleNamespace
+
+    from distlab.calibration.estimate import CALL_SECONDS, about, estimate_stage
+
+    ranks = [SimpleNamespace(host="h"), SimpleNamespace(host="h")]
+    res = SimpleNamespace(ranks=ranks, cores={"h": 2}, gpus=False)
+    cluster = SimpleNamespace(
+        resources=res,
+        run_ranks=lambda fn, cases, gpu, world: [[1.0, 0.3]],
+        first=lambda k, res: list(range(k)),
+        threads_for=lambda workers, res: [2 // len(workers)] * len(workers),
+    )
+    plan = estimate_stage(cluster, ["a", "b"], [1, 2], passes=3, seconds=0.4, max_steps=1000)
+    assert plan.calls[1] == pytest.approx(CALL_SECONDS + 10 * 1.3)
+    assert plan.calls[2] == pytest.approx(CALL_SECONDS + 10 * 2.6)
+    assert plan.seconds == pytest.approx(3 * (2 * CALL_SECONDS + 39))
+    assert about(plan.seconds) == "about 2 minutes" and about(44) == "about 40 s"
+
+
+def test_the_calibration_bar_moves_within_a_part_of_known_length():
+    """A part of a model stage lasts seconds to a minute: the bar moves with its expected time
+    (up to nine tenths of it) rather than waiting for the part's end."""
+    from distlab.calibration.measure import Progress
+
+    bar = Progress(2, "test", enabled=True)
+    bar.start("a part of 1 s", expected=1.0)
+    time.sleep(0.6)
+    first = bar._bar.n
+    time.sleep(1.0)
+    assert 0 < first < bar._bar.n == pytest.approx(0.9)
+    bar.done()
+    assert bar._bar.n == 1
+    bar.start("a part of unknown length")
+    time.sleep(0.6)
+    assert bar._bar.n == 1
+    bar.close()
