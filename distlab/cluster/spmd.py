@@ -105,9 +105,7 @@ def abort_ranks(run_id: str) -> list[int]:
         for (rid, rank), ident in _THREADS.items():
             if rid == run_id and (rid, rank) not in _ABORTED:
                 _ABORTED.add((rid, rank))
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(ident), ctypes.py_object(RankAborted)
-                )
+                _set_async_exc(ident, RankAborted)
                 sent.append(rank)
     return sent
 
