@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import itertools
 import shutil
-import tempfile
 import uuid
 import weakref
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import CalibrationError, DistlabError, LaunchError
 from distlab.native_tf.route import NativeRoute
 from distlab.resources import ResourceSpec
-from distlab.runs import prepare
+from distlab.runs import ckpt_dirs, prepare
 from distlab.runs import validate as _v
 from distlab.runs.forecast import refit_after_run
 from distlab.runs.prepare import ProfileCache
@@ -88,9 +87,9 @@ class Lab:
         self.cost_model: Any = None
         self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "distlab"
         self._own_ckpt = checkpoint_dir is None
-        self.checkpoint_dir = (
-            Path(checkpoint_dir) if checkpoint_dir else Path(tempfile.mkdtemp(prefix="distlab-ckpt-"))
-        )
+        # one checkpoint per running run, none once it ended (runs/ckpt_dirs.py); a folder of its own
+        # says who owns it, so the next Lab removes it if this process is killed
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else ckpt_dirs.make_own()
         # a Lab of its own checkpoint folder removes it when closed, collected, or the process exits
         self._remove_ckpt = (
             weakref.finalize(self, shutil.rmtree, str(self.checkpoint_dir), True) if self._own_ckpt else None
@@ -476,5 +475,7 @@ class Lab:
         return (
             f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost "
             "model "
-            f"{cm}</p><table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
+            f"{cm}; checkpoints in {html.escape(str(self.checkpoint_dir))} "
+            "(one per running run, removed when it ends)</p>"
+            f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def run_card(run: Run) -> str:
         ("throughput", f"{tp:,.0f} samples/s measured" if tp == tp else "-"),
         ("predicted", _prediction_text(run, pred) if pred == pred else _no_prediction(run)),
         ("trained model", f"{run.var_name}.model (rank 0's weights, on the CPU)" if done else ""),
-        ("checkpoint", run.checkpoint or ""),
+        ("checkpoint", _checkpoint_text(run)),
         ("error", str(run.error) if run.error else ""),
     ]
     cells = "".join(
@@ -140,3 +141,13 @@ def run_card(run: Run) -> str:
         if v != ""
     )
     return f"<p><b>Run {html.escape(run.id)}</b></p><table class='distlab-run'>{cells}</table>"
+
+
+def _checkpoint_text(run: Any) -> str:
+    """When the last checkpoint was taken (elastic runs), and whether it is still on disk."""
+    from distlab.runs import ckpt_dirs
+
+    ended = run.status in ("finished", "failed", "cancelled")
+    path = None if ended else run.checkpoint
+    info = run.last_checkpoint if ended else ckpt_dirs.last(Path(path).parent) if path else None
+    return ckpt_dirs.describe(info, ended)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from distlab.cluster import spmd
 from distlab.cluster.cluster import current_client
 from distlab.errors import DistlabError, DistlabWarning, LaunchError
+from distlab.runs import ckpt_dirs
 from distlab.runs import metrics as _metrics
 from distlab.runs.forecast import Forecast, NoForecast
 from distlab.runs.progress import StepBar
@@ -95,7 +96,7 @@ class Run:
         self.on_record: list[Callable[[dict[str, Any]], None]] = []
         self.error: DistlabError | None = None
         self.traceback = ""
-        self.checkpoint: str | None = None
+        self.last_checkpoint: dict[str, Any] | None = None  # {"step", "at", "path"} once the run ended
         self.view: Any = None  # the notebook's LiveView of this run, once shown
         self.details: dict[str, Any] = {}  # a native TensorFlow run: where its variables were placed
         # a gossip run's mean over ranks of ||x_r - mean x||^2 at its end (None for other kernels)
@@ -243,11 +244,20 @@ class Run:
                 client.unsubscribe_topic(self._topic)
             except Exception:  # noqa: BLE001
                 pass
+            self.last_checkpoint = ckpt_dirs.last(self._job.checkpoint_dir)
+            ckpt_dirs.remove_run(self._job.checkpoint_dir)  # nothing resumes an ended run
             self._done.set()
 
     def _rank_call(self, job: RankJob, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
         """The function each rank's task runs and its arguments: its route's (runs/route.py)."""
         return self.route.rank_call(self, job, restart, threads)
+
+    @property
+    def checkpoint(self) -> str | None:
+        """The run's newest checkpoint file while it can resume from it (None once it ended:
+        ``last_checkpoint`` says when it was taken; ``run.model`` has the trained weights)."""
+        info = None if self._done.is_set() else ckpt_dirs.last(self._job.checkpoint_dir)
+        return info["path"] if info else None
 
     @property
     def topic(self) -> str:
@@ -362,12 +372,6 @@ class Run:
         self.details = dict(r0.get("details") or {})
         self.consensus_distance = r0.get("consensus_distance")
         self._state_dict = r0.get("state_dict")
-        self.checkpoint = r0.get("checkpoint") or self.checkpoint
-        if self.checkpoint is None and self._job.checkpoint_dir:
-            from distlab.runtime import checkpoint
-
-            path = checkpoint.latest(self._job.checkpoint_dir)
-            self.checkpoint = str(path) if path else None
         self._status = "finished"
         try:
             if self._on_finish is not None:

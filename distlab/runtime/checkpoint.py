@@ -29,8 +29,9 @@ def path_for(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"ckpt-{step:09d}.pt"
 
 
-def save(directory: str | Path, payload: dict[str, Any], keep: int = 3) -> Path:
-    """Write ``payload`` as ``ckpt-<step>.pt`` atomically; keep the newest ``keep`` files."""
+def save(directory: str | Path, payload: dict[str, Any], keep: int = 1) -> Path:
+    """Write ``payload`` as ``ckpt-<step>.pt`` atomically; keep the newest ``keep`` files (one: the
+    older goes once the new one is on disk, so a crash mid-write still leaves one to resume from)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
@@ -141,6 +142,14 @@ def verify(path: str | Path) -> bool:
         and head.startswith(MAGIC)
         and hashlib.sha256(data).hexdigest().encode() == head[len(MAGIC) :]
     )
+
+
+def newest(directory: str | Path | None) -> Path | None:
+    """The newest checkpoint file in ``directory`` by its step, unverified (what a card shows)."""
+    if directory is None or not Path(directory).is_dir():
+        return None
+    found = _checkpoints(Path(directory))
+    return found[0] if found else None
 
 
 def latest(directory: str | Path | None) -> Path | None:

@@ -27,8 +27,9 @@ def test_save_load_roundtrip_and_latest(tmp_path):
 
 
 def test_corrupt_newest_checkpoint_is_detected_and_previous_used(tmp_path):
-    checkpoint.save(tmp_path, payload(2))
-    newest = checkpoint.save(tmp_path, payload(4))
+    # a run keeps one checkpoint (the default); with two kept, a corrupt newest falls back
+    checkpoint.save(tmp_path, payload(2), keep=2)
+    newest = checkpoint.save(tmp_path, payload(4), keep=2)
     raw = bytearray(newest.read_bytes())
     raw[-10] ^= 0xFF  # one flipped byte in the payload
     newest.write_bytes(bytes(raw))
