@@ -391,9 +391,10 @@ def test_a_second_lab_while_a_run_trains_works_beside_it_and_the_run_finishes(
         gate.release()
         assert run.wait(timeout=60).status == "finished"
         assert second.run_ranks(_sum_ranks, 1.0) == [{"rank": 0, "world": 1, "sum": 1.0, "threads": 2}]
+        # and the first Lab goes on launching while the second is open (and Dask's default)
+        assert clean_lab.launch(tiny, strategy=st, steps=3, data=Blobs(), block=True).status == "finished"
     losses = run.losses
     assert losses.iloc[-5:].mean() < 0.7 * losses.iloc[:5].mean(), losses
-    assert clean_lab.launch(tiny, strategy=st, steps=3, data=Blobs(), block=True).status == "finished"
     assert "different event loop" not in capfd.readouterr().err
 
 
