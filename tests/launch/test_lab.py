@@ -398,12 +398,15 @@ def test_a_second_lab_while_a_run_trains_works_beside_it_and_the_run_finishes(
     assert "different event loop" not in capfd.readouterr().err
 
 
-def test_a_run_without_a_prediction_says_why_its_forecast_is_missing(clean_lab, tiny, blobs):
-    run = clean_lab.launch(tiny, strategy=allreduce_strategy(tiny, clean_lab.resources), steps=2, data=blobs)
-    run.wait(60)
+def test_a_run_without_a_prediction_says_why_its_forecast_is_missing(clean_lab, tiny, blobs, tmp_path):
+    st = allreduce_strategy(tiny, clean_lab.resources)
+    run = clean_lab.launch(tiny, strategy=st, steps=4, data=blobs, trace=True, block=True)
     assert clean_lab.cost_model is None and not run.forecast
     why = "the Lab had no cost model at launch; lab.calibrate() measures this cluster"
     assert why in repr(run.forecast)
     with pytest.raises(DistlabError, match=re.escape(f"run {run.id} has no forecast (prediction): {why}")):
         run.forecast.prediction  # noqa: B018 - what docs/keras.md reads
     assert clean_lab.runs.iloc[-1]["model_key"] is None and "none: " + why in run._repr_html_()
+    # its timeline and trace have no predicted row, rather than an error
+    assert not any("predicted" in str(t.y) for t in run.timeline(steps=2).data)
+    assert run.save_trace(tmp_path / "t.json").exists()
