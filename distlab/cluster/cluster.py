@@ -198,8 +198,12 @@ def current_client(client: Any) -> Iterator[None]:
     a second Lab started, the first Lab's waits ran on the second's event loop, where the futures'
     asyncio events refused them ("bound to a different event loop") and the first Lab's run failed.
     (``Client.as_current()`` would also set Dask's global config from this thread.)"""
-    from distributed.client import _current_client
-
+    try:
+        from distributed.client import _current_client
+    except ImportError:  # a Dask without it: the public form, Dask's config set for the while too
+        with client.as_current():
+            yield
+        return
     token = _current_client.set(client)
     try:
         yield
