@@ -188,8 +188,11 @@ def measure_models(
     bar.start(f"one step of {names} (for an estimate)")
     try:
         plan = estimate_stage(cluster, cases, worlds, passes, LOCAL_SECONDS, MODEL_MAX_STEPS)
-    except LaunchError as exc:
-        raise CalibrationError(f"calibrate: {names}'s first step failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the model's own error, as a rank's would be named
+        first = (str(exc).splitlines() or [""])[0][:240]
+        raise CalibrationError(
+            f"calibrate: {names}'s first step failed: {type(exc).__name__}: {first}"
+        ) from None
     if plan.seconds >= ANNOUNCE_AFTER:
         slowest = max(range(len(cases)), key=lambda i: plan.first[i])
         print(

@@ -184,22 +184,23 @@ def test_a_model_stage_of_seconds_says_how_long_it_will_take_before_it_starts(
     assert took / 2 <= estimate <= took * 2, f"estimated {said[0]!r}, took {took:.0f} s"
 
 
-def test_the_estimate_counts_passes_warmup_and_ranks_sharing_cores():
+def test_the_estimate_counts_passes_warmup_and_ranks_sharing_cores(monkeypatch):
     """estimate_stage's arithmetic on a stand-in cluster of 2 ranks on 2 cores whose first steps
     are 1 s (batch 32) and 0.3 s (batch 8): each call takes 2 warm-up steps and 8 timed ones of
     each case, two ranks each step at half speed, over 3 passes."""
     from types import SimpleNamespace
 
+    from distlab.calibration import estimate
     from distlab.calibration.estimate import CALL_SECONDS, about, estimate_stage
 
     ranks = [SimpleNamespace(host="h"), SimpleNamespace(host="h")]
     res = SimpleNamespace(ranks=ranks, cores={"h": 2}, gpus=False)
     cluster = SimpleNamespace(
         resources=res,
-        run_ranks=lambda fn, cases, gpu, world: [[1.0, 0.3]],
         first=lambda k, res: list(range(k)),
         threads_for=lambda workers, res: [2 // len(workers)] * len(workers),
     )
+    monkeypatch.setattr(estimate, "time_first_steps", lambda cluster, cases: [1.0, 0.3])
     plan = estimate_stage(cluster, ["a", "b"], [1, 2], passes=3, seconds=0.4, max_steps=1000)
     assert plan.calls[1] == pytest.approx(CALL_SECONDS + 10 * 1.3)
     assert plan.calls[2] == pytest.approx(CALL_SECONDS + 10 * 2.6)
