@@ -280,9 +280,12 @@ class Lab:
         (``measure_model``, cached) and the prediction recorded in ``lab.runs``; the finished run
         refits ``lab.cost_model``.
 
-        ``checkpoint_every`` defaults to every ``max(10, steps // 10)`` steps when ``elastic``
-        (a lost worker costs at most a tenth of a long run; writing the whole model every step of
-        a short one would cost more than re-running it), never otherwise. ``trace=True``: every
+        When ``elastic`` and ``checkpoint_every`` is not given, a synchronous run checkpoints first
+        after ``max(10, steps // 10)`` steps, then as often as keeps checkpoints within 1% of its
+        time at their measured cost, at least every 5 minutes and never more often than that first
+        interval (runtime/cut.py ``TimedCadence``; an asynchronous run keeps the step count); a
+        given ``checkpoint_every`` is a fixed count. The run keeps its newest checkpoint only, and
+        none once it ended (``run.last_checkpoint`` says when it was taken). ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
         ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``);

@@ -21,6 +21,9 @@ from distlab.runs.route import LabSide, LaunchRequest, Route
 from distlab.runs.run import Forecast, Run
 from distlab.runs.train import train_rank
 
+# a default (elastic) run's checkpoints after its first take at most this share of its time
+CHECKPOINT_BUDGET = 0.01
+
 if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
     from distlab.resources import ResourceSpec
@@ -51,9 +54,9 @@ class TorchRoute(Route):
             cost_model = measure_model(lab.cluster, lab.cache_dir, cost_model, model, data, r.loss, b)
         workers = lab.cluster.first(st.world, res)
         run_id = lab.hooks.new_id()
-        checkpoint_every = r.checkpoint_every
-        if r.elastic and checkpoint_every is None:
-            checkpoint_every = max(10, r.steps // 10)
+        checkpoint_every, budget = r.checkpoint_every, None
+        if r.elastic and checkpoint_every is None:  # the first after a tenth; then timed by their cost
+            checkpoint_every, budget = max(10, r.steps // 10), CHECKPOINT_BUDGET
         kind = optimizer_kind(r.optimizer)
         job = RankJob.unplaced(
             st,
@@ -67,6 +70,7 @@ class TorchRoute(Route):
             seed=r.seed,
             checkpoint_dir=str(lab.checkpoint_dir / run_id) if checkpoint_every else None,
             checkpoint_every=checkpoint_every,
+            checkpoint_budget=budget,
             timeout=float(r.timeout or lab.cluster.timeout),
             run_id=run_id,
             # torch's DDP reducer where it applies (strategy/execution.py; the cost model prices it)

@@ -91,7 +91,7 @@ def predicted_spans(run: Any, steps: int, t0: float) -> list[dict[str, Any]]:
     """The cost model's step for the run's strategy, ``steps`` times from ``t0``: forward and
     backward, exposed communication and the optimizer on the loop; the gradient collectives in
     flight, overlapping backward as the model has them."""
-    p = run.forecast.prediction if run.forecast is not None else None
+    p = run.forecast.prediction if run.forecast else None
     if p is None:
         return []
     b, d = p.breakdown, p.detail

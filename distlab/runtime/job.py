@@ -121,6 +121,8 @@ class RankJob:
     sample_offset: int = 0
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
+    # a synchronous run's checkpoints after the first: at most this share of its time (runtime/cut.py)
+    checkpoint_budget: float | None = None
     resume_from: str | None = None  # checkpoint file to restore before step start_step
     timeout: float = 60.0  # seconds, for init and for every collective
     threads: int | None = None  # torch intra-op threads in this rank (Dask forces 1)

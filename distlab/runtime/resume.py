@@ -3,6 +3,7 @@ off the training thread, and a checkpoint loaded back into the model, optimizers
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 
 from distlab.errors import LaunchError
 from distlab.runtime import checkpoint as ckpt
-from distlab.runtime.cut import checkpoint_cadence
+from distlab.runtime.cut import TimedCadence, checkpoint_cadence
 from distlab.runtime.job import RankJob
 from distlab.runtime.optim_state import gather_state, restore_state
 
@@ -30,17 +31,36 @@ class Checkpoints:
     ) -> None:
         self.job, self.model, self.sync, self.units, self.batches = job, model, sync, units, batches
         on = job.checkpoint_dir is not None
-        every = job.checkpoint_every
-        self.cadence = checkpoint_cadence(store, every, asynchronous, job.start_step) if on else None
+        every, budget = job.checkpoint_every, job.checkpoint_budget
+        self.cadence = (
+            checkpoint_cadence(store, every, asynchronous, job.start_step, budget, self._agree)
+            if on
+            else None
+        )
         self.writer = ckpt.Writer()
         self.last: Path | None = None
+        self._since = (time.perf_counter(), job.start_step)  # the steps since the last checkpoint
 
     def _take(self, step: int, samples: int) -> None:
+        t0 = time.perf_counter()
         self.last = _checkpoint(
             self.job, self.model, self.sync, self.units, step, samples, self.batches, self.writer
         )
         assert self.cadence is not None
         self.cadence.served()
+        if isinstance(self.cadence, TimedCadence) and step > self._since[1]:
+            t1 = time.perf_counter()
+            self.cadence.measured(step, t1 - t0, (t0 - self._since[0]) / (step - self._since[1]))
+            self._since = (time.perf_counter(), step)
+
+    def _agree(self, cost: float, step_time: float) -> tuple[float, float]:
+        """Every rank's largest checkpoint cost and step time (one all-reduce: ranks in lockstep)."""
+        import torch.distributed as dist
+
+        both = torch.tensor([cost, step_time], dtype=torch.float64, device=self.job.device)
+        if dist.is_initialized() and self.job.world > 1:
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        return float(both[0]), float(both[1])
 
     def at_stop(self, step: int, samples: int) -> None:
         """A stop before ``step``: a resize resumes exactly here (an asynchronous run: after its

@@ -83,8 +83,13 @@ def _hogs(n: int) -> list[subprocess.Popen]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_monitor_sees_one_busy_process_per_core(clean_lab):
+    import importlib
+
     from distlab.cluster.load import LoadMonitor
 
+    # a worker (re)started for this module imports torch._dynamo on a thread (cluster._warm_torch):
+    # importing it here waits for that, so the workers are idle while the hogs are measured
+    clean_lab.client.run(importlib.import_module, "torch._dynamo")
     hogs = _hogs(2)
     try:
         time.sleep(0.5)

@@ -194,7 +194,7 @@ def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_
     m = run.metrics
     assert (m[m["rank"] == 0]["delay"] == 0).all() and (m[m["rank"] == 1]["delay"] > 0).all()
     # asked-for slowness is neither predicted nor learned from: lab.cost_model is not refitted on it
-    assert run.slowdown == {1: 3.0} and run.forecast is None
+    assert run.slowdown == {1: 3.0} and not run.forecast
     assert "slowdown=" in run.route.no_prediction(run)
     slowed = {e["rank"] for e in run.trace_events if e["cat"] == "slowdown"}
     assert slowed == {1}
@@ -217,7 +217,7 @@ def test_a_straggler_asked_for_waits_before_backward_and_shows_in_metrics_trace_
     )
     m = run.metrics
     assert (m["delay"] > 0).mean() > 0.5 and m.groupby("rank")["delay"].std().min() > 0
-    assert run.jitter == 0.5 and run.forecast is None and "jitter=" in run.route.no_prediction(run)
+    assert run.jitter == 0.5 and not run.forecast and "jitter=" in run.route.no_prediction(run)
 
 
 # -- replays that know consistency, against the runs they came from ---------------------------
