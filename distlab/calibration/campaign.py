@@ -19,6 +19,7 @@ from distlab.calibration.measure import (
     measure_links,
     measure_models,
     measure_training_loop,
+    plan_models,
 )
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
@@ -49,6 +50,9 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
 CALIBRATION_FORMAT = 21
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
+# seconds of the stages before the models' on a LocalCluster: collectives (CALIBRATION_BUDGET), the
+# reference models' profiles and training loop; what an announced estimate adds for them
+CLUSTER_STAGES = 60.0
 # what the kernel's interrupt says, as an interrupted run.wait() does; nothing is cached
 INTERRUPTED = "{what} interrupted: cancelled on every worker"
 
@@ -118,10 +122,13 @@ def calibrate_cluster(
     bar = Progress(parts, f"calibrating {res.world} ranks", progress)
     monitor = LoadMonitor(cluster.client).start()
     try:
+        if todo:  # said before any stage starts: the cluster's own stages take about a minute
+            bar.start("one step of each model (for an estimate)")
+            plan = plan_models(cluster, todo, worlds, passes, before=CLUSTER_STAGES if cm is None else 0.0)
         if cm is None:
             cm = _measure_collectives(cluster, res, sizes, cases, bar)
         if todo:
-            cm = cm.with_compute(measure_models(cluster, todo, worlds, passes, bar=bar))
+            cm = cm.with_compute(measure_models(cluster, todo, worlds, passes, bar=bar, plan=plan))
     except KeyboardInterrupt:  # the ranks in flight were ended by the wait on them (cluster/spmd.py)
         raise KeyboardInterrupt(INTERRUPTED.format(what="calibrate")) from None
     finally:
@@ -189,7 +196,9 @@ def measure_model(
     bar = Progress(passes * len(worlds), desc, progress)
     monitor = LoadMonitor(cluster.client).start()
     try:
-        rows = measure_models(cluster, targets, worlds, passes, bar=bar, doing="measuring {names}'s step")
+        bar.start("one step (for an estimate)")
+        plan = plan_models(cluster, targets, worlds, passes, doing="measuring {names}'s step")
+        rows = measure_models(cluster, targets, worlds, passes, bar=bar, plan=plan)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(INTERRUPTED.format(what=desc)) from None
     finally:

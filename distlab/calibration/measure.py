@@ -159,35 +159,31 @@ def reference_fit_rows(profiles: Sequence[Any], local: Sequence[LocalStep]) -> l
     return [ComputeFitRow.of(r, by_key[r.key]) for r in local]
 
 
-def measure_models(
+def model_cases(targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]]) -> list[LocalCase]:
+    """The model stage's cases: each target at each of its batches, in order."""
+    return [LocalCase(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
+
+
+def plan_models(
     cluster: Cluster,
     targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]],
     worlds: Any,
     passes: int = MODEL_PASSES,
-    bar: Progress | None = None,
     doing: str = "calibrating {names}",
-) -> list[LocalStep]:
-    """Each target's local step at each world size and batch (runtime.loopbench.loop_pass_rank,
-    with every rank of the world busy): compute rows. One call per world size and pass, the
-    world sizes in turn pass after pass (each pass in the other direction), so a slow minute
-    of the machine hits every world size a little; each row the median of its steps over the passes.
-    ``bar`` advances once a call (``passes * len(worlds)`` in all), within a call with its
-    expected time. That time comes from one step of each case measured first (estimate.py); a
-    stage expected to last past ``ANNOUNCE_AFTER`` seconds says how long first, in one line
-    (``doing``, its ``{names}`` the models': "distlab: calibrating transformer_lm will take about
-    4 minutes (its step is 2.1 s at batch 32)")."""
+    before: float = 0.0,
+) -> Any:
+    """The model stage's expected time (``estimate.StageEstimate``), from one step of each case
+    measured first; a stage expected to last past ``ANNOUNCE_AFTER`` seconds says how long the
+    call will (``before``: the seconds of its stages ahead of this one) in one line (``doing``,
+    its ``{names}`` the models'): "distlab: calibrating transformer_lm will take about 4 minutes
+    (its step is 2.1 s at batch 32)"."""
     from distlab.calibration.estimate import about, estimate_stage
     from distlab.runs.report import model_name
 
-    res = cluster.resources
-    bar = bar or Progress(0, "", False)
-    worlds = sorted(set(worlds))
     names = ", ".join(dict.fromkeys(model_name(m) for _, m, _, _, _ in targets))
-    cases = [LocalCase(m, data, b, loss) for _, m, data, batches, loss in targets for b in batches]
-    keys = [k for k, _, _, batches, _ in targets for _ in batches]
-    bar.start(f"one step of {names} (for an estimate)")
+    cases = model_cases(targets)
     try:
-        plan = estimate_stage(cluster, cases, worlds, passes, LOCAL_SECONDS, MODEL_MAX_STEPS)
+        plan = estimate_stage(cluster, cases, sorted(set(worlds)), passes, LOCAL_SECONDS, MODEL_MAX_STEPS)
     except Exception as exc:  # noqa: BLE001 - the model's own error, as a rank's would be named
         first = (str(exc).splitlines() or [""])[0][:240]
         raise CalibrationError(
@@ -196,10 +192,38 @@ def measure_models(
     if plan.seconds >= ANNOUNCE_AFTER:
         slowest = max(range(len(cases)), key=lambda i: plan.first[i])
         print(
-            f"distlab: {doing.format(names=names)} will take {about(plan.seconds)} (its step is "
-            f"{plan.first[slowest]:.1f} s at batch {cases[slowest].batch})",
+            f"distlab: {doing.format(names=names)} will take {about(before + plan.seconds)} (its step "
+            f"is {plan.first[slowest]:.2g} s at batch {cases[slowest].batch})",
             flush=True,
         )
+    return plan
+
+
+def measure_models(
+    cluster: Cluster,
+    targets: Sequence[tuple[str, Any, Any, Sequence[int], Any]],
+    worlds: Any,
+    passes: int = MODEL_PASSES,
+    bar: Progress | None = None,
+    plan: Any = None,
+) -> list[LocalStep]:
+    """Each target's local step at each world size and batch (runtime.loopbench.loop_pass_rank,
+    with every rank of the world busy): compute rows. One call per world size and pass, the
+    world sizes in turn pass after pass (each pass in the other direction), so a slow minute
+    of the machine hits every world size a little; each row the median of its steps over the passes.
+    ``bar`` advances once a call (``passes * len(worlds)`` in all), within a call with the
+    call's expected time (``plan``: ``plan_models``' estimate; None: made here)."""
+    from distlab.runs.report import model_name
+
+    res = cluster.resources
+    bar = bar or Progress(0, "", False)
+    worlds = sorted(set(worlds))
+    names = ", ".join(dict.fromkeys(model_name(m) for _, m, _, _, _ in targets))
+    cases = model_cases(targets)
+    keys = [k for k, _, _, batches, _ in targets for _ in batches]
+    if plan is None:
+        bar.start(f"one step of {names} (for an estimate)")
+        plan = plan_models(cluster, targets, worlds, passes)
     steps: dict[int, list[list[list[float]]]] = {k: [[[] for _ in cases] for _ in range(k)] for k in worlds}
     for turn in range(passes):
         for k in worlds if turn % 2 == 0 else worlds[::-1]:
