@@ -280,11 +280,13 @@ class Lab:
         (``measure_model``, cached) and the prediction recorded in ``lab.runs``; the finished run
         refits ``lab.cost_model``.
 
-        When ``elastic`` and ``checkpoint_every`` is not given, a synchronous run checkpoints first
-        after ``max(10, steps // 10)`` steps, then as often as keeps checkpoints within 1% of its
-        time at their measured cost, at least every 5 minutes and never more often than that first
-        interval (runtime/cut.py ``TimedCadence``; an asynchronous run keeps the step count); a
-        given ``checkpoint_every`` is a fixed count. The run keeps its newest checkpoint only, and
+        When ``elastic`` and ``checkpoint_every`` is not given, a synchronous run's checkpoints take
+        at most 1% of its time: after ``max(10, steps // 10)`` steps its ranks plan the first from
+        an estimate of its cost (its bytes), then each next from the last one's measured cost, at
+        least every 5 minutes and never closer than those first steps (runtime/cut.py
+        ``TimedCadence``; a run too short to afford one checkpoints only when resized; an
+        asynchronous run checkpoints every ``max(10, steps // 10)`` steps); a given
+        ``checkpoint_every`` is a fixed count. The run keeps its newest checkpoint only, and
         none once it ended (``run.last_checkpoint`` says when it was taken). ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes

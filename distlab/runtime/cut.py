@@ -59,14 +59,15 @@ class StepCadence:
 
 
 class TimedCadence(StepCadence):
-    """A synchronous run's default cadence: the first checkpoint after ``every`` steps, each next
-    one as far on as keeps checkpoints within ``budget`` of the run's time at the cost the last
-    one measured (the snapshot and the optimizer-state gather on the training thread; the file
-    is written beside it), never sooner than ``every`` steps and never more than ``longest``
-    seconds apart. The ranks agree on the next step with one all-reduce (``agree``: the maximum
-    over ranks of cost and step time) at each checkpoint, where they are in lockstep anyway: a
-    40 MB model's checkpoint cost the same every 10 steps whatever its share of a 5 ms step, and
-    a model of hundreds of MB paid 1% of its run at each one."""
+    """A synchronous run's default cadence, timed by what a checkpoint costs: after ``every``
+    steps the ranks agree (one all-reduce: the maximum over ranks, ``agree``) on an estimate of
+    a checkpoint's cost (``estimate``: its bytes at this machine's rate, ``resume.py``) and on
+    their step time, and take the first checkpoint at the step that keeps checkpoints within
+    ``budget`` of the run's time; after each one, the next from its measured cost. Never sooner
+    than ``every`` steps apart, never more than ``longest`` seconds. A checkpoint at every tenth
+    of a run cost a 40 MB model the same whatever its share of a 5 ms step, and a 420 MB model
+    1.7 s of CPU each (0.2 s to snapshot on the training thread, 1.5 s to serialise, hash and
+    write beside it, on cores the ranks train on). A stop (a resize) still checkpoints at once."""
 
     def __init__(
         self,
@@ -75,22 +76,39 @@ class TimedCadence(StepCadence):
         agree: Callable[[float, float], tuple[float, float]],
         start_step: int = 0,
         longest: float = 300.0,
+        estimate: Callable[[], float] = lambda: 0.0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__(every)
-        self.budget, self.agree, self.longest = budget, agree, longest
-        self.next = start_step + every
+        self.budget, self.agree, self.longest, self.estimate, self.clock = (
+            budget,
+            agree,
+            longest,
+            estimate,
+            clock,
+        )
+        self.start = start_step
+        self.next: int | None = None  # planned once the first ``every`` steps are timed
+        self._began = clock()
 
     def due(self, steps_done: int) -> bool:
+        if self.next is None:
+            if steps_done < self.start + self.every:
+                return False
+            step_time = (self.clock() - self._began) / max(1, steps_done - self.start)
+            self.next = self._after(self.start, *self.agree(self.estimate(), step_time))
         return steps_done >= self.next
 
     def measured(self, steps_done: int, cost: float, step_time: float) -> int:
-        """After the checkpoint at ``steps_done`` that took ``cost`` s beside steps of
+        """After the checkpoint at ``steps_done`` that cost ``cost`` s beside steps of
         ``step_time`` s on this rank: the step of the next one (the same on every rank)."""
-        cost, step_time = self.agree(cost, step_time)
+        self.next = self._after(steps_done, *self.agree(cost, step_time))
+        return self.next
+
+    def _after(self, step: int, cost: float, step_time: float) -> int:
         step_time = max(step_time, 1e-6)
         spaced = math.ceil(cost / (self.budget * step_time))
-        self.next = steps_done + max(1, min(max(self.every, spaced), int(self.longest / step_time)))
-        return self.next
+        return step + max(1, min(max(self.every, spaced), int(self.longest / step_time)))
 
 
 class CutCadence:
@@ -173,13 +191,14 @@ def checkpoint_cadence(
     start_step: int = 0,
     budget: float | None = None,
     agree: Callable[[float, float], tuple[float, float]] | None = None,
+    estimate: Callable[[], float] = lambda: 0.0,
 ) -> StepCadence | CutCadence:
     """The cadence of a run's checkpoints (``every`` steps; None: only at a stop); ``budget``: a
-    synchronous run's checkpoints timed by their measured cost (``TimedCadence``)."""
+    synchronous run's checkpoints timed by their cost (``TimedCadence``)."""
     if asynchronous:
         return CutCadence(store, every, start_step)
     if budget and every and agree is not None:
-        return TimedCadence(every, budget, agree, start_step)
+        return TimedCadence(every, budget, agree, start_step, estimate=estimate)
     return StepCadence(every)
 
 
