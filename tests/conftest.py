@@ -2,6 +2,9 @@
 across folders are modules of the ``tests`` package (``from tests.polling import poll_for``); a
 folder's own helpers sit beside its tests."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -13,6 +16,51 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def _run_threads_end(before: set[int], within: float = 10) -> None:
+    """No run driver thread started since ``before`` (thread idents) outlives its run."""
+    deadline = time.monotonic() + within
+    while True:
+        extra = [
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in before and t.is_alive() and t.name.startswith("distlab-run")
+        ]
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not extra, f"run driver threads left behind: {extra}"
+
+
+@pytest.fixture(scope="session")
+def session_lab():
+    """One 2-worker embedded Lab for the session: starting and stopping one costs 10-15 s on 2 busy
+    cores, and each module that takes ``lab`` borrows this one."""
+    from distlab.lab import Lab
+
+    before = {t.ident for t in threading.enumerate()}
+    lab = Lab(workers=2, timeout=20)
+    yield lab
+    lab.close()
+    _run_threads_end(before)
+
+
+@pytest.fixture(scope="module")
+def lab(session_lab):
+    """The session's Lab as a new one looks to this module: no cost model, its first cache folder
+    and timeout. Earlier modules' runs stay in its history (a module that needs a Lab of its own,
+    or an empty history, defines its own ``lab``). At the module's end its unfinished runs are
+    cancelled, as ``lab.close()`` would, and their driver threads must end."""
+    before = {t.ident for t in threading.enumerate()}
+    cache_dir, timeout = session_lab.cache_dir, session_lab.timeout
+    session_lab.cost_model = None
+    yield session_lab
+    for run in session_lab.history:
+        if not run.done:
+            run.cancel()
+    session_lab.cost_model, session_lab.cache_dir, session_lab.timeout = None, cache_dir, timeout
+    _run_threads_end(before)
 
 
 # What `make check` leaves out (`-m "not slow"`): the tests that start processes, clusters,

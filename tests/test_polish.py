@@ -157,15 +157,6 @@ def test_notebook_checkpoints_are_ignored():
         assert checked.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def lab():
-    from distlab.lab import Lab
-
-    lab = Lab(workers=2, timeout=20)
-    yield lab
-    lab.close()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
 import cloudpickle
@@ -28,25 +27,10 @@ def _leaks(lab) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """One 2-worker embedded Lab per test module (starting one costs seconds on 2 cores)."""
-    from distlab.lab import Lab
-
-    threads_before = {t.ident for t in threading.enumerate()}
-    lab = Lab(workers=2, timeout=20)
-    yield lab
-    lab.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        extra = [
-            t
-            for t in threading.enumerate()
-            if t.ident not in threads_before and t.is_alive() and t.name.startswith("distlab-run")
-        ]
-        if not extra:
-            break
-        time.sleep(0.1)
-    assert not extra, f"run driver threads left behind: {[t.name for t in extra]}"
+def lab(lab):
+    """The session's 2-worker embedded Lab (tests/conftest.py), whole when the module starts."""
+    _wait_for_workers(lab)
+    return lab
 
 
 def _wait_for_workers(lab, n: int = 2, within: float = 60) -> None:

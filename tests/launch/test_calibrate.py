@@ -8,6 +8,7 @@ import pytest
 from launch_helpers import allreduce_strategy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+SIZES = [4096, 65536]  # two message sizes fit an alpha and a beta (the default sweep goes on to 8 MB)
 
 
 def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_path, monkeypatch, load_ignored):
@@ -16,7 +17,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     clean_lab.cache_dir = tmp_path
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cm = clean_lab.calibrate(progress=False)
+        cm = clean_lab.calibrate(sizes=SIZES, progress=False)
     assert isinstance(cm, CostModel) and clean_lab.cost_model is cm
     # the reference models travel with every rank's task by design: no "large graph" warning
     assert not [w for w in caught if "large graph" in str(w.message)]
@@ -50,7 +51,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert len(cached) == 1
     calls = []
     monkeypatch.setattr(clean_lab.cluster, "run_ranks", lambda *a, **k: calls.append(a) or [])
-    again = clean_lab.calibrate(progress=False)
+    again = clean_lab.calibrate(sizes=SIZES, progress=False)
     assert calls == [] and again.params == cm.params  # read from the cache, nothing ran
     monkeypatch.undo()
 
@@ -64,7 +65,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
         "run_ranks",
         lambda fn, *a, **k: ran.append(fn.__name__) or caps.append(a[5]) or real(fn, *a, **k),
     )
-    cm = clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8)
+    cm = clean_lab.calibrate(sizes=SIZES, progress=False, models=[(tiny, blobs)], batch_size=8)
     # one call per world size and pass, the world sizes in turn (MODEL_PASSES passes), each
     # with a user's model's cap on steps (higher than the reference models')
     from distlab.calibration.measure import MODEL_MAX_STEPS, MODEL_PASSES
@@ -77,10 +78,8 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     assert cm.compute.measured(key) == [(1, cores), (2, cores)]
     assert sorted(r["batch"] for r in cm.compute.to_rows()) == [2, 2, 8, 8]
     ran.clear()
-    assert (
-        clean_lab.calibrate(progress=False, models=[(tiny, blobs)], batch_size=8).compute.to_rows()
-        == cm.compute.to_rows()
-    )
+    again = clean_lab.calibrate(sizes=SIZES, progress=False, models=[(tiny, blobs)], batch_size=8)
+    assert again.compute.to_rows() == cm.compute.to_rows()
     assert ran == []  # cached with the cluster's figures
     monkeypatch.undo()
 

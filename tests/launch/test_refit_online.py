@@ -15,6 +15,16 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
+@pytest.fixture(scope="module")
+def lab():
+    """A Lab of its own, not the session's: each run refits on every run so far, and only this
+    module's runs may make a trend."""
+    from distlab.lab import Lab
+
+    with Lab(workers=2, timeout=20) as lab:
+        yield lab
+
+
 class Wider(torch.nn.Module):
     """A small MLP of a few milliseconds a step."""
 

@@ -25,11 +25,12 @@ STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """One 2-worker embedded Lab for the module; no picker's launch thread outlives it."""
-    lab = dl.Lab(workers=2, timeout=20)
+def lab(lab):
+    """The session's 2-worker Lab (tests/conftest.py); no picker's launch thread outlives the module."""
     yield lab
-    lab.close()
+    for run in lab.history:  # what closing the Lab did: a launch still training is cancelled
+        if not run.done:
+            run.cancel()
     poll_for(
         lambda: not any(t.name == "distlab-picker-launch" and t.is_alive() for t in threading.enumerate()),
         10,
