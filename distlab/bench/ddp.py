@@ -114,3 +114,38 @@ def interleaved_body(
                 )
                 out[name].append(distlab_run(job, warmup))
     return out
+
+
+def ddp_only_body(
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    model_name: str,
+    model_opts: dict[str, Any],
+    batch: int,
+    steps: int,
+    warmup: int,
+) -> dict[str, float]:
+    """(spawned) Plain DDP as a user would start it with ``mp.spawn``: a gloo group, one thread per
+    rank (as the Lab gives each rank of a 2-core host), SGD; samples/s after ``warmup`` steps."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    model, dataset = _model_and_data(model_name, model_opts, n=max(4096, batch * world * steps))
+    store = dist.TCPStore(addr, port, world, False)
+    dist.init_process_group("gloo", store=dist.PrefixStore("ddp/", store), rank=rank, world_size=world)
+    try:
+        return ddp_loop(model, dataset, rank, world, batch, steps, warmup)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_span_throughput(run: Any, warmup: int) -> float:
+    """A Lab run's samples/s measured as ``ddp_loop`` measures DDP's: rank 0's wall time from the
+    end of its ``warmup``-th step to the end of its last, over the samples of those steps."""
+    df = run.metrics
+    r0 = df[df["rank"] == 0].sort_values("step")
+    ends = r0["wall_time"].to_numpy()
+    samples = r0["samples"].to_numpy()
+    return float((samples[-1] - samples[warmup - 1]) / (ends[-1] - ends[warmup - 1]))

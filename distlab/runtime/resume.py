@@ -20,6 +20,7 @@ from distlab.runtime.optim_state import gather_state, restore_state
 # before the first is measured, and the writer's share after it
 SNAPSHOT_SECONDS_PER_BYTE = 0.5e-9
 WRITE_SECONDS_PER_BYTE = 3.5e-9
+WRITE_SECONDS = 0.005  # any file: its fsyncs (10 ms of wall, 1 ms of CPU here) and the thread's start
 
 
 class Checkpoints:
@@ -56,7 +57,7 @@ class Checkpoints:
         self.cadence.served()
         if isinstance(self.cadence, TimedCadence) and step > self._since[1]:
             # the training thread's part measured; the writer's (beside it, on the same cores) at its rate
-            cost = time.perf_counter() - t0 + self._state_bytes() * WRITE_SECONDS_PER_BYTE
+            cost = time.perf_counter() - t0 + WRITE_SECONDS + self._state_bytes() * WRITE_SECONDS_PER_BYTE
             self.cadence.measured(step, cost, (t0 - self._since[0]) / (step - self._since[1]))
             self._since = (time.perf_counter(), step)
 
@@ -70,7 +71,7 @@ class Checkpoints:
 
     def _estimate(self) -> float:
         """A checkpoint's cost before one was taken: its bytes at this machine's rates."""
-        return self._state_bytes() * (SNAPSHOT_SECONDS_PER_BYTE + WRITE_SECONDS_PER_BYTE)
+        return WRITE_SECONDS + self._state_bytes() * (SNAPSHOT_SECONDS_PER_BYTE + WRITE_SECONDS_PER_BYTE)
 
     def _agree(self, cost: float, step_time: float) -> tuple[float, float]:
         """Every rank's largest checkpoint cost and step time (one all-reduce: ranks in lockstep)."""
