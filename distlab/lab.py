@@ -420,6 +420,7 @@ class Lab:
         """
         route = _route(backend, CalibrationError)
         self._check_idle()
+        self.cluster.settle()  # a fresh worker's warm-up import would share the cores being measured
         self.cost_model = route.calibrate(
             self._side(), sizes=sizes, cache=cache, progress=progress, models=models, batch_size=batch_size
         )

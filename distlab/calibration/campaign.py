@@ -194,6 +194,7 @@ def measure_model(
     worlds = range(1, res.world + 1)
     desc = f"measuring {model_name(model)}'s step on {res.world} ranks"
     bar = Progress(passes * len(worlds), desc, progress)
+    cluster.settle()  # a fresh worker's warm-up import must not share the cores being measured
     monitor = LoadMonitor(cluster.client).start()
     try:
         bar.start("one step (for an estimate)")

@@ -83,6 +83,10 @@ class Cluster:
             )
         self.client.run(_warm_torch)  # warm workers keep torch imported: a relaunch costs well under a second
 
+    def settle(self) -> None:
+        """Before a measurement: every worker done warming up (``_warm_torch``'s import)."""
+        self.client.run(_warmed)
+
     @property
     def resources(self) -> ResourceSpec:
         """The live cluster: one rank per worker, ranks ordered by (host, worker address)."""
@@ -224,4 +228,13 @@ def _warm_torch() -> bool:
     if "torch._dynamo" not in sys.modules:
         warm = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True)
         warm.start()
+    return True
+
+
+def _warmed() -> bool:
+    """(worker) Wait for ``_warm_torch``'s import (importing a module another thread is importing
+    waits for it): a measurement must not share the cores with it."""
+    import importlib
+
+    importlib.import_module("torch._dynamo")
     return True
