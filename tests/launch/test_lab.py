@@ -8,6 +8,7 @@ import sys
 import time
 
 import cloudpickle
+import pandas as pd
 import pytest
 import torch
 from launch_helpers import Blobs, Gate, HeldBlobs, TinyNet, allreduce_strategy
@@ -406,7 +407,7 @@ def test_a_run_without_a_prediction_says_why_its_forecast_is_missing(clean_lab, 
     assert why in repr(run.forecast)
     with pytest.raises(DistlabError, match=re.escape(f"run {run.id} has no forecast (prediction): {why}")):
         run.forecast.prediction  # noqa: B018 - what docs/keras.md reads
-    assert clean_lab.runs.iloc[-1]["model_key"] is None and "none: " + why in run._repr_html_()
+    assert pd.isna(clean_lab.runs.iloc[-1]["model_key"]) and "none: " + why in run._repr_html_()
     # its timeline and trace have no predicted row, rather than an error
     assert not any("predicted" in str(t.y) for t in run.timeline(steps=2).data)
     assert run.save_trace(tmp_path / "t.json").exists()
