@@ -619,7 +619,8 @@ def native_calibration_under_load() -> dict:
     y = (x[:, :5].argmax(1)).astype("int64")
     cache = tempfile.mkdtemp(prefix="distlab-native-load-")
     lab = _lab(2, cache_dir=cache)
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"  # gone with this process
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

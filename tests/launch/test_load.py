@@ -77,7 +77,10 @@ def test_a_worker_child_that_ran_and_exited_between_samples_is_ours():
 
 
 def _hogs(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    # busy until killed, or until this test process is gone (a test killed by its timeout would
+    # otherwise leave them spinning: two did for 36 minutes, slowing every later test)
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
 
 
 @pytest.mark.slow
