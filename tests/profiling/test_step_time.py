@@ -61,10 +61,16 @@ def plain_step_time(model, x, steps=9):
 @pytest.mark.parametrize(
     "make, sample",
     [
-        (GRULM, torch.randint(0, 1000, (16, 32), generator=torch.Generator().manual_seed(0))),
-        (bn_cnn, torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0))),
+        pytest.param(  # seconds of timed steps: left to `make test`
+            GRULM,
+            torch.randint(0, 1000, (16, 32), generator=torch.Generator().manual_seed(0)),
+            id="gru_lm",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            bn_cnn, torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0)), id="batchnorm_cnn"
+        ),
     ],
-    ids=["gru_lm", "batchnorm_cnn"],
 )
 def test_step_time_matches_a_plain_training_loop_at_the_same_batch(make, sample):
     """The quietest of three interleaved rounds on each side agree within 0.75-1.33x.
