@@ -52,9 +52,13 @@ def lab(session_lab):
     and timeout. Earlier modules' runs stay in its history (a module that needs a Lab of its own,
     or an empty history, defines its own ``lab``). At the module's end its unfinished runs are
     cancelled, as ``lab.close()`` would, and their driver threads must end."""
+    from distlab.cluster.local import heal_local_cluster
+
     before = {t.ident for t in threading.enumerate()}
     cache_dir, timeout = session_lab.cache_dir, session_lab.timeout
     session_lab.cost_model = None
+    # an earlier module may have killed a worker: whole again, as the Lab makes it before a launch
+    heal_local_cluster(session_lab.cluster.local, session_lab.client, within=60)
     yield session_lab
     for run in session_lab.history:
         if not run.done:
