@@ -73,6 +73,7 @@ SMALL: dict[str, dict] = {
         "rounds": 1,
     },
     "bench/launch-overhead": {"pairs": 1, "steps": 10},
+    "bench/fail-fast": {"rounds": 1},
     "bench/ddp": {
         "pairs": 1,
         "models": {"tiny": {"options": {"in_features": 32, "width": 64}, "steps": 12, "warmup": 4}},
