@@ -40,7 +40,9 @@ def test_calibration_measures_the_link_between_hosts_at_its_configured_rate(lab)
 
     # the calibration's first stage, what it fits the links from (the rest of a calibration is
     # the same on one host or two: tests/launch/test_calibrate.py)
-    cm = measure_links(lab.cluster, sizes=[65536, 1 << 20, 4 << 20, 8 << 20])
+    # the link between the hosts is measured at the product's own LINK_SIZES whatever these are;
+    # these fit the collectives (an 8 MB size added 8 s and changed neither bound's outcome)
+    cm = measure_links(lab.cluster, sizes=[65536, 1 << 20, 4 << 20])
     lab.cost_model = cm  # the launches below predict with it
     ab = cm.params.alpha_beta
     assert {"allreduce/intra", "allreduce/inter", "send/inter", "sendrecv/intra", "sendrecv/inter"} <= set(ab)
