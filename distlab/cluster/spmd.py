@@ -16,6 +16,9 @@ survives that too (blocked in C code whose peers are all blocked as well).
 
 The registries below live in *worker* processes (never in the notebook), keyed by run id, and
 are emptied by ``cleanup`` when a run segment ends. They are the only worker-side state.
+
+Long because the worker side (registries, stop, abort) and the client side (``RankGroup``: start,
+wait, settle, escalate) are one protocol whose two halves must change together.
 """
 
 from __future__ import annotations

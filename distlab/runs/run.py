@@ -194,7 +194,7 @@ class Run:
                     )
                     self._status = "running"
                     if self._cancel:  # cancel() ran while the ranks were being started
-                        self._group.stop()
+                        self._group.stop(abort_after=spmd.CANCEL_ABORT_AFTER)
                     results = self._group.wait(None)
                     if self._pausing and not self._cancel and not self._complete(results):
                         self._group.close()
@@ -451,8 +451,8 @@ class Run:
             return self
         self._cancel = True
         group = self._group
-        if group is not None:
-            group.stop()
+        if group is not None:  # ranks that have not stopped at a step within a second are aborted
+            group.stop(abort_after=spmd.CANCEL_ABORT_AFTER)
         self._done.wait(timeout)
         if not self._done.is_set():
             raise LaunchError(

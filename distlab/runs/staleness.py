@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distlab.cluster import spmd
 from distlab.cluster.interrupts import interrupts_held
 from distlab.errors import LaunchError
 
@@ -94,22 +93,10 @@ def _wait(run: Any, bar: _ProbeBar, what: str) -> Any:
 
 
 def _cancel_now(run: Any, within: float = 10.0) -> None:
-    """Cancel ``run``, its ranks aborted if they have not stopped ``spmd.CANCEL_ABORT_AFTER`` s after
-    the stop: a cancel alone lets them agree on a step several steps ahead (a stale run's margin is
-    its staleness plus two), a minute of a model whose step takes seconds."""
-    deadline = time.monotonic() + within
-    asked = None
-    while True:
-        group = getattr(run, "_group", None)  # the run segment's ranks (spmd.RankGroup)
-        if group is not None and group is not asked:
-            group.stop(abort_after=spmd.CANCEL_ABORT_AFTER)
-            asked = group
-        try:
-            run.cancel(timeout=0.1)
-            return
-        except LaunchError:  # not stopped yet
-            if time.monotonic() > deadline:
-                raise
+    """Cancel ``run`` (its ranks aborted if they have not stopped ``spmd.CANCEL_ABORT_AFTER`` s
+    after the stop: a cancel alone would let them agree on a step several steps ahead, a stale
+    run's staleness plus two, a minute of a model whose step takes seconds)."""
+    run.cancel(timeout=within)
 
 
 class _ProbeBar:
