@@ -881,8 +881,10 @@ def stale_suite_body(rank: int, world: int, addr: str, port: int, directory: str
         res = run_rank(job)
         out[key] = {k: v.detach().clone() for k, v in job.model.state_dict().items()}
         out[f"{key}-record"] = res["records"][-1]
-    run("ckpt-full", 1, True, 6, "linear", checkpoint_dir=directory, checkpoint_every=3)
     from distlab.runtime import checkpoint
+
+    checkpoint.save.__defaults__ = (3,)  # a run keeps only its newest checkpoint; this resumes from an older
+    run("ckpt-full", 1, True, 6, "linear", checkpoint_dir=directory, checkpoint_every=3)
 
     path = str(checkpoint.path_for(directory, 3))
     run("ckpt-resumed", 1, True, 6, "linear", resume_from=path, start_step=3, sample_offset=3 * BATCH * world)
