@@ -81,8 +81,6 @@ def interleaved_body(
     """
     import copy
 
-    import torch.distributed as dist
-
     base, dataset = _model_and_data(model_name, model_opts, n=max(4096, batch * world * steps))
     names = list(programs)
     out: dict[str, list[dict[str, float]]] = {n: [] for n in names}
@@ -91,12 +89,10 @@ def interleaved_body(
             model = copy.deepcopy(base)
             strategy = programs[name]
             if strategy is None:
-                store = dist.PrefixStore(f"ddp-{i}/", dist.TCPStore(addr, port, world, False))
-                dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-                try:
-                    out[name].append(ddp_loop(model, dataset, rank, world, batch, steps, warmup))
-                finally:
-                    dist.destroy_process_group()
+                group = (addr, port, f"ddp-{i}/")
+                out[name].append(
+                    _in_group(group, rank, world, ddp_loop, model, dataset, rank, world, batch, steps, warmup)
+                )
             else:
                 job = RankJob(
                     rank=rank,
@@ -129,14 +125,22 @@ def ddp_only_body(
 ) -> dict[str, float]:
     """(spawned) Plain DDP as a user would start it with ``mp.spawn``: a gloo group, one thread per
     rank (as the Lab gives each rank of a 2-core host), SGD; samples/s after ``warmup`` steps."""
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
     model, dataset = _model_and_data(model_name, model_opts, n=max(4096, batch * world * steps))
-    store = dist.TCPStore(addr, port, world, False)
-    dist.init_process_group("gloo", store=dist.PrefixStore("ddp/", store), rank=rank, world_size=world)
+    return _in_group(
+        (addr, port, "ddp/"), rank, world, ddp_loop, model, dataset, rank, world, batch, steps, warmup
+    )
+
+
+def _in_group(group: tuple[str, int, str], rank: int, world: int, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` inside a gloo default group on the store at ``(addr, port)`` under ``prefix``."""
+    import torch.distributed as dist
+
+    addr, port, prefix = group
+    store = dist.PrefixStore(prefix, dist.TCPStore(addr, port, world, False))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
-        return ddp_loop(model, dataset, rank, world, batch, steps, warmup)
+        return fn(*args)
     finally:
         dist.destroy_process_group()
 

@@ -92,17 +92,6 @@ def remove_run(folder: str | Path | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def size(folder: str | Path) -> int:
-    """Bytes under ``folder`` now."""
-    total = 0
-    for p in Path(folder).rglob("*"):
-        try:
-            total += p.stat().st_size if p.is_file() else 0
-        except OSError:
-            pass
-    return total
-
-
 def describe(info: dict[str, Any] | None, ended: bool) -> str:
     """The Run card's line: when the last checkpoint was taken, and whether it is still kept."""
     if info is None:
