@@ -177,6 +177,7 @@ def rank_entry(
                 _leave(run_id, rank)
     except BaseException as exc:  # summarise here: the client sees one picklable error per rank
         failure = RankFailure(rank, os.uname().nodename, type(exc).__name__, str(exc), traceback.format_exc())
+        failure.peer = (exc.peer, exc.cause) if hasattr(exc, "peer") else None
     finally:
         if failure is not None:
             # The exception's frames hold the rank's process group (through DDP, optimizers...):
@@ -194,8 +195,24 @@ def rank_entry(
     raise failure
 
 
+def first_cause(failures: Sequence[RankFailure]) -> RankFailure:
+    """The failure a run reports: the first rank that raised on its own, else the rank that the
+    peers' ``PeerFailed`` name (its own error may be one scheduler message behind theirs), as it
+    named itself; else the first."""
+    own = next((x for x in failures if x.kind != "PeerFailed"), None)
+    if own is not None:
+        return own
+    peer = next((x.peer for x in failures if x.peer is not None), None)
+    if peer is None:
+        return failures[0]
+    kind, _, message = peer[1].partition(": ")
+    return RankFailure(peer[0], "?", kind, message)
+
+
 class RankFailure(Exception):
     """A rank's exception, carried back to the client with its rank and traceback."""
+
+    peer: tuple[int, str] | None = None  # (rank, "Kind: message") of the peer a PeerFailed names
 
     def __init__(self, rank: int, host: str, kind: str, message: str, tb: str = "") -> None:
         super().__init__(rank, host, kind, message, tb)
@@ -372,7 +389,7 @@ class RankGroup:
                 if isinstance(exc, RankFailure)
                 else RankFailure(self.futures.index(f), "?", type(exc).__name__, str(exc))
             )
-        return next((x for x in failures if x.kind != "PeerFailed"), failures[0])
+        return first_cause(failures)
 
     def _escalate(self) -> None:
         """A stop not obeyed in time: abort the ranks, then restart the workers of any left."""

@@ -192,7 +192,17 @@ def _destroy() -> None:
 
 
 class PeerFailed(LaunchError):
-    """A rank that stopped because another rank failed: the run reports the other's error."""
+    """A rank that stopped because another rank failed: the run reports the other's error.
+
+    ``peer`` and ``cause`` are that rank and its "Kind: message", so the driver can name it
+    even when this error reaches the client before the peer's own."""
+
+    def __init__(self, rank: int, peer: int, cause: str) -> None:
+        super().__init__(f"rank {rank}: stopped because rank {peer} failed: {cause}")
+        self.rank, self.peer, self.cause = rank, peer, cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.rank, self.peer, self.cause))
 
 
 def abort_groups() -> bool:

@@ -103,9 +103,7 @@ def run_rank(
             aborted = abort_groups()
             _release(exc, collect=not aborted)
             if other is not None and not isinstance(exc, DistlabError):
-                raise PeerFailed(
-                    f"rank {job.rank}: stopped because rank {other[0]} failed: {other[1]}"
-                ) from exc
+                raise PeerFailed(job.rank, other[0], other[1]) from exc
             if isinstance(exc, DistlabError):
                 raise
             raise LaunchError(f"rank {job.rank} failed at step {progress['step']}: {cause}") from exc
