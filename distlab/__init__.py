@@ -28,6 +28,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Prediction": ("distlab.costmodel", "Prediction"),
     "Lab": ("distlab.lab", "Lab"),
     "Run": ("distlab.runs.run", "Run"),
+    "TrainContext": ("distlab.runtime.own_loop", "TrainContext"),
     "plot": ("distlab.notebook.plots", None),
     "StrategyPicker": ("distlab.notebook.picker", "StrategyPicker"),
 }

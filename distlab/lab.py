@@ -336,6 +336,43 @@ class Lab:
             run.wait()
         return run
 
+    def run(
+        self,
+        train: Any,
+        strategy: Any = "AllReduce",
+        workers: int | None = None,
+        timeout: float | None = None,
+        *,
+        seed: int = 0,
+        elastic: bool = True,
+        checkpoint_every: int | None = None,
+        trace: bool = False,
+        block: bool = False,
+    ) -> Run:
+        """Run your own training loop ``train(ctx)`` on every rank (or the first ``workers``) under
+        ``strategy``; returns the same live ``Run`` as ``launch`` (card, view, ``run.metrics``,
+        ``wait``, ``cancel``, ``timeline`` when traced). ``run.model`` is rank 0's trained model,
+        ``run.result`` rank 0's return value.
+
+        ``train`` calls ``ctx.prepare(model, optimizer, loader, scheduler=None)`` once, then loops
+        as on one process (``distlab.TrainContext``; docs/own-loop.md). It runs once here in the
+        kernel up to ``ctx.prepare``: the strategy (a builder name, a ``Strategy`` or a JSON file,
+        as ``launch`` takes) is built for the model and the loader's batch it prepares, and the
+        card predicts that (basis "profile") when the Lab has a cost model. ``elastic``: the loop
+        checkpoints (model, optimizer, scheduler, ``ctx.state`` objects, data position; as
+        ``launch`` times them) and resumes at the exact step after a lost worker or ``scale``.
+        """
+        from distlab.runs.own_plan import launch_own
+
+        self._check_idle()
+        every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
+        run = launch_own(self._side(), train, strategy, workers, timeout, seed, elastic, trace, every)
+        self._runs.append(run)
+        run.start()
+        if block:
+            run.wait()
+        return run
+
     def probe_staleness(
         self,
         model: Any,

@@ -117,7 +117,7 @@ def run_figure(run: Any, themed: bool = True) -> Any:
         for c in (1, 2) if adaptive or r == 1 else (1,):
             fig.update_xaxes(title_text="step" if r == rows else None, row=r, col=c)
     fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    done = f"{int(steps['step'].max()) + 1 if len(steps) else 0}/{run.steps} steps"
+    done = f"{int(steps['step'].max()) + 1 if len(steps) else 0}{f'/{run.steps}' if run.steps else ''} steps"
     fig.update_layout(
         title={
             "text": f"run {run.id}: {run.strategy.name}, {run.status} ({done})",
@@ -235,7 +235,7 @@ class LiveView:
         while not self.run.done and not self._stop.is_set():
             self._stop.wait(POLL)
             now, done = time.monotonic(), self.run.steps_done
-            last = done >= self.run.steps  # drawn at once: the run's end is near
+            last = bool(self.run.steps) and done >= self.run.steps  # drawn at once: the run's end is near
             figure = last or now >= figure_due
             if self.run.done or done == seen or not (figure or now >= card_due):
                 continue

@@ -123,7 +123,7 @@ def run_card(run: Run) -> str:
     rows = [
         ("status", r["status"]),
         ("strategy", f"{r['strategy']} on {r['world']} worker(s), {r['batch']} samples per replica"),
-        ("steps", f"{run.steps_done}/{run.steps}{restarts}"),
+        ("steps", f"{run.steps_done}{f'/{run.steps}' if run.steps else ' (your loop ends it)'}{restarts}"),
         ("data", run.data_info),
         ("loss", run.loss_info + (f": {loss[0]:.4g} first step, {loss[1]:.4g} last" if loss else "")),
         ("optimizer", run.optimizer_info),

@@ -84,7 +84,8 @@ class Run:
         self.drift_note: str | None = None  # what on_finish said after it finished (a drift, once)
         self._client, self._on_finish = hooks.client, hooks.on_finish
         self.strategy = strategy
-        self.steps = job.steps
+        self.steps: int | None = job.steps or None  # None: a user's loop (Lab.run), done when it returns
+        self.result: Any = None  # rank 0's return value of a user's loop (Lab.run)
         self.batch_size = job.batch_size or strategy.batch.per_replica
         self.elastic = elastic
         # what the Lab predicted, or why it did not (its route says: no cost model, a slowed run...)
@@ -371,7 +372,7 @@ class Run:
         r0 = results[0]
         self.details = dict(r0.get("details") or {})
         self.consensus_distance = r0.get("consensus_distance")
-        self._state_dict = r0.get("state_dict")
+        self._state_dict, self.result = r0.get("state_dict"), r0.get("result")
         self._status = "finished"
         try:
             if self._on_finish is not None:
@@ -579,7 +580,7 @@ class Run:
         self.live()
 
     def __repr__(self) -> str:
-        progress = f"{self.steps_done}/{self.steps} steps"
+        progress = f"{self.steps_done}{f'/{self.steps}' if self.steps else ''} steps"
         return f"<Run {self.id} {self.status}: {self.strategy.name} on {self.world} ranks, {progress}>"
 
     @property

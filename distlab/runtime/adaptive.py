@@ -32,8 +32,11 @@ class BatchState:
         optimizers: list[Any],
         wait: Callable[[Any], None],
         controller: GoodputController | None = None,
+        collate: Any = None,
     ) -> None:
+        """``collate``: an own loop's ``collate_fn`` (runtime/data.py ``RankBatches``)."""
         self.job, self.noise, self.optimizers, self.wait = job, noise, optimizers, wait
+        self.collate = collate
         self.rule = scaling.check_rule(job.strategy.batch.lr_scaling)
         for opt in optimizers:
             scaling.check_optimizer(opt, self.rule)
@@ -48,7 +51,9 @@ class BatchState:
     def configure(self, batch: int, accumulation: int) -> None:
         j = self.job
         self.batch, self.accum = int(batch), int(accumulation)
-        self.data = RankBatches(j.data, self.batch, j.rank, j.world, j.shuffle, j.seed, self.accum)
+        self.data = RankBatches(
+            j.data, self.batch, j.rank, j.world, j.shuffle, j.seed, self.accum, self.collate
+        )
         self.global_batch = self.data.global_batch
         self.scale = self.global_batch / self.base
         if self.noise is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -11,6 +12,12 @@ def to_device(x: Any, device: Any) -> Any:
     """A batch's tensors on ``device``: one tensor, or a tuple/list of them (a model of several inputs)."""
     if isinstance(x, (tuple, list)):
         return type(x)(to_device(t, device) for t in x)
+    if isinstance(x, Mapping):  # a tokenizer's dict batch (an own loop's collate_fn)
+        moved = {k: to_device(v, device) for k, v in x.items()}
+        try:
+            return type(x)(moved)
+        except Exception:  # noqa: BLE001 - a mapping type that cannot be rebuilt from a dict
+            return moved
     return x.to(device, non_blocking=True) if torch.is_tensor(x) else x
 
 
@@ -36,9 +43,20 @@ class RankBatches:
     """
 
     def __init__(
-        self, data: Any, batch: int, rank: int, world: int, shuffle: bool, seed: int, accumulation: int = 1
+        self,
+        data: Any,
+        batch: int,
+        rank: int,
+        world: int,
+        shuffle: bool,
+        seed: int,
+        accumulation: int = 1,
+        collate: Any = None,
     ) -> None:
+        """``collate``: a loader's ``collate_fn`` (an own loop's batches are what it makes: tensors,
+        tuples, dicts); None: ``(input, target)`` pairs collated as torch's default does."""
         self.data, self.batch, self.rank, self.world = data, batch, rank, world
+        self.collate = collate
         self.accumulation = accumulation
         self.shuffle, self.seed = shuffle, seed
         self.n = len(data)
@@ -72,6 +90,8 @@ class RankBatches:
     def get(self, pos: int, micro: int = 0) -> tuple[Any, Any]:
         start = pos + (self.rank * self.accumulation + micro) * self.batch
         idx = self._index(torch.arange(start, start + self.batch))
+        if self.collate is not None:
+            return self.collate([self.data[int(i)] for i in idx])
         if self._tensors is not None:
             x, y = self._tensors[0][idx], self._tensors[1][idx]
             return x, y

@@ -54,7 +54,13 @@ class DDPSynchronizer:
             self.tracer.ready(self._labels[id(p)], int(p.numel() * p.element_size()))
 
     def zero_grad(self) -> None:
+        self.clear_grads()
+        self.new_step()
+
+    def clear_grads(self) -> None:
         self.local_opt.zero_grad(set_to_none=True)
+
+    def new_step(self) -> None:
         self.comm_time = 0.0
 
     @contextmanager
@@ -67,7 +73,17 @@ class DDPSynchronizer:
     def begin(self, step: int) -> None:
         pass
 
+    def set_syncing(self, on: bool) -> None:
+        """An own loop's micro-steps: what ``no_sync`` sets, for a backward the loop calls itself."""
+        self.wrapped.require_backward_grad_sync = on
+
     def step(self, step: int) -> None:
+        self.apply(step)
+
+    def sync_grads(self) -> None:
+        """Nothing left: DDP's reducer averaged every gradient during backward."""
+
+    def apply(self, step: int) -> None:
         with self.tracer.span("optimizer", "optimizer"):
             self.local_opt.step()
 

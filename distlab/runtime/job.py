@@ -130,6 +130,9 @@ class RankJob:
     run_id: str = ""
     options: RunOptions = field(default_factory=lambda: RunOptions())
     topology: Any = None  # gossip topology object; default: distlab.topology.get(...)
+    # the user's own loop, ``train(ctx)`` (Lab.run; runtime/own_loop.py); None: the built-in loop
+    # over ``data`` (``model``: what the run planned for; each rank prepares its own)
+    train_fn: Callable[[Any], Any] | None = None
 
     @classmethod
     def unplaced(cls, strategy: Strategy, model: Any, steps: int, data: Any, **fields: Any) -> RankJob:

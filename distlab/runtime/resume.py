@@ -35,8 +35,12 @@ class Checkpoints:
         batches: Any,
         store: Any,
         asynchronous: bool,
+        extra: Any = None,
     ) -> None:
+        """``extra``: a callable whose dict goes into each checkpoint as ``"user"`` (an own
+        loop's scheduler, registered state and epoch: runtime/own_loop.py)."""
         self.job, self.model, self.sync, self.units, self.batches = job, model, sync, units, batches
+        self.extra = extra
         on, every, budget = job.checkpoint_dir is not None, job.checkpoint_every, job.checkpoint_budget
         agree, estimate = self._agree, self._estimate
         self.cadence = (
@@ -51,7 +55,7 @@ class Checkpoints:
     def _take(self, step: int, samples: int) -> None:
         t0 = time.perf_counter()
         self.last = _checkpoint(
-            self.job, self.model, self.sync, self.units, step, samples, self.batches, self.writer
+            self.job, self.model, self.sync, self.units, step, samples, self.batches, self.writer, self.extra
         )
         assert self.cadence is not None
         self.cadence.served()
@@ -95,12 +99,13 @@ class Checkpoints:
         if self.cadence and self.cadence.due(steps_done):
             self._take(steps_done, samples)
 
-    def at_end(self, samples: int) -> None:
-        """This rank has done its steps: join a cut asked before its end (its askers wait for it)."""
+    def at_end(self, samples: int, step: int | None = None) -> None:
+        """This rank has done its steps (``step``: how many; the job's by default): join a cut
+        asked before its end (its askers wait for it)."""
         if self.cadence:
             self.cadence.close()
             while self.cadence.pending():
-                self._take(self.job.steps, samples)
+                self._take(self.job.steps if step is None else step, samples)
 
     def wait(self) -> str | None:
         """The last checkpoint is on disk; its path."""
@@ -111,8 +116,9 @@ class Checkpoints:
         self.writer.close()
 
 
-def resume(job: RankJob, model: torch.nn.Module, sync: Any, units: list, batches: Any) -> None:
-    """The checkpoint ``job.resume_from`` into the model, the optimizers and the batch state."""
+def resume(job: RankJob, model: torch.nn.Module, sync: Any, units: list, batches: Any) -> dict[str, Any]:
+    """The checkpoint ``job.resume_from`` into the model, the optimizers and the batch state;
+    returns the checkpoint (an own loop restores its ``"user"`` part)."""
     state = ckpt.load(job.resume_from)
     load_model_state(model, state, job.resume_from)
     sync.refresh_shadows()
@@ -122,6 +128,7 @@ def resume(job: RankJob, model: torch.nn.Module, sync: Any, units: list, batches
         restore_state(sync.stale.optimizer, units, state["optimizer"], sync.stale.targets())
         sync.settle()
     batches.load_state_dict(state.get("adaptive"))
+    return state
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: str) -> None:
@@ -160,6 +167,7 @@ def _checkpoint(
     samples: int,
     batches: Any,
     writer: ckpt.Writer,
+    extra: Any = None,
 ) -> Any:
     step, samples = sync.settle(step, samples)  # a stale PS: every push applied, every replica equal
     stale = (sync.stale.optimizer, sync.stale.targets()) if sync.stale is not None else None
@@ -176,4 +184,6 @@ def _checkpoint(
         "optimizer": opt_state,
         "adaptive": batches.state_dict(),
     }
+    if extra is not None:
+        payload["user"] = extra()
     return writer.submit(job.checkpoint_dir, payload)  # the training goes on while it is written

@@ -106,11 +106,18 @@ class Synchronizer:
 
     # -- backward ----------------------------------------------------------------------
     def zero_grad(self) -> None:
+        self.clear_grads()
+        self.new_step()
+
+    def clear_grads(self) -> None:
         for p in self.model.parameters():
             p.grad = None
         for u in self.units:
             if u.shadow is not None:
                 u.shadow.grad = None
+
+    def new_step(self) -> None:
+        """A step begins: every gradient task waits for its gradients again."""
         self._pending = {id(t): len(t.params) for t in self.tasks}
         self._next = 0
         self.comm_time = 0.0
@@ -131,6 +138,10 @@ class Synchronizer:
             yield
         finally:
             self._syncing = True
+
+    def set_syncing(self, on: bool) -> None:
+        """An own loop's micro-steps (``ctx.accumulate``): False while gradients only accumulate."""
+        self._syncing = on
 
     def _on_ready(self, p: torch.Tensor) -> None:
         if not self._syncing:
@@ -185,6 +196,12 @@ class Synchronizer:
     # -- after backward ----------------------------------------------------------------
     def step(self, step: int) -> None:
         """Finish gradient sync, apply the optimizers, and synchronise parameters."""
+        self.sync_grads()
+        self.apply(step)
+
+    def sync_grads(self) -> None:
+        """Finish the step's gradient communication: every all-reduced gradient averaged in place,
+        every PS gradient on its server (what ``apply`` steps on)."""
         t0 = time.perf_counter()
         tr, others = self.tracer, [r for r in range(self.world) if r != self.rank]
         with tr.span("waiting for gradient communication", "wait"):
@@ -203,7 +220,13 @@ class Synchronizer:
                 gather_sparse_to_servers(group, self.world, self.rank, self.wait)
         if self.noise is not None:
             self.noise.after_sync()
-        comm = time.perf_counter() - t0
+        self.comm_time = time.perf_counter() - t0
+
+    def apply(self, step: int) -> None:
+        """The optimizers' step on the synchronised gradients, then the parameters' sync (PS
+        broadcasts, gossip, a stale PS's pushes and pulls)."""
+        tr = self.tracer
+        comm = self.comm_time
         with tr.span("optimizer", "optimizer"):
             self.broadcast.before_step(self.server_opt)
             if self.local_opt is not None:

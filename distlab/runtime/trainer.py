@@ -81,17 +81,22 @@ def run_rank(
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed + job.rank)
-    if job.data is None:
+    own = job.train_fn is not None  # a user's loop (Lab.run): it prepares its own model and data
+    if job.data is None and not own:
         raise LaunchError("RankJob.data: None; pass a map-style Dataset of (input, target) pairs")
-    if job.steps <= job.start_step:
+    if not own and job.steps <= job.start_step:
         raise LaunchError(f"RankJob.steps: {job.steps} <= start_step {job.start_step}; nothing to train")
-    model = job.model.to(job.device)
+    model = job.model.to(job.device) if not own else job.model
     units = build_units(model, job.strategy, job.world)  # StrategyError before any rendezvous
     backend = resolve_backend(job.strategy.backend, job.device)
     pstore = connect_store(job.master_addr, job.master_port, job.world, job.timeout, job.run_id, store)
     progress = {"step": job.start_step}
     with process_group(pstore, job.rank, job.world, backend, job.timeout, job.device) as waiter:
         try:
+            if own:
+                from distlab.runtime.own_session import run_own
+
+                return run_own(job, pstore, emit, should_stop, progress, waiter.wait)
             return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
