@@ -213,10 +213,24 @@ class RankFailure(Exception):
     """A rank's exception, carried back to the client with its rank and traceback."""
 
     peer: tuple[int, str] | None = None  # (rank, "Kind: message") of the peer a PeerFailed names
+    from_dask = False  # Dask's error for the task (a killed worker...), not one the rank raised
 
     def __init__(self, rank: int, host: str, kind: str, message: str, tb: str = "") -> None:
         super().__init__(rank, host, kind, message, tb)
         self.rank, self.host, self.kind, self.message, self.tb = rank, host, kind, message, tb
+
+    @property
+    def own_error(self) -> bool:
+        """The rank raised by itself (its own code or data), not because a collective or a peer
+        failed: no worker was lost, so the driver need not wait to see one leave."""
+        if (
+            self.from_dask
+            or self.kind in ("PeerFailed", RankAborted.__name__)
+            or self.kind.startswith("Dist")
+        ):
+            return False
+        text = self.message
+        return not any(k in text for k in ("gloo", "Connection", "Timed out", "NCCL", "timeout", "timed out"))
 
     def summary(self) -> str:
         if self.kind == RankAborted.__name__:
@@ -384,11 +398,10 @@ class RankGroup:
         failures = []
         for f in errors:
             exc = f.exception()
-            failures.append(
-                exc
-                if isinstance(exc, RankFailure)
-                else RankFailure(self.futures.index(f), "?", type(exc).__name__, str(exc))
-            )
+            if not isinstance(exc, RankFailure):
+                exc = RankFailure(self.futures.index(f), "?", type(exc).__name__, str(exc))
+                exc.from_dask = True
+            failures.append(exc)
         return first_cause(failures)
 
     def _escalate(self) -> None:

@@ -319,7 +319,8 @@ class Run:
         if isinstance(exc, spmd.WorkerLost):
             return [w for w in exc.workers if self._group is None or w not in self._group.restarted]
         restarted = self._group.restarted if self._group is not None else set()
-        deadline = time.monotonic() + (LOST_WORKER_GRACE if self.elastic else 0.0)
+        own = getattr(exc, "own_error", False)  # a rank's own raise: its worker is there, no wait
+        deadline = time.monotonic() + (LOST_WORKER_GRACE if self.elastic and not own else 0.0)
         while True:
             alive = set(spmd.workers_info(self._client))
             lost = [w for w in workers if w not in alive and w not in restarted]

@@ -111,7 +111,22 @@ def run_rank(
                 raise PeerFailed(job.rank, other[0], other[1]) from exc
             if isinstance(exc, DistlabError):
                 raise
-            raise LaunchError(f"rank {job.rank} failed at step {progress['step']}: {cause}") from exc
+            where = _user_line(exc, job.train_fn) if own else ""
+            raise LaunchError(f"rank {job.rank} failed at step {progress['step']}{where}: {cause}") from exc
+
+
+def _user_line(exc: BaseException, fn: Any) -> str:
+    """Where in the user's own loop ``exc`` was raised: ``", in train line 12 (loss = ...)"``, the
+    deepest frame of ``fn``'s file; "" when none is."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    text = (f.line or "").strip()
+    return f", in {f.name} line {f.lineno}" + (f" ({text[:80]})" if text else "")
 
 
 def _release(exc: BaseException, collect: bool = True) -> None:

@@ -34,3 +34,14 @@ def test_peer_failed_survives_pickle_with_its_fields():
     exc = pickle.loads(pickle.dumps(PeerFailed(2, 0, "RuntimeError: boom")))
     assert (exc.rank, exc.peer, exc.cause) == (2, 0, "RuntimeError: boom")
     assert str(exc) == "rank 2: stopped because rank 0 failed: RuntimeError: boom"
+
+
+def test_only_a_ranks_own_raise_skips_the_wait_for_a_lost_worker():
+    own = _as_sent(1, ValueError("sample 120 is corrupt"))
+    assert own.own_error
+    comm = _as_sent(0, RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
+    assert not comm.own_error  # a peer's worker may have died: the driver looks for it
+    assert not _as_sent(0, PeerFailed(0, 1, "ValueError: x")).own_error
+    killed = RankFailure(0, "?", "KilledWorker", "attempted to run task on 2 workers")
+    killed.from_dask = True
+    assert not killed.own_error
