@@ -200,7 +200,7 @@ def launch_own(
     from distlab.runs.replan import replan as replan_strategy
     from distlab.runs.run import Run
     from distlab.runtime.job import RankJob, RunOptions
-    from distlab.torch_route import CHECKPOINT_BUDGET
+    from distlab.torch_route import CHECKPOINT_BUDGET, _adaptive_options
 
     res = lab.cluster.resources
     if workers is not None:
@@ -252,13 +252,21 @@ def launch_own(
         checkpoint_budget=budget,
         timeout=float(timeout or lab.cluster.timeout),
         run_id=run_id,
-        options=RunOptions(ddp=True, trace=bool(trace)),
+        # an AdaptiveBatch strategy's controller table, as lab.launch's (none without a profile)
+        options=RunOptions(
+            ddp=True,
+            trace=bool(trace),
+            **({} if why else _adaptive_options(cost_model, profile, res, st, b, kind)),
+        ),
         train_fn=train,
     )
 
     def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
         sub = lab.cluster.resources.of_workers(survivors)
-        return replan_strategy(st, model, sub, profile_fn), lab.cluster.threads_for(survivors), {}
+        new = replan_strategy(st, model, sub, profile_fn)
+        adaptive = job.options.adaptive is not None
+        options = _adaptive_options(lab.cost_model(), profile, sub, new, b, kind) if adaptive else {}
+        return new, lab.cluster.threads_for(survivors), options
 
     hosts = lab.cluster.first(st.world, res)
     run = Run(
