@@ -16,6 +16,9 @@ HERE = Path(__file__).resolve().parent
 
 
 BUILDERS = ["PS", "PartitionedPS", "Parallax", "Gossip", "AdaptiveBatch"]
+# launch(timeout=) of the run whose rank never starts: the whole wait is this deadline, idle, and any
+# deadline fails it the same way (both ranks' children are then past their start or stopped)
+NEVER_DEADLINE = 8
 
 # the notebook on torch: distlab's runtime and the native route (first: the torch route's check
 # that its workers never import TensorFlow)
@@ -30,7 +33,7 @@ TORCH_CALLS = [
     ["native_equivalence", "torch_route_equivalence", ["AllReduce", 4, 8, "tensorflow"]],
     ["native_exit_AllReduce", "native_faults", ["exit", "AllReduce"]],
     ["native_exit_PS", "native_faults", ["exit", "PS"]],
-    ["native_never", "native_faults", ["never"]],
+    ["native_never", "native_faults", ["never", "AllReduce", NEVER_DEADLINE]],
     ["native_bad_input", "native_bad_input", []],
     ["native_ps", "native_ps", [["PS", "PartitionedPS"]]],
 ]
@@ -375,10 +378,10 @@ def _no_children_within(run_id: str, seconds: float) -> bool:
     return False
 
 
-def native_faults(kind: str, builder: str = "AllReduce") -> dict:
-    """A native run (``builder``) on 2 workers whose rank 1 process is killed after its first
-    steps ("exit"), or stopped before its first step so that it never starts ("never"): how the
-    run ends."""
+def native_faults(kind: str, builder: str = "AllReduce", deadline: float = 20) -> dict:
+    """A native run (``builder``, ``launch(timeout=deadline)``) on 2 workers whose rank 1 process is
+    killed after its first steps ("exit"), or stopped before its first step so that it never starts
+    ("never"): how the run ends."""
     import signal
     import time
 
@@ -396,7 +399,7 @@ def native_faults(kind: str, builder: str = "AllReduce") -> dict:
             data=(x, y),
             batch_size=8,
             backend="tensorflow",
-            timeout=20,
+            timeout=deadline,
         )
         deadline = time.monotonic() + 120
         victim = []
