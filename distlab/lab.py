@@ -362,7 +362,7 @@ class Lab:
         checkpoints (model, optimizer, scheduler, ``ctx.state`` objects, data position; as
         ``launch`` times them) and resumes at the exact step after a lost worker or ``scale``.
         """
-        from distlab.runs.own_plan import launch_own
+        from distlab.own_route import launch_own
 
         self._check_idle()
         every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)

@@ -80,7 +80,7 @@ class TorchRoute(Route):
                 metrics=r.metrics,
                 slowdown=r.slowdown,
                 jitter=r.jitter,
-                **_adaptive_options(cost_model, profile(b), res, st, b, kind),
+                **adaptive_run_options(cost_model, profile(b), res, st, b, kind),
             ),
         )
 
@@ -88,7 +88,9 @@ class TorchRoute(Route):
             sub = lab.cluster.resources.of_workers(survivors)
             new = replan_strategy(st, model, sub, profile)
             adaptive = job.options.adaptive is not None
-            options = _adaptive_options(lab.cost_model(), profile(b), sub, new, b, kind) if adaptive else {}
+            options = (
+                adaptive_run_options(lab.cost_model(), profile(b), sub, new, b, kind) if adaptive else {}
+            )
             return new, lab.cluster.threads_for(survivors), options
 
         run = Run(
@@ -162,7 +164,7 @@ class TorchRoute(Route):
         )
 
 
-def _adaptive_options(
+def adaptive_run_options(
     cost_model: CostModel | None, profile: Any, res: ResourceSpec, st: Any, batch: int, optimizer: str | None
 ) -> dict[str, Any]:
     """An AdaptiveBatch launch's run options: the controller's table, predicted by the Lab's cost

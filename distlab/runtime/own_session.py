@@ -92,7 +92,7 @@ class OwnSession:
         from distlab.runtime.plan import build_units
         from distlab.runtime.process_group import StopSignal, failure_of_other
         from distlab.runtime.resume import Checkpoints, resume
-        from distlab.runtime.trainer import _asynchronous, _controller, _make_sync, _stop_margin
+        from distlab.runtime.trainer import goodput_controller, is_asynchronous, make_sync, stop_margin
 
         if self.sync is not None:
             raise LaunchError(
@@ -134,10 +134,10 @@ class OwnSession:
             job, data=loader.dataset, batch_size=int(loader.batch_size), shuffle=shuffle
         )
         make_opt, self._links = own_loop.make_optimizer_like(optimizer, units)
-        sync = _make_sync(job, model, units, make_opt, self.wait, self.tracer)
+        sync = make_sync(job, model, units, make_opt, self.wait, self.tracer)
         noise = getattr(sync, "noise", None)
         opts = [sync.local_opt, sync.server_opt]
-        self.batches = BatchState(job, noise, opts, self.wait, _controller(job), collate)
+        self.batches = BatchState(job, noise, opts, self.wait, goodput_controller(job), collate)
         self.model, self.units, self.sync, self._scheduler = model, units, sync, scheduler
         if job.resume_from:
             self._restored = resume(job, model, sync, units, self.batches).get("user") or {}
@@ -145,8 +145,8 @@ class OwnSession:
                 scheduler.load_state_dict(self._restored["scheduler"])
             for name, obj in self._registered.items():
                 self._restore(name, obj)
-        self.asynchronous = _asynchronous(sync)
-        margin = _stop_margin(sync, job.world)
+        self.asynchronous = is_asynchronous(sync)
+        margin = stop_margin(sync, job.world)
         self.stop = StopSignal(self.store, self.should_stop, margin=margin, at_once=self.asynchronous)
         self.ckpts = Checkpoints(
             job, model, sync, units, self.batches, self.store, self.asynchronous, self._extra
@@ -249,9 +249,9 @@ class OwnSession:
         values = (job.run_id, self.step, job.rank, math.nan, self.pos, seconds, sync.comm_time)
         rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
         rec.update(b.after_step(self._step_pos, self.pos, seconds, gains))
-        from distlab.runtime.trainer import _consistency
+        from distlab.runtime.trainer import consistency_record
 
-        rec.update(_consistency(sync))
+        rec.update(consistency_record(sync))
         if self.tracer.enabled:
             rec["trace"] = self.tracer.take()
         self._pending = rec

@@ -161,7 +161,7 @@ def measures_noise(job: RankJob) -> bool:
     )
 
 
-def _controller(job: RankJob) -> Any:
+def goodput_controller(job: RankJob) -> Any:
     """The goodput controller of an adaptive run: ``options.adaptive`` holds the predicted
     seconds per step of every allowed (per-replica batch, accumulation), as ``[[b, k, s], ...]``."""
     spec = job.options.adaptive
@@ -174,7 +174,7 @@ def _controller(job: RankJob) -> Any:
     return GoodputController(table, job.world, base)
 
 
-def _make_sync(
+def make_sync(
     job: RankJob, model: torch.nn.Module, units: list, make_opt: Callable, wait: Callable, tracer: Any = OFF
 ) -> Any:
     s = job.strategy
@@ -209,7 +209,7 @@ def _make_sync(
     )
 
 
-def _stop_margin(sync: Any, world: int) -> int:
+def stop_margin(sync: Any, world: int) -> int:
     """Steps between a stop request and the agreed stop: collectives keep ranks within one step of
     each other, gossip ranks within the graph's diameter, a stale PS's within its staleness (an
     asynchronous one is unbounded: a rank already past the agreed step stops where it is)."""
@@ -220,7 +220,7 @@ def _stop_margin(sync: Any, world: int) -> int:
     return world + 1 if sync.gossip is not None else 2
 
 
-def _asynchronous(sync: Any) -> bool:
+def is_asynchronous(sync: Any) -> bool:
     """Whether the run's ranks go at their own pace with no bound on their drift: an asynchronous
     PS, asynchronous gossip. Their checkpoints are cuts on request and a stop is where each rank
     stands (runtime/cut.py). A stale-synchronous PS is not: its gate keeps the fastest rank within
@@ -232,7 +232,7 @@ def _asynchronous(sync: Any) -> bool:
     return bool(getattr(sync.gossip, "asynchronous", False))
 
 
-def _consistency(sync: Any) -> dict[str, int]:
+def consistency_record(sync: Any) -> dict[str, int]:
     """A stale PS step's record: this rank's clock and the staleness of the values it read; an
     asynchronous gossip step's: its clock and its disagreement with the neighbours it heard."""
     if getattr(sync.gossip, "asynchronous", False):
@@ -289,15 +289,15 @@ def _train(
     slow = Straggler.for_job(job)
     if tracer.enabled:
         align(tracer, job.rank, job.world, job.device)
-    sync = _make_sync(job, model, units, make_opt, wait, tracer)
+    sync = make_sync(job, model, units, make_opt, wait, tracer)
     forward = getattr(sync, "wrapped", model)
     noise = getattr(sync, "noise", None)
-    batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, _controller(job))
+    batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, goodput_controller(job))
     pos = job.sample_offset
     if job.resume_from:
         resume(job, model, sync, units, batches)
-    asynchronous = _asynchronous(sync)
-    stop = StopSignal(store, should_stop, margin=_stop_margin(sync, job.world), at_once=asynchronous)
+    asynchronous = is_asynchronous(sync)
+    stop = StopSignal(store, should_stop, margin=stop_margin(sync, job.world), at_once=asynchronous)
     ckpts = Checkpoints(job, model, sync, units, batches, store, asynchronous)
     end = EndRendezvous(
         store, job.rank, job.world, job.timeout, lambda: failure_of_other(store, job.rank, wait=0.0)
@@ -329,7 +329,7 @@ def _train(
             values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
             rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
             rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values, **slow.record())
-            rec.update(_consistency(sync))
+            rec.update(consistency_record(sync))
             if tracer.enabled:
                 rec["trace"] = tracer.take()
             records.append(rec)

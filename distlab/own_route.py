@@ -200,7 +200,7 @@ def launch_own(
     from distlab.runs.replan import replan as replan_strategy
     from distlab.runs.run import Run
     from distlab.runtime.job import RankJob, RunOptions
-    from distlab.torch_route import CHECKPOINT_BUDGET, _adaptive_options
+    from distlab.torch_route import CHECKPOINT_BUDGET, adaptive_run_options
 
     res = lab.cluster.resources
     if workers is not None:
@@ -256,7 +256,7 @@ def launch_own(
         options=RunOptions(
             ddp=True,
             trace=bool(trace),
-            **({} if why else _adaptive_options(cost_model, profile, res, st, b, kind)),
+            **({} if why else adaptive_run_options(cost_model, profile, res, st, b, kind)),
         ),
         train_fn=train,
     )
@@ -265,7 +265,7 @@ def launch_own(
         sub = lab.cluster.resources.of_workers(survivors)
         new = replan_strategy(st, model, sub, profile_fn)
         adaptive = job.options.adaptive is not None
-        options = _adaptive_options(lab.cost_model(), profile, sub, new, b, kind) if adaptive else {}
+        options = adaptive_run_options(lab.cost_model(), profile, sub, new, b, kind) if adaptive else {}
         return new, lab.cluster.threads_for(survivors), options
 
     hosts = lab.cluster.first(st.world, res)
