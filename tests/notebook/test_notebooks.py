@@ -78,6 +78,10 @@ SMALL: dict[str, dict] = {
         "pairs": 1,
         "models": {"tiny": {"options": {"in_features": 32, "width": 64}, "steps": 12, "warmup": 4}},
     },
+    "bench/own-loop": {
+        "pairs": 1,
+        "models": {"tiny": {"options": {"in_features": 32, "width": 64}, "steps": 12, "warmup": 4}},
+    },
     "bench/adaptive-batch": {
         "tasks": ["quadratic"],
         "sweep": [16],
