@@ -149,6 +149,12 @@ def flat_tensors(x: Any) -> list[torch.Tensor]:
 class LayerMeter(TorchDispatchMode):
     """Counts FLOPs and/or times every aten op, per (layer, "fwd"|"bwd")."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in dynamo.disable, which imports torch._dynamo at
+        # the first op (1-2.5 s of a kernel's first profile); nothing here runs under torch.compile
+        return False
+
     def __init__(
         self, attribution: ModuleAttribution, *, count_flops: bool, time_ops: bool, cuda: bool = False
     ) -> None:

@@ -360,9 +360,15 @@ class _TorchProfiler:
                 break
             meters.append(self._timed_layers(mb, count_flops=(i == 0)))
         try:
-            fake, act_bytes = self._fake_count()
-            flops = {k: float(v) for k, v in fake.flops.items()}
-            flops_method = "fake tensors at batch_size"
+            if mb == bs:  # the metered pass ran at the full batch: its count is the count (and fake
+                # tensors would import torch._dynamo: seconds of a kernel's first profile)
+                flops = {k: float(v) for k, v in meters[0].flops.items()}
+                act_bytes = dict(meters[0].attr.outputs_bytes)
+                flops_method = "counted at batch_size"
+            else:
+                fake, act_bytes = self._fake_count()
+                flops = {k: float(v) for k, v in fake.flops.items()}
+                flops_method = "fake tensors at batch_size"
         except Exception as exc:
             # an op fake tensors cannot run (data-dependent): scale the real count, exact for batch-linear ops
             scale = bs / mb

@@ -172,3 +172,23 @@ def test_the_cost_model_computes_a_replica_batch_from_the_fit():
         assert compile_strategy(linear, s).fwd + compile_strategy(linear, s).bwd == pytest.approx(
             0.042 * per_replica / 32
         )
+
+
+def test_a_first_profile_in_a_fresh_process_does_not_import_dynamo():
+    """A kernel's first ``dl.profile`` imported torch._dynamo (1-2.5 s here) through fake tensors and
+    torch's dynamo.disable of a dispatch mode; a batch metered at its full size needs neither."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, distlab as dl\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))\n"
+        "p = dl.profile(m, torch.randn(4, 64), batch_size=16)\n"
+        "print(p.meta['flops_method'], p.flops, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    method, flops, dynamo = out.stdout.split()[-3:]
+    # 2 FLOPs per multiply-add; backward 2x forward, but 1x for the first layer (its input needs no
+    # gradient): 2*16*64*32 * 2 + 2*16*32*10 * 3, as fake tensors count it
+    assert dynamo == "False" and method == "batch_size" and float(flops) == 161792, out.stdout
