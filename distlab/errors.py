@@ -36,6 +36,11 @@ class CalibrationError(DistlabError):
     """Calibration or cost-model fitting failed."""
 
 
+class SchedulerError(DistlabError):
+    """A scheduling policy's allocation was refused (over capacity, an unknown job or worker), or a
+    job or cluster given to the scheduler is invalid; a caller keeps the previous allocation."""
+
+
 class DistlabWarning(UserWarning):
     """Base of distlab's warnings: one line naming what happened and what to do (in a notebook
     with the magics loaded, shown as one ``distlab:`` line)."""
