@@ -73,6 +73,11 @@ def plan_loop(train: Any, world: int) -> Planned:
     """``train``'s model, optimizer and loader, from running it in the kernel up to ``ctx.prepare``."""
     if not callable(train):
         raise LaunchError(f"lab.run: train is a {type(train).__name__}; pass your function train(ctx)")
+    if isinstance(train, torch.nn.Module):  # callable, but lab.launch's argument
+        raise LaunchError(
+            f"lab.run: train is a model ({type(train).__name__}); pass your function train(ctx), or train "
+            "the model with distlab's loop: lab.launch(model, ...)"
+        )
     try:
         inspect.signature(train).bind(None)
     except TypeError:
@@ -85,7 +90,7 @@ def plan_loop(train: Any, world: int) -> Planned:
     try:
         train(PlanContext(world))
     except _Planned as p:
-        from distlab.runtime.own_session import check_loader
+        from distlab.runtime.own_session import check_loader, check_optimizer
 
         if not isinstance(p.model, torch.nn.Module):
             raise LaunchError(
@@ -96,6 +101,7 @@ def plan_loop(train: Any, world: int) -> Planned:
                 f"ctx.prepare: optimizer is a {type(p.optimizer).__name__}; pass the torch.optim.Optimizer "
                 "you built on model.parameters()"
             ) from None
+        check_optimizer(p.model, p.optimizer)
         check_loader(p.loader)
         return Planned(p.model, p.optimizer, p.loader, p.scheduler)
     except DistlabError:

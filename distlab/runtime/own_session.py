@@ -110,13 +110,7 @@ class OwnSession:
         shuffle, collate = check_loader(loader)
         job = self.job
         model = model.to(job.device)
-        own = {id(p) for p in model.parameters()}
-        stray = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in own]
-        if stray:
-            raise LaunchError(
-                f"ctx.prepare: the optimizer holds {len(stray)} parameter(s) that are not the model's "
-                f"(the first of shape {tuple(stray[0].shape)}); build it on model.parameters()"
-            )
+        check_optimizer(model, optimizer)
         if self.world > 1:  # every rank starts from rank 0's weights, as lab.launch's pickled model does
             import torch.distributed as dist
 
@@ -315,6 +309,18 @@ class OwnSession:
             self.sync.close()
 
 
+def check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """One error for an optimizer over variables the model does not have (the strategy could not
+    place them)."""
+    own = {id(p) for p in model.parameters()}
+    stray = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in own]
+    if stray:
+        raise LaunchError(
+            f"ctx.prepare: the optimizer holds {len(stray)} parameter(s) that are not the model's "
+            f"(the first of shape {tuple(stray[0].shape)}); build it on model.parameters()"
+        )
+
+
 def check_loader(loader: Any) -> tuple[bool, Any]:
     """Whether the loader shuffles, and its collate function (None: torch's default, read fast);
     one error for a loader distlab cannot shard."""
@@ -332,10 +338,19 @@ def check_loader(loader: Any) -> tuple[bool, Any]:
             "[i]) per rank: load it into one (e.g. a list or TensorDataset)"
         )
     sampler = getattr(loader, "sampler", None)
-    if sampler is not None and not isinstance(sampler, (RandomSampler, SequentialSampler)):
+    # shuffle=True or False makes one of these over the whole dataset; one built by hand may
+    # cover a subset or draw with replacement, which distlab's sharding would silently ignore
+    own_sampler = sampler is not None and (
+        type(sampler) not in (RandomSampler, SequentialSampler)
+        or getattr(sampler, "data_source", dataset) is not dataset
+        or getattr(sampler, "replacement", False)
+        or getattr(sampler, "_num_samples", None) is not None
+    )
+    if own_sampler:
         raise LaunchError(
             f"ctx.prepare: the loader has its own sampler ({type(sampler).__name__}); distlab shards the "
-            "dataset per rank in its own order: build the DataLoader with shuffle=True or False, no sampler="
+            "dataset per rank in its own order: build the DataLoader with shuffle=True or False, no sampler= "
+            "(for part of the data: DataLoader(torch.utils.data.Subset(dataset, indices), ...))"
         )
     collate = getattr(loader, "collate_fn", None) or default_collate
     tensors = getattr(dataset, "tensors", None)

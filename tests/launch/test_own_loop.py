@@ -1,0 +1,334 @@
+"""``lab.run(train)``: a user's own loop under distlab's strategies on a live 2-worker cluster (issue 56):
+the same parameters as ``lab.launch``, a real loop's accuracy, bad input, reports, an elastic resume."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import (
+    DataLoader,
+    IterableDataset,
+    SequentialSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
+
+from distlab.cluster import spmd
+from distlab.errors import LaunchError
+from tests.polling import poll_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+class EmbNet(torch.nn.Module):
+    """An embedding and two layers: PS and Parallax place its variables differently (the embedding
+    sparse-style on a server, the dense layers all-reduced)."""
+
+    def __init__(self, vocab: int = 40) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, 8)
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(self.emb(x).mean(1))))
+
+
+def _tokens(n: int = 256) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randint(0, 40, (n, 5), generator=g), torch.randint(0, 4, (n,), generator=g))
+
+
+def _sgd_loop(model, data, steps: int, batch: int, lr: float, momentum: float = 0.0):
+    """A plain user loop: SGD, a shuffled DataLoader, ``steps`` optimizer steps."""
+
+    def train(ctx):
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        loader = DataLoader(data, batch_size=batch, shuffle=True)
+        m, opt, loader = ctx.prepare(model, opt, loader)
+        while ctx.step < steps:
+            for x, y in loader:
+                loss = F.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if ctx.step >= steps:
+                    break
+        return ctx.step
+
+    return train
+
+
+def _max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
+
+
+def _ends_clean(lab) -> None:
+    poll_for(lambda: spmd.active_on_cluster(lab.client) == {}, 10, "no rank left training")
+
+
+# -- Done when: the same parameters as lab.launch -------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["AllReduce", "PS", "PSLoadBalancing", "Parallax", "Gossip"])
+def test_a_plain_sgd_loop_ends_at_the_parameters_lab_launch_ends_at(clean_lab, strategy):
+    steps, batch, lr, momentum = 12, 16, 0.1, 0.9
+    data = _tokens()
+    torch.manual_seed(0)
+    model = EmbNet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = clean_lab.launch(
+        model,
+        strategy=strategy,
+        steps=steps,
+        data=data,
+        optimizer=lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum),
+        batch_size=batch,
+        seed=3,
+        elastic=False,
+    )
+    ref.wait(120)
+    run = clean_lab.run(
+        _sgd_loop(model, data, steps, batch, lr, momentum), strategy=strategy, seed=3, elastic=False
+    )
+    run.wait(120)
+    assert run.status == "finished" and run.result == steps
+    assert run.strategy.builder == ref.strategy.builder
+    # both trained (a comparison of two untouched models would pass whatever the loop did)
+    moved = max(float((ref.model.state_dict()[k] - v).abs().max()) for k, v in before.items())
+    assert moved > 0.01
+    assert _max_difference(ref.model, run.model) <= 1e-5
+
+
+# -- Done when: a real loop (AdamW, cosine, clipping) trains a digits classifier ------------------------
+
+
+def test_adamw_with_a_cosine_schedule_and_clipping_learns_digits_to_ninety_percent(clean_lab):
+    from sklearn.datasets import load_digits
+
+    steps = 200
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))  # a random held-out fifth
+    held, kept = order[: len(y) // 5], order[len(y) // 5 :]
+    data = TensorDataset(x[kept], y[kept])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+    def train(ctx):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+        loader = DataLoader(data, batch_size=32, shuffle=True)
+        m, opt, loader = ctx.prepare(model, opt, loader, scheduler=sched)
+        while ctx.step < steps:
+            for xb, yb in loader:
+                loss = F.cross_entropy(m(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                norm = opt.clip_grad_norm_(1.0)
+                lr = sched.get_last_lr()[0]
+                opt.step()
+                sched.step()
+                ctx.report(loss=loss.item(), lr=lr, grad_norm=norm)
+                if ctx.step >= steps:
+                    break
+
+    run = clean_lab.run(train, strategy="AllReduce")
+    run.wait(180)
+    assert run.status == "finished", run.error
+    with torch.no_grad():
+        accuracy = float((run.model(x[held]).argmax(1) == y[held]).float().mean())
+    assert accuracy >= 0.90, f"held-out accuracy {accuracy:.3f}"
+    m = run.metrics[run.metrics["rank"] == 0].sort_values("step")
+    assert list(m["step"]) == list(range(steps))
+    # the cosine acted: each step's lr is the schedule's, falling from 1e-2 to about 0
+    cosine = [1e-2 * (1 + math.cos(math.pi * s / steps)) / 2 for s in range(steps)]
+    assert m["lr"].tolist() == pytest.approx(cosine, rel=1e-4, abs=1e-9)
+    assert m["lr"].iloc[-1] < 1e-6 and m["loss"].iloc[-20:].mean() < m["loss"].iloc[:20].mean() / 4
+
+
+# -- Bad input: one line naming what is wrong and the fix, nothing left running -----------------------
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(_tokens(64))
+
+
+def _loop(prepare=None, body=None, steps: int = 3, loader=None):
+    """A loop over ``EmbNet`` whose ``prepare(ctx, model, opt, loader)`` and ``body(ctx, m, opt, x, y)``
+    a test replaces to put one mistake in it."""
+    torch.manual_seed(0)
+    model, data = EmbNet(), _tokens(64)
+
+    def plain_body(ctx, m, opt, x, y):
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.report(loss=loss)
+
+    def train(ctx):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ld = loader if loader is not None else DataLoader(data, batch_size=8, shuffle=True)
+        m, opt, ld = (prepare or (lambda c, *a: c.prepare(*a)))(ctx, model, opt, ld)
+        while ctx.step < steps:
+            for x, y in ld:
+                (body or plain_body)(ctx, m, opt, x, y)
+                if ctx.step >= steps:
+                    break
+        return ctx.step
+
+    return train
+
+
+def _refusal(lab, train, where: str = "rank", **options) -> str:
+    """The one-line error for ``train``: from ``lab.run`` itself (``where="kernel"``: no run was
+    started) or from its run's ``wait``; either way no rank is left running."""
+    runs = len(lab.history)
+    with pytest.raises(LaunchError) as info:
+        run = lab.run(train, elastic=False, **options)
+        assert where == "rank", "lab.run started a run it should have refused in the kernel"
+        run.wait(60)
+    if where == "kernel":
+        assert len(lab.history) == runs
+    _ends_clean(lab)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def _prepared_twice(ctx, model, opt, loader):
+    ctx.prepare(model, opt, loader)
+    return ctx.prepare(model, opt, loader)
+
+
+def _a_stray_parameter(ctx, model, opt, loader):
+    stray = torch.nn.Parameter(torch.zeros(3))
+    return ctx.prepare(model, torch.optim.SGD([*model.parameters(), stray], lr=0.1), loader)
+
+
+def _report(**values):
+    def body(ctx, m, opt, x, y):
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.report(**values)
+
+    return body
+
+
+def _step_first(ctx, m, opt, x, y):
+    opt.step()
+
+
+@pytest.mark.parametrize(
+    "mistake, where, match",
+    [
+        (dict(prepare=_prepared_twice), "rank", r"ctx\.prepare: called twice; prepare .* once"),
+        (
+            dict(prepare=_a_stray_parameter),
+            "kernel",
+            r"optimizer holds 1 parameter.*not the model's.*build it on model\.parameters\(\)",
+        ),
+        (dict(loader=DataLoader(Stream(), batch_size=8)), "kernel", r"dataset is iterable.*map-style"),
+        (
+            dict(loader=DataLoader(_tokens(64), batch_size=8, sampler=WeightedRandomSampler([1.0] * 64, 64))),
+            "kernel",
+            r"own sampler \(WeightedRandomSampler\).*shuffle=True or False, no sampler=",
+        ),
+        (  # torch's own sampler class, but over part of the dataset: refused, not silently widened
+            dict(loader=DataLoader(_tokens(64), batch_size=8, sampler=SequentialSampler(range(32)))),
+            "kernel",
+            r"own sampler \(SequentialSampler\).*no sampler=.*Subset\(dataset, indices\)",
+        ),
+        (
+            dict(body=_report(loss=torch.ones(3))),
+            "rank",
+            r"ctx\.report: loss= is a tensor of shape \(3,\); report a scalar",
+        ),
+        (dict(body=_report(acc=float("nan"))), "rank", r"ctx\.report: acc=nan is not finite"),
+        (
+            dict(body=_step_first),
+            "rank",
+            r"optimizer\.step\(\) at step 0: no variable has a gradient.*call loss\.backward\(\)",
+        ),
+    ],
+    ids=[
+        "prepare-twice",
+        "stray-parameter",
+        "iterable-dataset",
+        "sampler",
+        "subset-sampler",
+        "tensor-report",
+        "nan-report",
+        "step-before-backward",
+    ],
+)
+def test_a_mistake_in_the_loop_is_one_line_naming_it_and_the_fix(clean_lab, mistake, where, match):
+    msg = _refusal(clean_lab, _loop(**mistake), where)
+    assert re.search(match, msg), msg
+
+
+def _raises_on_rank_one(ctx, m, opt, x, y):
+    loss = F.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    if ctx.rank == 1 and ctx.step == 2:
+        raise ValueError("this batch is corrupt")
+    opt.step()
+
+
+def test_a_rank_that_raises_names_the_rank_the_step_and_the_line(clean_lab):
+    import inspect
+
+    lines, first = inspect.getsourcelines(_raises_on_rank_one)
+    line = first + next(i for i, text in enumerate(lines) if "raise ValueError" in text)
+    msg = _refusal(clean_lab, _loop(body=_raises_on_rank_one, steps=6))
+    assert "rank 1 " in msg and "step 2" in msg and "ValueError: this batch is corrupt" in msg, msg
+    assert f"_raises_on_rank_one line {line}" in msg, msg
+
+
+def _no_prepare(ctx):
+    return 0
+
+
+def _prepares_on_rank_zero_only(ctx):
+    if ctx.rank == 0:
+        torch.manual_seed(0)
+        model = EmbNet()
+        ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(_tokens(64), batch_size=8))
+
+
+def _two_arguments(ctx, extra):
+    pass
+
+
+@pytest.mark.parametrize(
+    "train, where, match",
+    [
+        (_no_prepare, "kernel", r"returned without calling ctx\.prepare\(model, optimizer, loader\)"),
+        (
+            _prepares_on_rank_zero_only,
+            "rank",
+            r"without calling ctx\.prepare.* on rank 1; every rank prepares",
+        ),
+        (_two_arguments, "kernel", r"_two_arguments must take one argument.*def train\(ctx\)"),
+        (lambda: None, "kernel", r"must take one argument, the TrainContext"),
+        (EmbNet(), "kernel", r"train is a model \(EmbNet\); pass your function train\(ctx\).*lab\.launch"),
+    ],
+    ids=["no-prepare", "prepare-on-rank-0-only", "two-arguments", "no-argument", "a-module"],
+)
+def test_a_train_that_is_not_a_loop_of_ctx_is_one_line(clean_lab, train, where, match):
+    msg = _refusal(clean_lab, train, where)
+    assert re.search(match, msg), msg
