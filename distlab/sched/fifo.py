@@ -1,4 +1,4 @@
-"""First in, first out: each job gets the workers it asks for (``max_replicas``) in arrival order, and keeps them.
+"""First in, first out: each job gets the workers it asks for (``max_replicas``) in arrival order.
 
 The baseline a shared cluster has without a goodput scheduler: no job is resized or preempted, and
 a job that does not fit blocks those behind it (no backfilling), as a plain queue does.

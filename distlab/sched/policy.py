@@ -1,4 +1,4 @@
-"""What a scheduling policy sees and returns: jobs, workers on hosts, allocations, and the check that refuses a bad one.
+"""What a scheduling policy sees and returns (jobs, workers, allocations), and the check that refuses one.
 
 Vocabulary (Pollux, Qiao et al. OSDI 2021): a *job* asks for replicas; a *worker* is one slot that
 runs one replica; a *host* holds several workers. An *allocation* maps each job to the workers its

@@ -1,4 +1,4 @@
-"""Replay job arrivals on a simulated cluster under a policy and report completion times (Pollux's simulator's loop).
+"""Replay job arrivals on a simulated cluster under a policy and report completion times (Pollux's loop).
 
 Every ``interval`` seconds (Pollux: 60) each job advances by its own model, then the policy is
 asked for a new allocation for the jobs that have arrived and not finished; a refused allocation
@@ -57,7 +57,7 @@ class SimJob(Protocol):
 
 @dataclass
 class WorkJob:
-    """A synthetic job: ``work`` seconds on one replica, done at ``speedup(nodes, replicas)`` times that rate."""
+    """A synthetic job: ``work`` seconds on one replica, run ``speedup(nodes, replicas)`` times faster."""
 
     name: str
     arrival: float
