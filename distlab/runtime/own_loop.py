@@ -283,16 +283,17 @@ def make_optimizer_like(user: torch.optim.Optimizer, units: list) -> tuple[Calla
             if gi is not None:  # a variable the user's optimizer does not step stays as it is
                 groups.setdefault(gi, []).append(t)
         if not groups:  # nothing of this rank's to step here: an optimizer over no variable
-            return type(user)([torch.zeros(0, requires_grad=True)], **_hyper(user.param_groups[0]))
+            return type(user)([torch.zeros(0, requires_grad=True)], **hyperparameters(user.param_groups[0]))
         order = sorted(groups)
-        opt = type(user)([{"params": groups[gi], **_hyper(user.param_groups[gi])} for gi in order])
+        opt = type(user)([{"params": groups[gi], **hyperparameters(user.param_groups[gi])} for gi in order])
         links.extend((opt, i, gi) for i, gi in enumerate(order))
         return opt
 
     return make, links
 
 
-def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer group's settings (lr, momentum, ...): everything but its parameters."""
     return {k: v for k, v in group.items() if k != "params"}
 
 

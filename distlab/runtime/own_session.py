@@ -135,6 +135,10 @@ class OwnSession:
         self.model, self.units, self.sync, self._scheduler = model, units, sync, scheduler
         if job.resume_from:
             self._restored = resume(job, model, sync, units, self.batches).get("user") or {}
+            # a scheduler's state_dict holds its counters, not the learning rate it set: that lives
+            # in the optimizer's groups, which each step copies onto the strategy's optimizers
+            for group, saved in zip(optimizer.param_groups, self._restored.get("groups") or []):
+                group.update(saved)
             if scheduler is not None and self._restored.get("scheduler") is not None:
                 scheduler.load_state_dict(self._restored["scheduler"])
             for name, obj in self._registered.items():
@@ -166,6 +170,7 @@ class OwnSession:
     def _extra(self) -> dict[str, Any]:
         """What a checkpoint keeps of the user's loop (runtime/resume.py ``Checkpoints.extra``)."""
         return {
+            "groups": [own_loop.hyperparameters(g) for g in self.optimizer.param_groups],
             "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
             "states": {name: obj.state_dict() for name, obj in self._registered.items()},
         }

@@ -4,13 +4,16 @@ the same parameters as ``lab.launch``, a real loop's accuracy, bad input, report
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
+import time
 
 import cloudpickle
 import pytest
 import torch
 import torch.nn.functional as F
+from launch_helpers import Gate
 from torch.utils.data import (
     DataLoader,
     IterableDataset,
@@ -332,3 +335,132 @@ def _two_arguments(ctx, extra):
 def test_a_train_that_is_not_a_loop_of_ctx_is_one_line(clean_lab, train, where, match):
     msg = _refusal(clean_lab, train, where)
     assert re.search(match, msg), msg
+
+
+# -- ctx.report ----------------------------------------------------------------------------------------
+
+
+def _uneven_reports(ctx, m, opt, x, y):
+    loss = F.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    step = ctx.step
+    opt.step()
+    if ctx.rank == 0:
+        ctx.report(loss=loss)
+    elif step % 2 == 1:  # rank 1 reports on odd steps only, many times (the last value is the step's)
+        for i in range(50):
+            ctx.report(seen=step * 100 + i)
+
+
+def test_ranks_report_uneven_numbers_of_values_and_they_become_metrics_columns(clean_lab):
+    steps = 6
+    run = clean_lab.run(_loop(body=_uneven_reports, steps=steps), elastic=False)
+    run.wait(60)  # would time out if a report waited for the other rank
+    assert run.status == "finished", run.error
+    df = run.metrics
+    r0, r1 = (df[df["rank"] == r].sort_values("step") for r in (0, 1))
+    assert list(r0["step"]) == list(range(steps)) == list(r1["step"])
+    assert r0["loss"].notna().all() and r0["loss"].between(0.1, 5).all()
+    assert r1["loss"].isna().all() and r0["seen"].isna().all()
+    assert r1["seen"].tolist()[1::2] == [s * 100 + 49 for s in range(1, steps, 2)]
+    assert r1["seen"].iloc[0::2].isna().all()
+
+
+# -- Done when: a worker killed mid-run, the loop resumes on the survivor at the exact step --------------
+
+
+class HeldIndexed(torch.utils.data.Dataset):
+    """``(x, y, index)`` samples whose reads stop after ``free`` in each process until the test
+    releases ``gate``: the run is where the test wants it when a worker is killed."""
+
+    def __init__(self, gate: Gate, free: int, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.x = torch.randn(4, 8, generator=g)[self.y] * 3 + torch.randn(n, 8, generator=g)
+        self.gate, self.free, self._reads = str(gate.path), free, 0
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_reads": 0}  # the kernel's reads (planning, profile) do not count
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        self._reads += 1
+        deadline = time.monotonic() + 120
+        while self._reads > self.free and not os.path.exists(self.gate):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"HeldIndexed: the test never released {self.gate} in 120 s")
+            time.sleep(0.005)
+        return self.x[i], self.y[i], i
+
+
+class Seen:
+    """How often the loop saw each sample, per epoch: the ``ctx.state`` object the resume restores."""
+
+    def __init__(self, epochs: int, n: int) -> None:
+        self.counts = torch.zeros(epochs, n)
+
+    def state_dict(self) -> dict:
+        return {"counts": self.counts.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counts = state["counts"].clone()
+
+
+def test_a_killed_worker_resumes_the_loop_on_the_survivor_at_the_exact_step(clean_lab, tmp_path):
+    n, batch, epochs, every, t_max = 192, 16, 3, 4, 50
+    # 2 ranks: 6 steps an epoch; the reads stop at step 11 until the kill, past the checkpoint at 8
+    gate = Gate(tmp_path)
+    data = HeldIndexed(gate, free=11 * batch, n=n)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def train(ctx):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=t_max)
+        seen = ctx.state("seen", Seen(epochs, n))
+        m, opt, loader = ctx.prepare(model, opt, DataLoader(data, batch_size=batch, shuffle=True), sched)
+        for epoch in ctx.epochs(epochs):
+            for x, y, index in loader:
+                loss = F.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                lr = opt.param_groups[0]["lr"]
+                opt.step()
+                sched.step()
+                mark = torch.zeros(n).index_add_(0, index, torch.ones(len(index)))
+                seen.counts[epoch] += ctx.all_reduce(mark, "sum")  # every rank's samples of the step
+                ctx.report(loss=loss, lr=lr, epoch=epoch)
+        return seen.counts
+
+    victim = clean_lab.resources.addresses[1]
+    pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
+    run = clean_lab.run(train, checkpoint_every=every)  # elastic by default
+
+    def at_step_ten() -> bool:
+        assert run.status in ("pending", "running"), run.error
+        return (run.metrics["step"] >= 10).sum() >= 2 if len(run.metrics) else False
+
+    poll_for(at_step_ten, 120, "step 10 on both ranks")
+    os.kill(pid, 9)
+    gate.release()
+    run.wait(120)
+    assert run.status == "finished", run.error
+    assert run.restarts == 1 and run.world == 1
+    # each sample once in each epoch: the data position, and the registered counts, were restored
+    assert run.result.shape == (epochs, n) and bool((run.result == 1).all()), run.result.sum(1)
+    df = run.metrics
+    before, after = df[df.restart == 0], df[df.restart == 1].sort_values("step")
+    first = int(after["step"].iloc[0])
+    assert first == 8  # the newest checkpoint, in epoch 1, 2 steps before the kill
+    # 8 steps of 32 samples, then 1 rank reads 16 a step: 128 of epoch 1 and 192 of epoch 2 left
+    assert list(after["step"]) == list(range(8, 8 + 8 + 12))
+    assert list(after["epoch"]) == [1] * 8 + [2] * 12
+    # the scheduler was restored: every step's lr is the cosine's at that step, not restarted at 0
+    cosine = [0.05 * (1 + math.cos(math.pi * s / t_max)) / 2 for s in after["step"]]
+    assert after["lr"].tolist() == pytest.approx(cosine, rel=1e-5)
+    # rank 0's step 8 again: the same weights on the same 16 samples give the same loss
+    again = before[(before["rank"] == 0) & (before["step"] == first)]["loss"].iloc[0]
+    assert after["loss"].iloc[0] == pytest.approx(again, abs=1e-6)
