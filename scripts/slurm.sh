@@ -20,19 +20,21 @@ NODE="$(hostname -s)"
 
 say() { echo "slurm: $*" >&2; }
 die() { say "$*"; exit 1; }
+# exit 2: Slurm cannot be installed here (not root, no apt-get, apt-get failed): tests skip on it
+cannot() { say "$*"; exit 2; }
 
 install_packages() {
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
         && command -v sbatch >/dev/null && return 0
-    [ "$(id -u)" = 0 ] || die "slurm-wlm and munge are not installed and this is not root: install them \
+    [ "$(id -u)" = 0 ] || cannot "slurm-wlm and munge are not installed and this is not root: install them \
 (apt-get install slurm-wlm munge) or run as root"
-    command -v apt-get >/dev/null || die "slurm-wlm and munge are not installed and there is no apt-get"
+    command -v apt-get >/dev/null || cannot "slurm-wlm and munge are not installed and there is no apt-get"
     say "installing slurm-wlm and munge (apt-get)"
     # Debian's postinst tries to start the services; in a container policy-rc.d refuses, which is fine:
     # this script starts them itself
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         slurm-wlm munge; } >"${TMPDIR:-/tmp}/distlab-slurm-apt.log" 2>&1 \
-        || die "apt-get install slurm-wlm munge failed (log: ${TMPDIR:-/tmp}/distlab-slurm-apt.log)"
+        || cannot "apt-get install slurm-wlm munge failed (log: ${TMPDIR:-/tmp}/distlab-slurm-apt.log)"
 }
 
 free_port() {
@@ -110,6 +112,7 @@ node_state() { sinfo -h -n "$NODE" -o %t 2>/dev/null | head -1; }
 
 up() {
     install_packages
+    [ "$(id -u)" = 0 ] || cannot "starting munged, slurmctld and slurmd needs root"
     if alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" && [ "$(node_state)" = idle ]; then
         say "already up ($DIR)"
         return 0

@@ -1,0 +1,374 @@
+"""Dask workers as Slurm jobs (dask-jobqueue's ``SLURMCluster``), one distlab rank per job, for a Lab.
+
+``start_slurm(workers, ...)`` submits one ``sbatch`` job per worker, waits for them with a bar
+(queued, running, joined: read from ``squeue``) and returns a ``SlurmJobs``: its ``client`` is what
+a ``Cluster`` attaches to, ``heal()`` submits a job for each worker whose job ended, and
+``close()`` cancels every job it submitted and waits until ``squeue`` lists none of them.
+
+What a Slurm worker needs from distlab reaches it through its job script, since dask-jobqueue
+forwards none of the notebook's Dask configuration: ``local.WORKER_CONFIG`` (non-daemonic worker
+processes, so that ranks may start DataLoader workers; a quiet event loop) as ``DASK_*`` exports.
+Each worker registers at the address of its route to the scheduler (Dask's choice without
+``interface=``), and a rank binds gloo and NCCL's bootstrap to the interface holding that address
+(``runtime/process_group.bind_interface``): peers reach it where the scheduler does.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import getpass
+import json
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distlab.cluster.interrupts import interrupts_held
+from distlab.cluster.local import WORKER_CONFIG
+from distlab.cluster.spmd import workers_info
+from distlab.errors import LaunchError, check_positive
+
+WHO = "Lab(cluster='slurm')"
+INSTALL = (
+    "install Slurm's support with pip install 'distlab[slurm]' and run where Slurm's commands are, "
+    "or start a one-node Slurm on this machine with `make slurm-up`"
+)
+# squeue's states (JOB STATE CODES in squeue(1)): a job in QUEUED waits for its node, one in ENDED
+# has stopped (its worker is gone or never came)
+QUEUED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+ENDED = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+    "SPECIAL_EXIT",
+    "REVOKED",
+}
+CLOSE_WITHIN = 20.0  # seconds close() waits for squeue to list none of its jobs (KillWait: 30 s by default)
+POLL = 0.5  # seconds between squeue reads while waiting
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """One worker job's request: ``cores`` CPUs and ``memory`` (a size, ``"4GB"``) for one rank,
+    ``gpus_per_worker`` GPUs as ``--gres=gpu:G``, Slurm's ``partition`` (``-p``), ``account``
+    (``-A``) and ``walltime`` (``-t``; None: the partition's default limit), ``job_extra``: more
+    ``#SBATCH`` directives (``"--constraint=a100"``), ``interface``: the network interface the
+    workers and the scheduler use (None: each worker's route to the scheduler)."""
+
+    cores: int = 1
+    memory: str = "4GB"
+    gpus_per_worker: int = 0
+    partition: str | None = None
+    account: str | None = None
+    walltime: str | None = None
+    job_extra: tuple[str, ...] = ()
+    interface: str | None = None
+
+    def __post_init__(self) -> None:
+        from dask.utils import parse_bytes
+
+        check_positive(f"{WHO}: cores", self.cores, LaunchError)
+        gpus = self.gpus_per_worker
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise LaunchError(f"{WHO}: gpus_per_worker must be an integer >= 0, got {gpus!r}")
+        try:
+            parse_bytes(self.memory)
+        except (ValueError, TypeError):
+            raise LaunchError(
+                f"{WHO}: memory={self.memory!r} is not a size; give one like '4GB' (per worker)"
+            ) from None
+        if isinstance(self.job_extra, str):
+            raise LaunchError(f"{WHO}: job_extra must be a list of directives, e.g. ['--constraint=a100']")
+
+    def cluster_kwargs(self, log_dir: Path) -> dict[str, Any]:
+        """``SLURMCluster``'s arguments for these jobs: one single-threaded worker per job, the
+        worker settings distlab needs exported in the job script, logs in ``log_dir``."""
+        directives = [*([f"--gres=gpu:{self.gpus_per_worker}"] if self.gpus_per_worker else [])]
+        directives += [str(d).removeprefix("#SBATCH").strip() for d in self.job_extra]
+        return {
+            "cores": self.cores,
+            "processes": 1,  # one worker per job, one rank per worker
+            "memory": self.memory,
+            "queue": self.partition,
+            "account": self.account,
+            "walltime": self.walltime,
+            # dask-jobqueue's default walltime is 30 min; without one the partition's limit applies
+            # (the trailing space: "-t" alone is inside "--cpus-per-task")
+            "job_directives_skip": [] if self.walltime else ["#SBATCH -t "],
+            "job_extra_directives": directives,
+            "job_script_prologue": worker_exports(WORKER_CONFIG),
+            "job_name": "distlab-worker",
+            "log_directory": str(log_dir),
+            "interface": self.interface,
+            # the scheduler serves HTTP (health, metrics) whatever the dashboard: no fixed port 8787
+            "scheduler_options": {"dashboard_address": ":0"},
+            "n_workers": 0,  # submitted by SlurmJobs.submit, which reads sbatch's refusal
+        }
+
+
+def job_script(spec: SlurmSpec, log_dir: Path, scheduler: str = "tcp://SCHEDULER:PORT") -> str:
+    """The script ``sbatch`` gets for one worker of ``spec`` (its ``#SBATCH`` lines, the exports,
+    the worker command), as dask-jobqueue writes it; no Slurm needed."""
+    from dask_jobqueue.slurm import SLURMJob
+
+    cluster_only = ("n_workers", "scheduler_options")
+    kwargs = {k: v for k, v in spec.cluster_kwargs(log_dir).items() if k not in cluster_only}
+    return str(SLURMJob(scheduler, name="distlab-worker-0", **kwargs).job_script())
+
+
+def worker_exports(config: Mapping[str, Any]) -> list[str]:
+    """``config`` (``{"distributed.worker.daemon": False, ...}``) as the shell lines that give it to
+    a Dask worker through its environment: ``export DASK_DISTRIBUTED__WORKER__DAEMON=False``.
+    Dask reads each value back with ``ast.literal_eval`` (a string that is no literal stays one)."""
+    lines = []
+    for key, value in config.items():
+        name = "DASK_" + "__".join(part.upper().replace("-", "_") for part in key.split("."))
+        text = value if isinstance(value, str) else repr(value)
+        if isinstance(value, dict) and ast.literal_eval(json.dumps(value)) == value:
+            text = json.dumps(value)  # double quotes: one clean single-quoted shell word
+        lines.append(f"export {name}={shlex.quote(text)}")
+    return lines
+
+
+def check_slurm_commands() -> None:
+    """One ``LaunchError`` naming the extra and ``make slurm-up`` when dask-jobqueue or Slurm's
+    commands (``sbatch``, ``squeue``, ``scancel``) are missing here."""
+    try:
+        import dask_jobqueue  # noqa: F401
+    except ImportError:
+        raise LaunchError(f"{WHO}: dask-jobqueue is not installed; {INSTALL}") from None
+    missing = [c for c in ("sbatch", "squeue", "scancel") if shutil.which(c) is None]
+    if missing:
+        raise LaunchError(f"{WHO}: no `{missing[0]}` on this machine's PATH; {INSTALL}")
+
+
+def squeue_states(job_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """``{job id: (state, reason)}`` of those of ``job_ids`` squeue still knows (recently ended
+    ones too, in their end state: ``-t all``)."""
+    ids = {str(j) for j in job_ids}
+    if not ids:
+        return {}
+    done = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    states = {}
+    for line in done.stdout.splitlines():
+        job, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if job in ids:
+            states[job] = (state, reason)
+    return states
+
+
+def slurm_message(exc: BaseException) -> str:
+    """Slurm's own words from a failed ``sbatch`` (dask-jobqueue's RuntimeError holds its stderr):
+    its first ``sbatch: error:`` line, else the last line of the error."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.split("error:", 1)[1].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+class SlurmJobs:
+    """The Slurm jobs of one Lab: a ``SLURMCluster`` (its scheduler in this process) and its client.
+
+    ``submitted`` holds every job id it ever submitted (replacements too): ``close()`` cancels
+    those still queued or running."""
+
+    def __init__(self, spec: SlurmSpec, log_dir: Path) -> None:
+        from dask_jobqueue import SLURMCluster
+        from distributed import Client
+
+        self.spec = spec
+        self.log_dir = log_dir
+        self.submitted: list[str] = []
+        self.cluster: Any = SLURMCluster(**spec.cluster_kwargs(log_dir))
+        self.client: Any = Client(self.cluster)
+
+    @property
+    def job_ids(self) -> list[str]:
+        """The jobs of the workers it has now (submitted, not yet found ended)."""
+        return [str(job.job_id) for job in self.cluster.workers.values() if getattr(job, "job_id", None)]
+
+    def workers_of_jobs(self) -> dict[str, str | None]:
+        """``{job id: its worker's address}`` (None: not joined yet)."""
+        by_name = {str(w.get("name")): addr for addr, w in workers_info(self.client).items()}
+        return {
+            str(job.job_id): by_name.get(str(name))
+            for name, job in self.cluster.workers.items()
+            if getattr(job, "job_id", None)
+        }
+
+    def submit(self, n: int) -> None:
+        """Have ``n`` worker jobs: submit the missing ones (one ``sbatch`` each). Slurm's refusal
+        (a partition that does not exist, a request no node fits) is one ``LaunchError`` in
+        Slurm's words."""
+        cluster = self.cluster
+        while len(cluster.worker_spec) < n:
+            cluster.worker_spec.update(cluster.new_worker_spec())
+        try:
+            cluster.sync(cluster._correct_state)
+        except Exception as exc:  # noqa: BLE001 - sbatch's exit, as dask-jobqueue's RuntimeError
+            self._note_submitted()
+            raise LaunchError(
+                f"{WHO}: Slurm refused the worker job: {slurm_message(exc)}{self._hint()}"
+            ) from None
+        self._note_submitted()
+
+    def _note_submitted(self) -> None:
+        self.submitted += [j for j in self.job_ids if j not in self.submitted]
+
+    def _hint(self) -> str:
+        """What to try after a refusal: the partitions there are, when one was named."""
+        if self.spec.partition is None:
+            return ""
+        done = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+        names = sorted({p.strip() for p in done.stdout.split()})
+        return f" (partition={self.spec.partition!r}; sinfo lists {', '.join(names) or 'none'})"
+
+    def counts(self) -> tuple[int, int, int, dict[str, tuple[str, str]]]:
+        """(queued, running, joined) worker jobs now, and squeue's view of them."""
+        jobs = self.workers_of_jobs()
+        states = squeue_states(jobs)
+        joined = sum(1 for addr in jobs.values() if addr is not None)
+        queued = sum(1 for j, a in jobs.items() if a is None and states.get(j, ("",))[0] in QUEUED)
+        running = sum(1 for j, a in jobs.items() if a is None and states.get(j, ("",))[0] == "RUNNING")
+        return queued, running, joined, states
+
+    def wait(self, n: int, timeout: float, progress: bool = True) -> None:
+        """Until ``n`` workers joined, with a bar (queued, running, joined) shown after a second.
+        A job that ended before its worker joined is a ``LaunchError`` quoting its log's last
+        line; ``timeout`` seconds without ``n`` one naming the jobs still waiting and their
+        Slurm states (squeue's reason)."""
+        bar = _bar(n, progress)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                queued, running, joined, states = self.counts()
+                if bar is not None:  # update() shows it once it lasted tqdm's delay; refresh() would not wait
+                    bar.set_postfix_str(f"queued {queued}, running {running}, joined {joined}", refresh=False)
+                    bar.update(joined - bar.n)
+                if joined >= n:
+                    return
+                self._check_ended(states)
+                if time.monotonic() > deadline:
+                    raise LaunchError(self._late(n, joined, timeout, states))
+                time.sleep(POLL)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _check_ended(self, states: dict[str, tuple[str, str]]) -> None:
+        for job, addr in self.workers_of_jobs().items():
+            state = states.get(job, ("", ""))[0]
+            if addr is None and state in ENDED:
+                raise LaunchError(
+                    f"{WHO}: worker job {job} ended ({state}) before its worker joined; {self._log_tail(job)}"
+                )
+
+    def _log_tail(self, job: str) -> str:
+        logs = sorted(self.log_dir.glob(f"*-{job}.err")) + sorted(self.log_dir.glob(f"*-{job}.out"))
+        for log in logs:
+            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            if lines:
+                return f"its log {log} ends: {lines[-1][:200]}"
+        return f"its log in {self.log_dir} is empty (sacct -j {job} may say more)"
+
+    def _late(self, n: int, joined: int, timeout: float, states: dict[str, tuple[str, str]]) -> str:
+        waiting = [j for j, a in self.workers_of_jobs().items() if a is None]
+        named = ", ".join(
+            f"{j} {states[j][0]}" + (f" ({states[j][1]})" if states[j][1] not in ("", "None") else "")
+            if j in states
+            else f"{j} (not in squeue)"
+            for j in waiting
+        )
+        return (
+            f"{WHO}: {joined} of {n} workers joined within {timeout:g} s; waiting: {named or 'none'}; "
+            "give a longer timeout=, fewer workers, or another partition="
+        )
+
+    def heal(self, within: float, progress: bool = False) -> int:
+        """Submit a job for each worker whose job ended (cancelled, timed out, failed) and wait up
+        to ``within`` seconds for them to join; returns how many were replaced."""
+        n = len(self.cluster.worker_spec)
+        lost = n - sum(1 for a in self.workers_of_jobs().values() if a is not None)
+        if lost <= 0:
+            return 0
+        # SpecCluster drops a worker that left from ``workers`` but keeps its spec: correcting the
+        # state submits a new job under the same name
+        self.submit(n)
+        self.wait(n, within, progress)
+        return lost
+
+    def close(self) -> None:
+        """Close the client and the cluster (``scancel`` of each worker's job), cancel any job it
+        submitted that is still queued or running, and wait until squeue lists none (at most
+        ``CLOSE_WITHIN`` seconds: a cancelled job's worker gets Slurm's KillWait to exit)."""
+        with interrupts_held(reraise=False):
+            with contextlib.suppress(Exception):
+                self.client.close()
+            with contextlib.suppress(Exception):
+                self.cluster.close()
+            left = self.active()
+            if left:
+                subprocess.run(["scancel", *left], capture_output=True, timeout=30)
+            deadline = time.monotonic() + CLOSE_WITHIN
+            while left and time.monotonic() < deadline:
+                time.sleep(0.2)
+                left = [j for j, (state, _) in squeue_states(left).items() if state not in ENDED]
+
+    def active(self) -> list[str]:
+        """The submitted jobs squeue lists as not ended (queued, running or completing)."""
+        return [j for j, (state, _) in squeue_states(self.submitted).items() if state not in ENDED]
+
+
+def _bar(total: int, enabled: bool) -> Any:
+    """The wait's bar, shown once it lasted a second (tqdm's ``delay``)."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Slurm workers", unit="worker", delay=1.0, leave=False)
+
+
+def start_slurm(
+    workers: int,
+    spec: SlurmSpec | None = None,
+    *,
+    timeout: float = 60,
+    log_dir: str | Path | None = None,
+    progress: bool = True,
+) -> SlurmJobs:
+    """Submit ``workers`` Slurm jobs of ``spec`` and wait up to ``timeout`` seconds for their
+    workers to join; on any failure (Ctrl-C too) every job submitted is cancelled first. Logs go
+    to ``log_dir`` (default ``~/.cache/distlab/slurm``: on a cluster it must be a folder the
+    compute nodes can write, as a home folder is)."""
+    check_positive(f"{WHO}: workers", workers, LaunchError)
+    spec = spec or SlurmSpec()
+    check_slurm_commands()
+    folder = Path(log_dir) if log_dir else Path.home() / ".cache" / "distlab" / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = SlurmJobs(spec, folder)
+    try:
+        jobs.submit(workers)
+        jobs.wait(workers, timeout, progress)
+    except BaseException:
+        jobs.close()
+        raise
+    return jobs
