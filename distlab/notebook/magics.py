@@ -19,11 +19,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from distlab.conventions import is_keras_loss_name
 from distlab.errors import DistlabError, DistlabWarning, check_positive, did_you_mean, match_name
+from distlab.notebook.run_magic import RunMagic
 from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
 
 WIDTH = 88  # %distlab help fits this many columns
@@ -66,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: nothing to do")
 
 
-def _parser(name: str) -> _Parser:
+def make_parser(name: str) -> _Parser:
     return _Parser(prog=f"%distlab {name}", add_help=False, allow_abbrev=False)
 
 
@@ -77,17 +78,19 @@ def _model_options(p: _Parser) -> None:
     p.add_argument("--batch-size", type=int, default=None)
 
 
-def _positive(name: str, value: int | None) -> None:
+def check_option(name: str, value: int | None) -> None:
     check_positive(name, value, UsageError, optional=True)
 
 
 @magics_class
-class DistlabMagics(Magics):
-    """``%distlab SUBCOMMAND ...``. User errors print one line and what to do; never a traceback."""
+class DistlabMagics(RunMagic, Magics):
+    """``%distlab SUBCOMMAND ...`` and ``%%distlab run`` (run_magic.py). User errors print one line
+    and what to do; never a traceback."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.session = NotebookSession()
+        self._cell: str | None = None  # the cell of a %%distlab line (run's loop)
         self._recalled: tuple[str, str] | None = None  # (model var, data var) this line reused
         self._commands: dict[str, Callable[[list[str]], Any]] = {
             "profile": self.cmd_profile,
@@ -96,13 +99,15 @@ class DistlabMagics(Magics):
             "simulate": self.cmd_simulate,
             "pick": self.cmd_pick,
             "launch": self.cmd_launch,
+            "run": self.cmd_run,
             "compare": self.cmd_compare,
             "help": self.cmd_help,
         }
 
-    @line_magic
-    def distlab(self, line: str) -> Any:
-        """distlab: profile, simulate, pick and launch distributed training. ``%distlab help``."""
+    @line_cell_magic
+    def distlab(self, line: str, cell: str | None = None) -> Any:
+        """distlab: profile, simulate, pick and launch distributed training; ``%%distlab run`` trains
+        the cell's own loop. ``%distlab help``."""
         try:
             words = shlex.split(line, comments=True)  # a trailing "# ..." is the user's comment
         except ValueError as exc:
@@ -116,6 +121,12 @@ class DistlabMagics(Magics):
                 f"unknown subcommand {name!r}{did_you_mean(name, self._commands)}; one of: "
                 f"{', '.join(self._commands)} (%distlab help)"
             )
+        if cell is not None and known != "run":
+            return self._fail(
+                f"%%distlab {known}: only run takes a cell (%%distlab run); write %distlab {known} ... "
+                "on a line of its own"
+            )
+        self._cell = cell
         remembered = self.session.remembered()  # a line that fails leaves them as they were
         self._recalled = None
         before = self.session.current_lab
@@ -182,7 +193,7 @@ class DistlabMagics(Magics):
 
     def _model(self, a: argparse.Namespace) -> tuple[str, Any]:
         """The model VAR of ``a`` with what its options give, remembered by the session."""
-        _positive("--batch-size", a.batch_size)
+        check_option("--batch-size", a.batch_size)
         var, model = self._lookup(a.var, "model")
         given: dict[str, Any] = {"batch_size": a.batch_size}
         if a.data is not None:
@@ -233,7 +244,7 @@ class DistlabMagics(Magics):
 
         %distlab profile VAR [--data VAR] [--sample-input VAR] [--batch-size N] [-o NAME]
         """
-        p = _parser("profile")
+        p = make_parser("profile")
         p.add_argument("var")
         _model_options(p)
         p.add_argument("-o", "--output", default=None)
@@ -255,7 +266,7 @@ class DistlabMagics(Magics):
 
         A cluster started here is the notebook's Lab, also bound to ``lab`` (or NAME).
         """
-        p = _parser("cluster")
+        p = make_parser("cluster")
         p.add_argument("what", nargs="?", default="status")
         p.add_argument("n", nargs="?", type=int, default=None)
         p.add_argument("--oversubscribe", action="store_true")
@@ -309,7 +320,7 @@ class DistlabMagics(Magics):
 
         %distlab calibrate [VAR ...] [--data VAR] [--loss VAR] [--batch-size N] [--force]
         """
-        p = _parser("calibrate")
+        p = make_parser("calibrate")
         p.add_argument("models", nargs="*")
         p.add_argument("--data", default=None)
         p.add_argument("--loss", default=None)
@@ -328,7 +339,7 @@ class DistlabMagics(Magics):
             )
             models.append(self._model(ns))
         if not models:
-            _positive("--batch-size", a.batch_size)
+            check_option("--batch-size", a.batch_size)
         cm = self.session.calibrate(force=a.force, models=models)
         display(cm)
         return None
@@ -341,15 +352,15 @@ class DistlabMagics(Magics):
         Stale and asynchronous plans rank by throughput; their note says "convergence not
         counted: lab.probe_staleness" (cm.rank(..., staleness_cost=g) ranks by goodput).
         """
-        p = _parser("simulate")
+        p = make_parser("simulate")
         p.add_argument("var")
         _model_options(p)
         p.add_argument("--workers", type=int, default=None)
         p.add_argument("--top", type=int, default=10)
         p.add_argument("-o", "--output", default=None)
         a = p.parse_args(argv)
-        _positive("--workers", a.workers)
-        _positive("--top", a.top)
+        check_option("--workers", a.workers)
+        check_option("--top", a.top)
         var, model = self._model(a)
         table = self.session.simulate(var, model, workers=a.workers)
         self._store(a.output, table)
@@ -366,7 +377,7 @@ class DistlabMagics(Magics):
 
         As in simulate, stale and asynchronous plans say "convergence not counted".
         """
-        p = _parser("pick")
+        p = make_parser("pick")
         p.add_argument("var")
         _model_options(p)
         p.add_argument("-o", "--output", default=None)
@@ -391,7 +402,7 @@ class DistlabMagics(Magics):
         params -> torch.optim.Optimizer); --lr sets a named one's rate. --backend tensorflow
         trains a Keras model in TensorFlow's own runtime.
         """
-        p = _parser("launch")
+        p = make_parser("launch")
         p.add_argument("var")
         p.add_argument("--strategy", "-s", required=True)
         p.add_argument("--steps", type=int, default=100)
@@ -403,24 +414,11 @@ class DistlabMagics(Magics):
         p.add_argument("--noblock", action="store_true")
         p.add_argument("-o", "--output", default="run")
         a = p.parse_args(argv)
-        _positive("--steps", a.steps)
+        check_option("--steps", a.steps)
         if not a.output.isidentifier():
             raise UsageError(f"-o {a.output!r}: not a Python name; e.g. -o run2")
         var, model = self._model(a)
-        strategy: Any = a.strategy
-        if a.strategy in self.shell.user_ns:
-            strategy = self.shell.user_ns[a.strategy]
-            strategy = getattr(strategy, "value", strategy)  # a StrategyPicker gives its choice
-        elif not (os.path.exists(a.strategy) or a.strategy.endswith(".json")):
-            from distlab.strategy import builders
-
-            known = list(builders())
-            strategy = match_name(a.strategy, known)
-            if strategy is None:  # refused before any cluster starts
-                raise UsageError(
-                    f"--strategy {a.strategy!r}: no builder, notebook variable or file of that name"
-                    f"{did_you_mean(a.strategy, known)} (builders: {', '.join(known)})"
-                )
+        strategy = self._strategy(a.strategy)
         if self.session.inputs_of(var).data is None:
             print(
                 f"no --data for {var}: it trains on synthetic data from its input_spec "
@@ -438,28 +436,14 @@ class DistlabMagics(Magics):
             f"run {run.id} is in `{a.output}`: {a.output}.model is the trained model once it finishes, "
             f"{a.output}.metrics its steps"
         )
-        if getattr(self.shell, "kernel", None) is not None:
-            run.live()  # in a notebook: drawn as it trains, and after the cell returns (--noblock)
-        if a.noblock:
-            return None
-        try:
-            run.wait(progress=run.view is None)
-        except KeyboardInterrupt:
-            run.cancel()
-            raise DistlabError(f"run {run.id} cancelled: Ctrl-C stopped it on every worker") from None
-        finally:
-            if run.view is not None:
-                run.view.join()  # its final drawing is in this cell's output before the cell ends
-            else:
-                display(run)
-        return None
+        return self._follow(run, a.noblock)
 
     def cmd_compare(self, argv: list[str]) -> Any:
         """Plot predicted against measured throughput for every run of this notebook.
 
         %distlab compare
         """
-        _parser("compare").parse_args(argv)
+        make_parser("compare").parse_args(argv)
         runs = self.session.runs_frame()
         from distlab.notebook import plots
         from distlab.notebook.views import runs_table
@@ -497,7 +481,7 @@ class DistlabMagics(Magics):
         for cmd in self._commands.values():
             doc = _dedent(cmd.__doc__)
             usage = " ".join(
-                ln.strip() for ln in doc.splitlines() if ln.strip().startswith(("%distlab", "["))
+                ln.strip() for ln in doc.splitlines() if ln.strip().startswith(("%distlab", "%%distlab", "["))
             )
             summary = doc.split("\n\n")[0].replace("\n", " ")
             lines += textwrap.wrap(usage, WIDTH, initial_indent="  ", subsequent_indent="      ")
@@ -575,4 +559,5 @@ def unload_ipython_extension(ipython: Any) -> None:
     if magics is not None and magics.session.current_lab is not None:
         magics.session.stop_lab()
     ipython.magics_manager.magics["line"].pop("distlab", None)
+    ipython.magics_manager.magics["cell"].pop("distlab", None)
     ipython._distlab_magics = None
