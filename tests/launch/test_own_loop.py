@@ -159,6 +159,34 @@ def test_adamw_with_a_cosine_schedule_and_clipping_learns_digits_to_ninety_perce
     assert m["lr"].iloc[-1] < 1e-6 and m["loss"].iloc[-20:].mean() < m["loss"].iloc[:20].mean() / 4
 
 
+@pytest.mark.parametrize("strategy", ["AllReduce", "PS", "Parallax"])
+def test_clipping_clips_the_gradient_the_ranks_average_not_each_ranks_own(clean_lab, strategy):
+    """One SGD step at lr 1 with the gradient clipped to a norm of 1e-3 moves the parameters by
+    exactly 1e-3: clipping each rank's own gradient before the average would move them by less
+    (the ranks' gradients point different ways), clipping nothing by far more."""
+    max_norm = 1e-3
+    data = _tokens()
+    torch.manual_seed(0)
+    model = EmbNet()
+
+    def train(ctx):
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        m, opt, loader = ctx.prepare(model, opt, DataLoader(data, batch_size=16, shuffle=True))
+        x, y = next(iter(loader))
+        F.cross_entropy(m(x), y).backward()
+        norm = opt.clip_grad_norm_(max_norm)
+        opt.step()
+        return float(norm)
+
+    run = clean_lab.run(train, strategy=strategy, elastic=False)
+    run.wait(60)
+    assert run.status == "finished", run.error
+    before, after = model.state_dict(), run.model.state_dict()
+    moved = math.sqrt(sum(float(((after[k] - before[k]) ** 2).sum()) for k in before))
+    assert run.result > 100 * max_norm  # the averaged gradient's norm, before clipping
+    assert moved == pytest.approx(max_norm, rel=1e-3)
+
+
 # -- Bad input: one line naming what is wrong and the fix, nothing left running -----------------------
 
 
@@ -367,7 +395,49 @@ def test_ranks_report_uneven_numbers_of_values_and_they_become_metrics_columns(c
     assert r1["seen"].iloc[0::2].isna().all()
 
 
+# -- ctx.accumulate --------------------------------------------------------------------------------------
+
+
+def _accumulating_loop(model, data, steps: int, batch: int, k: int):
+    """SGD over micro-batches of ``batch``: k backward passes of loss / k, the first k - 1 inside
+    ``ctx.accumulate()``, then one step."""
+
+    def train(ctx):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        m, opt, loader = ctx.prepare(model, opt, DataLoader(data, batch_size=batch, shuffle=True))
+        for i, (x, y) in enumerate(loader, 1):
+            loss = F.cross_entropy(m(x), y) / k
+            if i % k:
+                with ctx.accumulate():
+                    loss.backward()
+                continue
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if ctx.step >= steps:
+                break
+        return ctx.step
+
+    return train
+
+
+@pytest.mark.parametrize("strategy", ["AllReduce", "PS"])
+def test_k_accumulated_micro_steps_end_where_steps_of_k_times_the_batch_end(clean_lab, strategy):
+    steps, batch, k = 4, 8, 3
+    data = _tokens()  # 256 samples: 4 steps of 2 ranks x 24 stay in the first epoch's order
+    torch.manual_seed(0)
+    model = EmbNet()
+    big = clean_lab.run(_sgd_loop(model, data, steps, k * batch, 0.1), strategy=strategy, elastic=False)
+    big.wait(60)
+    micro = clean_lab.run(_accumulating_loop(model, data, steps, batch, k), strategy=strategy, elastic=False)
+    micro.wait(60)
+    assert big.status == micro.status == "finished" and big.result == micro.result == steps
+    assert _max_difference(big.model, model) > 0.01  # both trained
+    assert _max_difference(big.model, micro.model) <= 1e-5
+
+
 # -- Done when: a worker killed mid-run, the loop resumes on the survivor at the exact step --------------
+# (last in the file: the killed worker comes back cold, and the next run pays its warm-up)
 
 
 class HeldIndexed(torch.utils.data.Dataset):
