@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.notebook.conftest import magic_shell
+from tests.notebook.conftest import run as line_magic
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 pytest.importorskip("transformers")
@@ -75,6 +76,7 @@ def test_the_cell_trains_gpt2_on_dict_batches_and_its_run_comes_back(session_she
     run = sh.user_ns[name]
     assert f"run {run.id} is in `{name}`" in out
     assert run.strategy.name == ("PS" if "PS" in line else "AllReduce") and run.world == 2
+    assert run.forecast.prediction.basis == "profile"  # the card predicts model(**batch)'s profile
     assert run.result == 48  # the cell's return: 3 epochs of 512 samples, 16 per rank on 2 ranks
     losses = run.losses
     assert losses.iloc[-3:].mean() < 0.6 * losses.iloc[:3].mean(), losses.to_string()
@@ -114,3 +116,13 @@ def test_a_cell_that_raises_on_a_rank_names_the_cells_line(session_shell, capsys
     )
     out, err = cell(sh, "run -o failed", failing, capsys)
     assert err.count("\n") == 1 and "at step 5" in err and "cell line 11" in err and "diverged" in err, err
+
+
+def test_help_shows_run_as_a_cell_magic_and_a_line_without_a_cell_says_so(session_shell, capsys):
+    sh, _ = session_shell
+    out, err = line_magic(sh, "help run", capsys)
+    assert "%%distlab run [--strategy NAME|FILE|VAR] [--workers N]" in out and "run.result" in out, out
+    out, err = line_magic(sh, "run --strategy PS", capsys)
+    assert err == "distlab: run takes a cell: %%distlab run [options] on its first line, your loop below\n"
+    out, err = cell(sh, "launch model --strategy PS", "x = 1", capsys)
+    assert "only run takes a cell" in err and "run" not in sh.user_ns
