@@ -47,6 +47,7 @@ class RunMagic:
     shell: Any
     session: Any
     _cell: str | None
+    _store: Callable[[str | None, Any], None]
 
     def cmd_run(self, argv: list[str]) -> Any:
         """Train your own loop: the cell is the body of train(ctx) on every rank, under a
@@ -103,7 +104,7 @@ class RunMagic:
             raise LaunchError(in_kernel(exc, filename)) from None
         self.session.runs.append(run)
         run.var_name = a.output
-        self._store(a.output, run)  # type: ignore[attr-defined]
+        self._store(a.output, run)
         print(
             f"run {run.id} is in `{a.output}`: {a.output}.model is the trained model once it finishes, "
             f"{a.output}.result the cell's return value, {a.output}.metrics its steps"
