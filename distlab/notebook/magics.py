@@ -280,8 +280,8 @@ class DistlabMagics(RunMagic, Magics):
             lab = self.session.current_lab
             if lab is None:
                 print(
-                    "no cluster yet: the first %distlab calibrate, simulate, pick or launch starts one "
-                    "(or %distlab cluster local N)"
+                    "no cluster yet: the first %distlab calibrate, simulate, pick, launch or %%distlab run "
+                    "starts one (or %distlab cluster local N)"
                 )
             else:
                 self.session.heal()
