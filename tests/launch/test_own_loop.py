@@ -479,7 +479,8 @@ class Seen:
         self.counts = state["counts"].clone()
 
 
-def test_a_killed_worker_resumes_the_loop_on_the_survivor_at_the_exact_step(clean_lab, tmp_path):
+@pytest.mark.parametrize("strategy", ["AllReduce", "PS"])  # PS: the servers take the restored lr too
+def test_a_killed_worker_resumes_the_loop_on_the_survivor_at_the_exact_step(clean_lab, tmp_path, strategy):
     n, batch, epochs, every, t_max = 192, 16, 3, 4, 50
     # 2 ranks: 6 steps an epoch; the reads stop at step 11 until the kill, past the checkpoint at 8
     gate = Gate(tmp_path)
@@ -507,7 +508,7 @@ def test_a_killed_worker_resumes_the_loop_on_the_survivor_at_the_exact_step(clea
 
     victim = clean_lab.resources.addresses[1]
     pid = clean_lab.client.run(os.getpid, workers=[victim])[victim]
-    run = clean_lab.run(train, checkpoint_every=every)  # elastic by default
+    run = clean_lab.run(train, strategy=strategy, checkpoint_every=every)  # elastic by default
 
     def at_step_ten() -> bool:
         assert run.status in ("pending", "running"), run.error
