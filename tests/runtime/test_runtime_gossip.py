@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_bodies import dense_model, gossip_suite_body
-
-from distlab.runtime.spawn import spawn_local
-
-WORLD = 4
-DIGITS_STEPS = 60
+from runtime_bodies import dense_model
+from window_bodies import GOSSIP_WORLD as WORLD
 
 
 @pytest.fixture(scope="module")
-def suite():
-    return spawn_local(WORLD, gossip_suite_body, DIGITS_STEPS, timeout=200, threads=1)
+def suite(gossip_ranks):
+    """runtime_bodies.gossip_suite_body's results per rank (conftest.py spawns the ranks)."""
+    return [r["sync"] for r in gossip_ranks]
 
 
 def initial_mean() -> dict[str, torch.Tensor]:
@@ -23,7 +20,7 @@ def initial_mean() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_one_peer_exp2_is_exact_average_after_log2_n_steps(suite):
     mean = initial_mean()
     for r in range(WORLD):
@@ -38,7 +35,7 @@ def test_one_peer_exp2_is_exact_average_after_log2_n_steps(suite):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_gossip_digits_loss_close_to_allreduce(suite):
     def tail_loss(case: str) -> float:
         losses = sum(suite[r]["digits"][case]["losses"] for r in range(WORLD)) / WORLD

@@ -7,25 +7,26 @@ from __future__ import annotations
 import pytest
 import torch
 from runtime_bodies import dense_model
-from window_bodies import async_ends_body, async_gossip_body, window_body
+from window_bodies import GOSSIP_WORLD as WORLD
+from window_bodies import async_ends_body
 
 from distlab.runtime.spawn import spawn_local
 
-WORLD = 4
+
+@pytest.fixture(scope="module")
+def windows(gossip_ranks):
+    """window_bodies.window_body's results per rank (conftest.py spawns the ranks)."""
+    return [r["windows"] for r in gossip_ranks]
 
 
 @pytest.fixture(scope="module")
-def windows():
-    return spawn_local(WORLD, window_body, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def trained():
-    return spawn_local(WORLD, async_gossip_body, 60, timeout=300, threads=1)
+def trained(gossip_ranks):
+    """window_bodies.async_gossip_body's results per rank."""
+    return [r["async"] for r in gossip_ranks]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_put_overwrites_accumulate_adds_update_combines_and_versions_count(windows):
     for r in range(WORLD):
         left = (r - 1) % WORLD
@@ -41,13 +42,13 @@ def test_put_overwrites_accumulate_adds_update_combines_and_versions_count(windo
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_an_update_under_the_mutex_waits_for_the_remote_holder(windows):
     assert windows[1]["mutex wait"] >= 0.45
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 @pytest.mark.parametrize(
     "case,words",
     [
@@ -71,7 +72,7 @@ def test_bad_window_calls_get_one_line_naming_the_window_and_the_fix(windows, ca
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_a_remote_mutex_wait_that_times_out_says_so_and_leaves_the_owners_queue(windows):
     waiter = windows[2]["mutex timeout"]
     assert waiter["error"] is not None and "waited 2 s for rank 1's mutex" in waiter["error"], waiter
@@ -83,7 +84,7 @@ def test_a_remote_mutex_wait_that_times_out_says_so_and_leaves_the_owners_queue(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_push_sum_reaches_the_exact_average_at_uneven_paces_and_conserves_mass(windows):
     x0 = [windows[r]["push-sum"]["x0"] for r in range(WORLD)]
     mean = sum(x0) / WORLD
@@ -97,7 +98,7 @@ def test_push_sum_reaches_the_exact_average_at_uneven_paces_and_conserves_mass(w
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_windows_on_a_directed_graph_outlive_the_group_timeout(windows):
     # each receiver thread's wait is bounded by the timeout: the heartbeats keep every pair alive
     for r in range(WORLD):
@@ -107,7 +108,7 @@ def test_windows_on_a_directed_graph_outlive_the_group_timeout(windows):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 def test_no_receiver_thread_outlives_its_windows(windows):
     for r in range(WORLD):
         assert windows[r]["threads after finish"] == [] and windows[r]["push-sum threads"] == []
@@ -119,7 +120,7 @@ def _initial_mean() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 @pytest.mark.parametrize("key", ["push_sum exp2", "push_sum one_peer_exp2", "average exp2"])
 def test_asynchronous_averaging_through_the_trainer_reaches_consensus_with_a_slow_rank(trained, key):
     mean = _initial_mean()
@@ -150,7 +151,7 @@ def test_asynchronous_averaging_through_the_trainer_reaches_consensus_with_a_slo
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(600)  # the first test waits for conftest.py's spawn
 @pytest.mark.parametrize(
     "case", ["gossip:exp2:push_sum", "gossip:exp2:average", "gossip:one_peer_exp2:push_sum"]
 )

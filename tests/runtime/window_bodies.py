@@ -12,6 +12,8 @@ import torch.distributed as dist
 
 from distlab.errors import WindowError
 
+GOSSIP_WORLD = 4  # ranks of gossip_ranks_body's spawn (conftest.py)
+
 
 def _init(rank: int, world: int, addr: str, port: int, tag: str) -> None:
     store = dist.PrefixStore(tag, dist.TCPStore(addr, port, world + 1, False))
@@ -212,3 +214,31 @@ def async_ends_body(rank: int, world: int, addr: str, port: int, directory: str)
     after_ckpt = threads()
     stop = stop_body(rank, world, addr, port, "gossip:exp2:push_sum")
     return {"checkpoint": ckpt, "stop": stop, "threads": after_ckpt + threads()}
+
+
+def gossip_ranks_body(
+    rank: int, world: int, addr: str, port: int, sync_digits_steps: int, async_digits_steps: int
+) -> dict:
+    """Synchronous gossip, asynchronous gossip and the window operations in one set of processes
+    (conftest.py's ``gossip_ranks``: a spawn of 4 ranks costs seconds of imports on 2 cores), each
+    part on a store of its own: two parts' runs of one name (both train digits under "allreduce")
+    would otherwise meet the other's rendezvous keys and connect to ranks no longer listening."""
+    from runtime_bodies import gossip_suite_body
+
+    parts = {
+        "sync": lambda p: gossip_suite_body(rank, world, addr, p, sync_digits_steps),
+        "async": lambda p: async_gossip_body(rank, world, addr, p, async_digits_steps),
+        "windows": lambda p: window_body(rank, world, addr, p),
+    }
+    shared = dist.TCPStore(addr, port, world + 1, False)
+    servers, out = [], {}
+    for name, part in parts.items():
+        if rank == 0:  # rank 0 hosts the part's store and says where
+            servers.append(dist.TCPStore(addr, 0, world, True, wait_for_workers=False))
+            shared.set(f"{name}-port", str(servers[-1].port))
+        out[name] = part(int(shared.get(f"{name}-port")))
+    # rank 0's stores end with its process: it leaves only when every rank has finished
+    shared.add("finished", 1)
+    while shared.add("finished", 0) < world:
+        time.sleep(0.05)
+    return out
