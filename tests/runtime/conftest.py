@@ -1,8 +1,10 @@
-"""The runtime tests' shared ranks: one spawn for the window and gossip suites."""
+"""The runtime tests' shared ranks: one spawn for the window and gossip suites, one per world
+size for the equivalence and accumulation cases."""
 
 from __future__ import annotations
 
 import pytest
+from runtime_bodies import ACCUMULATION_CASES, EQUIVALENCE_CASES, EQUIVALENCE_STEPS, equivalence_body
 from window_bodies import GOSSIP_WORLD, gossip_ranks_body
 
 from distlab.runtime.spawn import spawn_local
@@ -20,3 +22,19 @@ def gossip_ranks() -> list[dict]:
     # for it allow 600 s (a test's timeout counts the fixture it waits for)
     steps = (SYNC_DIGITS_STEPS, ASYNC_DIGITS_STEPS)
     return spawn_local(GOSSIP_WORLD, gossip_ranks_body, *steps, timeout=540, threads=1)
+
+
+@pytest.fixture(scope="session")
+def equivalence_ranks():
+    """``at(world)``: per rank, ``equivalence_body``'s results for test_runtime_equivalence.py's
+    cases and (at 1 and 2 ranks, the worlds test_accumulation.py checks) its accumulation cases,
+    spawned once per world size: a spawn costs each rank a torch import on 2 cores."""
+    done: dict[int, list] = {}
+
+    def at(world: int) -> list:
+        if world not in done:
+            cases = EQUIVALENCE_CASES + (ACCUMULATION_CASES if world in (1, 2) else [])
+            done[world] = spawn_local(world, equivalence_body, cases, EQUIVALENCE_STEPS, timeout=540)
+        return done[world]
+
+    return at

@@ -230,6 +230,54 @@ def lr_gain(case: str, world: int) -> float:
     return {"none": 1.0, "linear": float(scale), "sqrt": scale**0.5}[flags.get("lr", "none")]
 
 
+EQUIVALENCE_STEPS = 4
+# test_runtime_equivalence.py's cases: every non-gossip strategy against one process
+EQUIVALENCE_CASES = [
+    ("builder:AllReduce", "dense", "sgd"),  # distlab's bucketed kernel
+    ("builder:AllReduce", "dense", "adam"),
+    ("builder:AllReduce+ddp", "dense", "adam"),  # torch's DDP reducer (extra ddp=True)
+    ("allreduce_own", "dense", "sgd"),  # two groups
+    ("fp16", "dense", "sgd"),  # fp16 on the wire: close, not exact (checked with its own tolerance)
+    ("builder:PS:servers=all", "dense", "sgd"),
+    ("builder:PS:servers=all", "dense", "adam"),
+    ("builder:PSLoadBalancing:servers=all", "dense", "adam"),
+    ("builder:PartitionedPS:servers=all", "dense", "sgd"),
+    ("builder:UnevenPartitionedPS:servers=all", "dense", "adam"),
+    ("builder:PartitionedAR", "dense", "sgd"),
+    ("builder:PartitionedAR", "dense", "adam"),
+    ("builder:RandomAxisPartitionAR", "dense", "adam"),
+    ("builder:Parallax", "dense", "adam"),
+    ("mixed", "dense", "adam"),  # all kernels at once, PS shards on several servers
+    ("mixed", "dense", "sgd"),
+    # sparse embedding gradients (SGD: torch's Adam refuses sparse gradients, single-process too)
+    ("builder:AllReduce", "sparse", "sgd"),
+    ("builder:PS:servers=all", "sparse", "sgd"),
+    ("builder:PartitionedPS:servers=all", "sparse", "sgd"),
+    ("builder:Parallax", "sparse", "sgd"),
+    ("allgather", "sparse", "sgd"),
+    ("sparse_ps_partitioned", "sparse", "sgd"),
+    ("mixed", "sparse", "sgd"),
+    ("builder:PartitionedPS:servers=all+per_table", "sparse", "sgd"),  # one exchange per table
+    ("mixed+per_table", "sparse", "sgd"),
+]
+# test_accumulation.py's cases: gradient accumulation and learning-rate scaling
+ACCUMULATION_CASES = [
+    ("builder:AllReduce+acc3", "dense", "sgd"),  # distlab's buckets
+    ("builder:AllReduce+acc3", "dense", "adam"),
+    ("builder:AllReduce+ddp+acc3", "dense", "adam"),  # torch's DDP reducer under no_sync
+    ("builder:PS:servers=all+acc3", "dense", "adam"),
+    ("builder:PartitionedPS:servers=all+acc2", "dense", "sgd"),
+    ("mixed+acc2", "dense", "adam"),  # every kernel at once
+    ("builder:AllReduce+acc3", "sparse", "sgd"),
+    ("builder:PS:servers=all+acc2", "sparse", "sgd"),
+    ("builder:Parallax+acc3", "sparse", "sgd"),
+    ("mixed+acc2", "sparse", "sgd"),
+    ("builder:AllReduce+acc2+linear", "dense", "sgd"),  # the rate times the global batch / BATCH
+    ("builder:AllReduce+ddp+acc2+sqrt", "dense", "adam"),
+    ("builder:PS:servers=all+linear", "dense", "sgd"),
+]
+
+
 def equivalence_body(
     rank: int, world: int, addr: str, port: int, cases: list[tuple[str, str, str]], steps: int
 ) -> dict:

@@ -5,36 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_bodies import case_flags, equivalence_body, lr_gain, reference_weights
+from runtime_bodies import ACCUMULATION_CASES as CASES
+from runtime_bodies import EQUIVALENCE_STEPS as STEPS
+from runtime_bodies import case_flags, lr_gain, reference_weights
 
 from distlab.adaptive import scaling
 from distlab.errors import LaunchError
 from distlab.runtime.data import RankBatches
-from distlab.runtime.spawn import spawn_local
-
-STEPS = 4
-CASES = [
-    ("builder:AllReduce+acc3", "dense", "sgd"),  # distlab's buckets
-    ("builder:AllReduce+acc3", "dense", "adam"),
-    ("builder:AllReduce+ddp+acc3", "dense", "adam"),  # torch's DDP reducer under no_sync
-    ("builder:PS:servers=all+acc3", "dense", "adam"),
-    ("builder:PartitionedPS:servers=all+acc2", "dense", "sgd"),
-    ("mixed+acc2", "dense", "adam"),  # every kernel at once
-    ("builder:AllReduce+acc3", "sparse", "sgd"),
-    ("builder:PS:servers=all+acc2", "sparse", "sgd"),
-    ("builder:Parallax+acc3", "sparse", "sgd"),
-    ("mixed+acc2", "sparse", "sgd"),
-    ("builder:AllReduce+acc2+linear", "dense", "sgd"),  # the rate times the global batch / BATCH
-    ("builder:AllReduce+ddp+acc2+sqrt", "dense", "adam"),
-    ("builder:PS:servers=all+linear", "dense", "sgd"),
-]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # waits for conftest.py's spawn of every equivalence case
 @pytest.mark.parametrize("world", [1, 2])
-def test_accumulation_and_scaling_match_one_process_on_the_global_batch(world):
-    results = spawn_local(world, equivalence_body, CASES, STEPS, timeout=200)
+def test_accumulation_and_scaling_match_one_process_on_the_global_batch(world, equivalence_ranks):
+    results = equivalence_ranks(world)
     failures = []
     for key in CASES:
         acc = case_flags(key[0])[1].get("acc", 1)

@@ -5,41 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_bodies import BATCH, MODELS, dataset, equivalence_body, optimizer_factory, reference_weights
+from runtime_bodies import BATCH, MODELS, dataset, optimizer_factory, reference_weights
+from runtime_bodies import EQUIVALENCE_CASES as CASES
+from runtime_bodies import EQUIVALENCE_STEPS as STEPS
 
 from distlab.runtime.data import RankBatches
-from distlab.runtime.spawn import spawn_local
 from distlab.runtime.trainer import default_loss
-
-STEPS = 4
-CASES = [
-    ("builder:AllReduce", "dense", "sgd"),  # distlab's bucketed kernel
-    ("builder:AllReduce", "dense", "adam"),
-    ("builder:AllReduce+ddp", "dense", "adam"),  # torch's DDP reducer (extra ddp=True)
-    ("allreduce_own", "dense", "sgd"),  # two groups
-    ("fp16", "dense", "sgd"),  # fp16 on the wire: close, not exact (checked with its own tolerance)
-    ("builder:PS:servers=all", "dense", "sgd"),
-    ("builder:PS:servers=all", "dense", "adam"),
-    ("builder:PSLoadBalancing:servers=all", "dense", "adam"),
-    ("builder:PartitionedPS:servers=all", "dense", "sgd"),
-    ("builder:UnevenPartitionedPS:servers=all", "dense", "adam"),
-    ("builder:PartitionedAR", "dense", "sgd"),
-    ("builder:PartitionedAR", "dense", "adam"),
-    ("builder:RandomAxisPartitionAR", "dense", "adam"),
-    ("builder:Parallax", "dense", "adam"),
-    ("mixed", "dense", "adam"),  # all kernels at once, PS shards on several servers
-    ("mixed", "dense", "sgd"),
-    # sparse embedding gradients (SGD: torch's Adam refuses sparse gradients, single-process too)
-    ("builder:AllReduce", "sparse", "sgd"),
-    ("builder:PS:servers=all", "sparse", "sgd"),
-    ("builder:PartitionedPS:servers=all", "sparse", "sgd"),
-    ("builder:Parallax", "sparse", "sgd"),
-    ("allgather", "sparse", "sgd"),
-    ("sparse_ps_partitioned", "sparse", "sgd"),
-    ("mixed", "sparse", "sgd"),
-    ("builder:PartitionedPS:servers=all+per_table", "sparse", "sgd"),  # one exchange per table
-    ("mixed+per_table", "sparse", "sgd"),
-]
 
 
 def local_only_weights(model_kind: str, opt: str, world: int) -> dict[str, torch.Tensor]:
@@ -56,10 +27,10 @@ def local_only_weights(model_kind: str, opt: str, world: int) -> dict[str, torch
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # waits for conftest.py's spawn of every equivalence case
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_every_strategy_matches_single_process_training(world):
-    results = spawn_local(world, equivalence_body, CASES, STEPS, timeout=200)
+def test_every_strategy_matches_single_process_training(world, equivalence_ranks):
+    results = equivalence_ranks(world)
     failures = []
     for key in CASES:
         ref = reference_weights(key[1], key[2], STEPS, world)
