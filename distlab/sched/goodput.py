@@ -96,10 +96,9 @@ class GoodputPolicy:
         scale = self._scale(capacity) / self._base(job, n_jobs, capacity)
         s = job.speedups(n, r) * scale
         r_prev = int(prev.sum())
-        cost = _cost(s * (self._factor(job) if r_prev else 1.0), self.power)
-        # r = 0 with nothing before is no change (no penalty), and with something before it is a
-        # preemption, priced like any other change
-        cost[0] = _cost(np.zeros(1), self.power)[0]
+        # every change restarts the job, its first start included (Pollux prices a start like a
+        # restart: a job that arrived this instant waits a round); 0 replicas is speedup 0 anyway
+        cost = _cost(s * self._factor(job), self.power)
         if 0 < job.min_replicas:
             cost[1 : job.min_replicas] = np.inf
         keep = None
