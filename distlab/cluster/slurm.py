@@ -54,6 +54,19 @@ ENDED = {
     "SPECIAL_EXIT",
     "REVOKED",
 }
+# squeue's reasons for a pending job that no wait will start (REASONS in squeue(1)): its request
+# exceeds what its partition, account or QOS allows, or names what does not exist
+NEVER = {
+    "PartitionConfig",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    "AccountNotAllowed",
+    "QOSNotAllowed",
+    "DependencyNeverSatisfied",
+}
 CLOSE_WITHIN = 20.0  # seconds close() waits for squeue to list none of its jobs (KillWait: 30 s by default)
 POLL = 0.5  # seconds between squeue reads while waiting
 
@@ -275,8 +288,15 @@ class SlurmJobs:
                 bar.close()
 
     def _check_ended(self, states: dict[str, tuple[str, str]]) -> None:
+        """A job that ended before its worker joined, or that Slurm will never start, is an error now."""
         for job, addr in self.workers_of_jobs().items():
-            state = states.get(job, ("", ""))[0]
+            state, reason = states.get(job, ("", ""))
+            if addr is None and state in QUEUED and reason in NEVER:
+                raise LaunchError(
+                    f"{WHO}: Slurm will not start worker job {job}: {state} ({reason}), its request exceeds "
+                    "what the partition, account or QOS allows; ask for fewer cores= or less memory=, "
+                    "or another partition= (sinfo -o '%P %c %m %l' lists them)"
+                )
             if addr is None and state in ENDED:
                 raise LaunchError(
                     f"{WHO}: worker job {job} ended ({state}) before its worker joined; {self._log_tail(job)}"
@@ -306,15 +326,21 @@ class SlurmJobs:
     def heal(self, within: float, progress: bool = False) -> int:
         """Submit a job for each worker whose job ended (cancelled, timed out, failed) and wait up
         to ``within`` seconds for them to join; returns how many were replaced."""
-        n = len(self.cluster.worker_spec)
-        lost = n - sum(1 for a in self.workers_of_jobs().values() if a is not None)
-        if lost <= 0:
+        jobs = self.workers_of_jobs()
+        states = squeue_states(jobs)
+        # a job squeue no longer lists (past MinJobAge) ended too: sbatch returns once it is listed
+        ended = [j for j, addr in jobs.items() if addr is None and states.get(j, ("COMPLETED",))[0] in ENDED]
+        if not ended:
             return 0
-        # SpecCluster drops a worker that left from ``workers`` but keeps its spec: correcting the
-        # state submits a new job under the same name
+        # SpecCluster keeps a job whose worker left until its own clean-up runs, and submits nothing
+        # for a name it still holds: dropped here, correcting the state submits a job under each name
+        for name, job in list(self.cluster.workers.items()):
+            if str(getattr(job, "job_id", "")) in ended:
+                self.cluster.workers.pop(name, None)
+        n = len(self.cluster.worker_spec)
         self.submit(n)
         self.wait(n, within, progress)
-        return lost
+        return len(ended)
 
     def close(self) -> None:
         """Close the client and the cluster (``scancel`` of each worker's job), cancel any job it

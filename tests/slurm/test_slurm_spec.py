@@ -1,0 +1,74 @@
+"""What a Lab on Slurm asks of Slurm, read from the job script, and the errors that need no Slurm."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlab.cluster.local import WORKER_CONFIG
+from distlab.cluster.slurm import SlurmSpec, job_script, start_slurm, worker_exports
+from distlab.errors import LaunchError
+
+pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (pip install 'distlab[slurm]')")
+
+
+def _directives(script: str) -> list[str]:
+    return [
+        line.removeprefix("#SBATCH ").strip() for line in script.splitlines() if line.startswith("#SBATCH")
+    ]
+
+
+def test_the_job_asks_for_the_gpus_partition_account_walltime_and_extra_directives(tmp_path):
+    spec = SlurmSpec(
+        cores=4,
+        memory="16GB",
+        gpus_per_worker=2,
+        partition="gpu",
+        account="proj1",
+        walltime="02:00:00",
+        job_extra=("--constraint=a100", "#SBATCH --exclusive"),
+    )
+    lines = _directives(job_script(spec, tmp_path))
+    for wanted in ("-p gpu", "-A proj1", "-t 02:00:00", "--gres=gpu:2", "--cpus-per-task=4", "--mem=15G"):
+        assert wanted in lines, lines
+    assert "--constraint=a100" in lines and "--exclusive" in lines
+    assert any(line.startswith("-o ") and str(tmp_path) in line for line in lines)  # logs where asked
+
+
+def test_without_gpus_or_walltime_the_job_asks_for_neither():
+    lines = _directives(job_script(SlurmSpec(), __import__("pathlib").Path("/tmp")))
+    assert not any("gres" in line for line in lines)
+    # no "-t": the partition's own limit, not dask-jobqueue's 30 minutes
+    assert not any(line.startswith("-t") for line in lines) and "--cpus-per-task=1" in lines
+
+
+def test_the_worker_settings_distlab_needs_reach_dask_through_the_job_scripts_exports():
+    import shlex
+
+    import dask
+    from dask.config import collect_env
+
+    env = {}
+    for line in worker_exports(WORKER_CONFIG):
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = shlex.split(value)[0]
+    got = collect_env(env)
+    for key, value in WORKER_CONFIG.items():  # daemon=False among them: ranks may start DataLoader workers
+        assert dask.config.get(key, config=got) == value, key
+
+
+def test_no_sbatch_here_is_one_line_naming_the_extra_and_make_slurm_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing of Slurm's on it
+    with pytest.raises(LaunchError) as err:
+        start_slurm(2)
+    text = str(err.value)
+    assert "no `sbatch`" in text and "distlab[slurm]" in text and "make slurm-up" in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [({"memory": "lots"}, "memory="), ({"gpus_per_worker": -1}, "gpus_per_worker"), ({"cores": 0}, "cores")],
+)
+def test_a_bad_request_names_its_field(options, field):
+    with pytest.raises(LaunchError, match=field):
+        SlurmSpec(**options)
