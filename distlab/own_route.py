@@ -232,7 +232,9 @@ def launch_own(
         )
         profile_fn = lambda n=None: profile  # noqa: E731
     user_opt = plan.optimizer
-    opt_factory = lambda params: type(user_opt)(params, **user_opt.defaults)  # noqa: E731
+    # the defaults as a group, not keywords: they hold keys the class's __init__ does not take
+    # (AdamW's decoupled_weight_decay)
+    opt_factory = lambda params: type(user_opt)([{"params": list(params), **user_opt.defaults}])  # noqa: E731
     st, _ = _v.resolve_strategy(strategy, model, res, profile_fn, batch_size=b)
     _v.check_strategy_fits(st, model, res.world, opt_factory)
     _v.check_global_batch(len(loader.dataset), b, st.batch.accumulation, st.world)

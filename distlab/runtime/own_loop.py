@@ -265,25 +265,39 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({type(self._user).__name__}, {self._s.job.strategy.name})"
 
 
-def make_optimizer_like(user: torch.optim.Optimizer, units: list) -> tuple[Callable[[list], Any], list]:
+def make_optimizer_like(
+    user: torch.optim.Optimizer, units: list, rank: int
+) -> tuple[Callable[[list], Any], list]:
     """A factory of ``type(user)`` over a unit's targets, grouped as the user grouped their
     variables, and the ``(optimizer, group, user group)`` links the step keeps in step."""
+    from distlab.runtime.stale_ps import stale_units
+
     group_of: dict[int, int] = {}
     for gi, g in enumerate(user.param_groups):
         for p in g["params"]:
             group_of[id(p)] = gi
     of_target = {id(u.target): group_of.get(id(u.param)) for u in units}
     of_target.update({id(u.param): group_of.get(id(u.param)) for u in units})
+    # a stale or asynchronous PS server steps copies of its variables, made in its units' order
+    # (runtime/stale_ps.py _Server): they are known by their place, checked by their shapes
+    served = [u for u in stale_units(units) if u.sync.server == rank]
     links: list[tuple[Any, int, int]] = []
 
     def make(targets: list) -> Any:
+        known = dict(of_target)
+        copies = len(targets) == len(served) and not any(id(t) in of_target for t in targets)
+        if copies and all(t.shape == u.view(u.param).shape for t, u in zip(targets, served)):
+            known.update({id(t): group_of.get(id(u.param)) for t, u in zip(targets, served)})
         groups: dict[int, list] = {}
         for t in targets:
-            gi = of_target.get(id(t))
+            gi = known.get(id(t))
             if gi is not None:  # a variable the user's optimizer does not step stays as it is
                 groups.setdefault(gi, []).append(t)
         if not groups:  # nothing of this rank's to step here: an optimizer over no variable
-            return type(user)([torch.zeros(0, requires_grad=True)], **hyperparameters(user.param_groups[0]))
+            # its settings as a group, not keywords: a group holds keys its class's __init__ does
+            # not take (AdamW's decoupled_weight_decay)
+            empty = {"params": [torch.zeros(0, requires_grad=True)], **hyperparameters(user.param_groups[0])}
+            return type(user)([empty])
         order = sorted(groups)
         opt = type(user)([{"params": groups[gi], **hyperparameters(user.param_groups[gi])} for gi in order])
         links.extend((opt, i, gi) for i, gi in enumerate(order))

@@ -127,7 +127,7 @@ class OwnSession:
         job = self.job = dataclasses.replace(
             job, data=loader.dataset, batch_size=int(loader.batch_size), shuffle=shuffle
         )
-        make_opt, self._links = own_loop.make_optimizer_like(optimizer, units)
+        make_opt, self._links = own_loop.make_optimizer_like(optimizer, units, job.rank)
         sync = make_sync(job, model, units, make_opt, self.wait, self.tracer)
         noise = getattr(sync, "noise", None)
         opts = [sync.local_opt, sync.server_opt]
