@@ -252,11 +252,11 @@ def load_workload(
     if not path.exists():
         raise SchedulerError(f"no artifact workload {path}; number is 1-8")
     jobs = []
-    for row in pd.read_csv(path).itertuples():
-        job = ArtifactJob(row.name, float(row.time), application(row.application))
+    for row in pd.read_csv(path).to_dict("records"):
+        job = ArtifactJob(str(row["name"]), float(row["time"]), application(str(row["application"])))
         if fixed:
-            job.fixed_replicas, job.fixed_batch = int(row.num_replicas), int(row.batch_size)
-        elif row.application == "ncf":
+            job.fixed_replicas, job.fixed_batch = int(row["num_replicas"]), int(row["batch_size"])
+        elif row["application"] == "ncf":
             job.fixed_batch = 32768  # as the artifact's Pollux run
         jobs.append(job)
     return jobs

@@ -159,7 +159,7 @@ def fit_perf_params(
             x0[free],
             jac=True,
             method="L-BFGS-B",
-            bounds=Bounds([lower[i] for i in free], [upper[i] for i in free], keep_feasible=True),
+            bounds=Bounds(np.array([lower[i] for i in free]), np.array([upper[i] for i in free]), True),
         )
     x = x0.copy()
     x[free] = result.x

@@ -69,7 +69,10 @@ class Policy(Protocol):
     """A scheduling policy: a pure function of the jobs, the workers and the previous allocation."""
 
     def allocate(
-        self, jobs: Sequence[JobSpec], workers: Mapping[str, str], previous: Mapping[str, Sequence[str]]
+        self,
+        jobs: Sequence[JobSpec],
+        workers: Mapping[str, str] | Sequence[str],
+        previous: Mapping[str, Sequence[str]],
     ) -> Mapping[str, Sequence[str]]:
         """Workers for each job (a job left out waits); ``workers`` maps each worker to its host."""
         ...
