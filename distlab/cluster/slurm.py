@@ -252,8 +252,9 @@ class SlurmJobs:
         if self.spec.partition is None:
             return ""
         done = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
-        names = sorted({p.strip() for p in done.stdout.split()})
-        return f" (partition={self.spec.partition!r}; sinfo lists {', '.join(names) or 'none'})"
+        names = sorted({p.strip() for p in done.stdout.split()})  # sinfo marks the default one with '*'
+        listed = ", ".join(p.rstrip("*") + (" (the default)" if p.endswith("*") else "") for p in names)
+        return f" (partition={self.spec.partition!r}; sinfo lists {listed or 'none'})"
 
     def counts(self) -> tuple[int, int, int, dict[str, tuple[str, str]]]:
         """(queued, running, joined) worker jobs now, and squeue's view of them."""
