@@ -52,10 +52,13 @@ class GoodputPolicy:
         names = [j.name for j in jobs]
         capacity = layout.capacity
         base = layout.counts(previous, names)
-        tables = [self._table(j, base[i], capacity, len(jobs)) for i, j in enumerate(jobs)]
-        target, keep = _greedy(tables, int(capacity.sum()))
-        counts = _pack(target, keep, base, capacity, layout.hosts_known, jobs)
-        return layout.to_workers(counts, names, previous)
+        choices = [self._choice(j, base[i], capacity, len(jobs)) for i, j in enumerate(jobs)]
+        # two greedy orders, then best responses: which greedy wins depends on how the replicas
+        # pack, so both run and the lower cost is kept (milliseconds each)
+        search = _Search(choices, capacity, layout.hosts_known)
+        candidates = [search.run(), _count_greedy(choices, capacity, layout.hosts_known)]
+        counts = min(candidates, key=search.total)
+        return layout.to_workers(search.polish(counts), names, previous)
 
     def value(
         self, jobs: Sequence[JobSpec], workers: Mapping[str, str], allocation: Mapping, previous: Mapping
@@ -88,31 +91,38 @@ class GoodputPolicy:
         base = float(job.speedups(np.array([1]), np.array([fair]))[0])
         return base if base > 0 else 1.0
 
-    def _table(self, job: JobSpec, prev: np.ndarray, capacity: np.ndarray, n_jobs: int) -> _Table:
-        """The job's cost ``1 / (s + eps)`` at each replica count, penalised, and its keep option."""
+    def _choice(self, job: JobSpec, prev: np.ndarray, capacity: np.ndarray, n_jobs: int) -> _Choice:
         top = int(min(job.max_replicas, capacity.sum()))
-        r = np.arange(top + 1)
-        n = fewest_hosts(r, capacity)
         scale = self._scale(capacity) / self._base(job, n_jobs, capacity)
-        s = job.speedups(n, r) * scale
-        r_prev = int(prev.sum())
-        # every change restarts the job, its first start included (Pollux prices a start like a
-        # restart: a job that arrived this instant waits a round); 0 replicas is speedup 0 anyway
-        cost = _cost(s * self._factor(job), self.power)
-        if 0 < job.min_replicas:
-            cost[1 : job.min_replicas] = np.inf
         keep = None
-        if 0 < r_prev <= top and (r_prev >= job.min_replicas):
-            n_prev = np.count_nonzero(prev)
-            s_prev = job.speedups(np.array([n_prev]), np.array([r_prev]))[0] * scale
-            keep = (r_prev, float(_cost(np.array([s_prev]), self.power)[0]))
-        return _Table(cost, keep)
+        r_prev = int(prev.sum())
+        if 0 < r_prev <= top and r_prev >= job.min_replicas:
+            s_prev = job.speedups(np.array([np.count_nonzero(prev)]), np.array([r_prev]))[0] * scale
+            keep = float(_cost(np.array([s_prev]), self.power)[0])
+        # every change restarts the job, its first start included (Pollux prices a start like a
+        # restart: a job that arrived this instant waits a round)
+        return _Choice(job, prev.copy(), scale * self._factor(job), self.power, top, keep)
 
 
-@dataclass(frozen=True)
-class _Table:
-    cost: np.ndarray  # cost of each replica count under a new placement
-    keep: tuple[int, float] | None  # (replicas, cost) of the previous placement, unchanged
+class _Choice:
+    """One job's options in a round: its cost ``(s + eps) ** p`` at (hosts, replicas) after a
+    restart, computed as the search asks, and the cost of keeping its previous placement."""
+
+    def __init__(
+        self, job: JobSpec, prev: np.ndarray, scale: float, power: float, top: int, keep: float | None
+    ) -> None:
+        self.job, self.prev, self.scale, self.power, self.top, self.keep = job, prev, scale, power, top, keep
+        self.zero = float(_cost(np.zeros(1), power)[0])
+        self.memo: dict[tuple[int, int], float] = {}
+
+    def costs(self, n: np.ndarray, r: np.ndarray) -> np.ndarray:
+        missing = sorted({(int(a), int(b)) for a, b in zip(n, r)} - self.memo.keys())
+        if missing:
+            mn, mr = (np.array(x) for x in zip(*missing))
+            values = _cost(self.job.speedups(mn, mr) * self.scale, self.power)
+            values[mr < max(self.job.min_replicas, 1)] = np.inf
+            self.memo.update(zip(missing, values.tolist()))
+        return np.array([self.memo[int(a), int(b)] for a, b in zip(n, r)])
 
 
 def _cost(s: np.ndarray, p: float) -> np.ndarray:
@@ -129,37 +139,175 @@ def _power_mean(values: np.ndarray, p: float) -> float:
     return float((np.mean((values + EPS) ** p)) ** (1.0 / p))
 
 
-def _greedy(tables: list[_Table], workers: int) -> tuple[list[int], list[bool]]:
-    """Replica counts by marginal gain per worker; ``keep[j]``: job j stays where it was."""
-    count = [0] * len(tables)
-    keep = [False] * len(tables)
-    free = workers
+class _Search:
+    """The greedy over a jobs x hosts matrix: each step grows one job (re-placing it on the fewest
+    hosts the free workers allow) or restores its previous placement, whichever lowers the cost
+    most per worker added; free workers shrink as steps are taken, so a job's best step is
+    recomputed when it comes off the heap (lazy greedy)."""
+
+    def __init__(self, choices: list[_Choice], capacity: np.ndarray, hosts_known: bool) -> None:
+        self.choices, self.capacity, self.hosts_known = choices, capacity, hosts_known
+        self.x = np.zeros((len(choices), len(capacity)), dtype=int)
+        self.kept = [False] * len(choices)
+
+    def _here(self, j: int) -> float:
+        c, row = self.choices[j], self.x[j]
+        if self.kept[j]:
+            return float(c.keep)  # type: ignore[arg-type]
+        r = int(row.sum())
+        return c.zero if r == 0 else float(c.costs(np.array([np.count_nonzero(row)]), np.array([r]))[0])
+
+    def _room(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Workers free to job j (its own included), and the hosts another multi-host job holds."""
+        own = self.x[j]
+        free = self.capacity - self.x.sum(axis=0) + own
+        multi = np.count_nonzero(self.x, axis=1) > 1
+        multi[j] = False
+        return free, (self.x[multi] > 0).any(axis=0)
+
+    def _hosts_needed(
+        self, r: np.ndarray, free: np.ndarray, shared: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For each replica count: the hosts ``place`` would use, and whether it fits at all."""
+        eligible = np.sort(free * (~shared if self.hosts_known else 1))[::-1].cumsum()
+        single = r <= free.max()
+        return np.where(single, 1, np.searchsorted(eligible, r) + 1), single | (r <= eligible[-1])
+
+    def _fits_prev(self, j: int, free: np.ndarray, shared: np.ndarray) -> bool:
+        prev = self.choices[j].prev
+        if not (prev <= free).all():
+            return False
+        return not (np.count_nonzero(prev) > 1 and self.hosts_known and (shared & (prev > 0)).any())
+
+    def best_step(self, j: int) -> tuple[float, int, bool] | None:
+        c, r0 = self.choices[j], int(self.x[j].sum())
+        here = self._here(j)
+        free, shared = self._room(j)
+        best: tuple[float, int, bool] | None = None
+        top = min(c.top, int(free.sum()))
+        if top > r0:
+            r = np.arange(r0 + 1, top + 1)
+            n, ok = self._hosts_needed(r, free, shared)
+            if ok.any():
+                gain = (here - c.costs(n[ok], r[ok])) / (r[ok] - r0)
+                i = int(np.argmax(gain))
+                if gain[i] > 0:
+                    best = (float(gain[i]), int(r[ok][i]), False)
+        if c.keep is not None and not self.kept[j] and self._fits_prev(j, free, shared):
+            added = int(c.prev.sum()) - r0
+            g = (here - c.keep) / added if added > 0 else (np.inf if c.keep < here else 0.0)
+            if g > 0 and (best is None or g >= best[0]):
+                best = (float(g), int(c.prev.sum()), True)
+        return best
+
+    def apply(self, j: int, r: int, keep: bool) -> None:
+        if keep:
+            self.x[j], self.kept[j] = self.choices[j].prev, True
+            return
+        free, shared = self._room(j)
+        spot = place(r, free, shared, self.hosts_known)
+        if spot is not None:
+            self.x[j], self.kept[j] = spot, False
+
+    def total(self, x: np.ndarray) -> float:
+        """The objective's sum for a whole matrix (kept rows cost their unpenalised value)."""
+        return sum(self._cost_of(j, x[j]) for j in range(len(self.choices)))
+
+    def _cost_of(self, j: int, row: np.ndarray) -> float:
+        c, r = self.choices[j], int(row.sum())
+        if c.keep is not None and (row == c.prev).all():
+            return c.keep
+        return c.zero if r == 0 else float(c.costs(np.array([np.count_nonzero(row)]), np.array([r]))[0])
+
+    def polish(self, x: np.ndarray, passes: int = 3) -> np.ndarray:
+        """Best responses: each job in turn takes its cheapest option with the others held fixed."""
+        self.x = x.copy()
+        for _ in range(passes):
+            moved = False
+            for j, c in enumerate(self.choices):
+                now = self._cost_of(j, self.x[j])
+                row = self.x[j].copy()
+                self.x[j] = 0
+                free, shared = self._room(j)
+                best, best_cost = np.zeros_like(row), c.zero
+                if c.keep is not None and c.keep < best_cost and self._fits_prev(j, free, shared):
+                    best, best_cost = c.prev, c.keep
+                top = min(c.top, int(free.sum()))
+                if top >= 1:
+                    r = np.arange(1, top + 1)
+                    n, ok = self._hosts_needed(r, free, shared)
+                    if ok.any():
+                        cost = c.costs(n[ok], r[ok])
+                        i = int(np.argmin(cost))
+                        if cost[i] < best_cost:
+                            spot = place(int(r[ok][i]), free, shared, self.hosts_known)
+                            if spot is not None:
+                                best, best_cost = spot, float(cost[i])
+                if best_cost < now - 1e-12:
+                    self.x[j], moved = best, True
+                else:
+                    self.x[j] = row
+            if not moved:
+                break
+        return self.x
+
+    def run(self) -> np.ndarray:
+        heap: list[tuple[float, int, int, bool]] = []
+        for j in range(len(self.choices)):
+            if step := self.best_step(j):
+                heapq.heappush(heap, (-step[0], j, step[1], step[2]))
+        while heap:
+            _, j, r, keep = heapq.heappop(heap)
+            step = self.best_step(j)  # free workers may have changed since this entry was pushed
+            if step is None:
+                continue
+            if (step[1], step[2]) != (r, keep):
+                heapq.heappush(heap, (-step[0], j, step[1], step[2]))
+                continue
+            self.apply(j, r, keep)
+            if step := self.best_step(j):
+                heapq.heappush(heap, (-step[0], j, step[1], step[2]))
+        return self.x.copy()
+
+
+def _count_greedy(choices: list[_Choice], capacity: np.ndarray, hosts_known: bool) -> np.ndarray:
+    """Replica counts first (each assumed on the fewest hosts), by marginal gain per worker; then
+    placed: kept jobs where they were, the largest next, each on the fewest hosts left."""
+    count = [0] * len(choices)
+    keep = [False] * len(choices)
+    free = int(capacity.sum())
+    tables = []
+    for c in choices:
+        r = np.arange(c.top + 1)
+        cost = c.costs(fewest_hosts(r, capacity), r) if c.top else np.zeros(1)
+        cost[0] = c.zero
+        tables.append(cost)
 
     def best_step(j: int) -> tuple[float, int, bool] | None:
-        t, r0 = tables[j], count[j]
-        here = t.keep[1] if keep[j] and t.keep else t.cost[r0]
-        top = min(len(t.cost) - 1, r0 + free)
+        cost, c, r0 = tables[j], choices[j], count[j]
+        here = c.keep if keep[j] and c.keep is not None else cost[r0]
+        top = min(len(cost) - 1, r0 + free)
         best: tuple[float, int, bool] | None = None
         if top > r0:
             r = np.arange(r0 + 1, top + 1)
-            gain = (here - t.cost[r0 + 1 : top + 1]) / (r - r0)
+            gain = (here - cost[r0 + 1 : top + 1]) / (r - r0)
             i = int(np.argmax(gain))
             if gain[i] > 0:
                 best = (float(gain[i]), int(r[i]), False)
-        if t.keep and not keep[j] and r0 < t.keep[0] <= r0 + free:
-            g = (here - t.keep[1]) / (t.keep[0] - r0)
+        r_prev = int(c.prev.sum())
+        if c.keep is not None and not keep[j] and r0 < r_prev <= r0 + free:
+            g = (here - c.keep) / (r_prev - r0)
             if g > 0 and (best is None or g >= best[0]):
-                best = (g, t.keep[0], True)
+                best = (float(g), r_prev, True)
         return best
 
     heap: list[tuple[float, int, int, bool]] = []
-    for j in range(len(tables)):
-        step = best_step(j)
-        if step:
+    for j in range(len(choices)):
+        if step := best_step(j):
             heapq.heappush(heap, (-step[0], j, step[1], step[2]))
     while heap and free > 0:
-        gain, j, r, is_keep = heapq.heappop(heap)
-        step = best_step(j)  # free workers may have shrunk since this entry was pushed
+        _, j, r, is_keep = heapq.heappop(heap)
+        step = best_step(j)
         if step is None:
             continue
         if (step[1], step[2]) != (r, is_keep):
@@ -167,44 +315,21 @@ def _greedy(tables: list[_Table], workers: int) -> tuple[list[int], list[bool]]:
             continue
         free -= r - count[j]
         count[j], keep[j] = r, is_keep
-        step = best_step(j)
-        if step:
+        if step := best_step(j):
             heapq.heappush(heap, (-step[0], j, step[1], step[2]))
-    return count, keep
-
-
-def _pack(
-    target: list[int],
-    keep: list[bool],
-    base: np.ndarray,
-    capacity: np.ndarray,
-    hosts_known: bool,
-    jobs: Sequence[JobSpec],
-) -> np.ndarray:
-    """Place the chosen counts on hosts: kept jobs first, then multi-host jobs, then the rest best-fit.
-
-    A job that no longer fits (holes left by kept jobs) gets the most it can still have on free
-    hosts, or nothing below its minimum.
-    """
-    counts = np.zeros_like(base)
-    free = capacity.copy()
+    x = np.zeros((len(choices), len(capacity)), dtype=int)
+    room = capacity.copy()
     shared = np.zeros(len(capacity), dtype=bool)
-    for j in (j for j in range(len(target)) if keep[j]):
-        counts[j] = base[j]
-        free -= base[j]
-        if np.count_nonzero(base[j]) > 1:
-            shared |= base[j] > 0
-    rest = [j for j in range(len(target)) if not keep[j] and target[j] > 0]
-    rest.sort(key=lambda j: -target[j])  # large jobs first, while whole hosts are free
-    for j in rest:
-        r = target[j]
-        while r >= max(jobs[j].min_replicas, 1):
-            spot = place(r, free, shared, hosts_known)
+    for j in (j for j in range(len(choices)) if keep[j]):
+        x[j] = choices[j].prev
+        room -= x[j]
+        shared |= (x[j] > 0) & (np.count_nonzero(x[j]) > 1)
+    for j in sorted((j for j in range(len(choices)) if not keep[j] and count[j]), key=lambda j: -count[j]):
+        for r in range(count[j], max(choices[j].job.min_replicas, 1) - 1, -1):
+            spot = place(r, room, shared, hosts_known)
             if spot is not None:
-                counts[j] = spot
-                free -= spot
-                if np.count_nonzero(spot) > 1:
-                    shared |= spot > 0
+                x[j] = spot
+                room -= spot
+                shared |= (spot > 0) & (np.count_nonzero(spot) > 1)
                 break
-            r -= 1
-    return counts
+    return x
