@@ -33,7 +33,6 @@ def run(args: tuple[int, str]) -> dict:
 
 
 def main() -> None:
-    from distlab.sched import artifact
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=2)
