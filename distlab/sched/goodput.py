@@ -8,14 +8,19 @@ restart factor ``max(age - restarts * delay, 0) / (age + delay)``; the power mea
 far more than slowing a job down (fairness). Constraints: each job 0 or within
 [min_replicas, max_replicas], host capacity, at most one multi-host job per host.
 
-Pollux searches with a genetic algorithm (NSGA-II, 100 x 100 evaluations per round). Here the
-objective is separable over jobs, so a greedy on marginal gain finds it directly: every job starts
-at 0 replicas, and the step that lowers ``sum 1 / (s + 1e-3)`` most per worker added is taken
-until workers run out; a step may add several replicas at once (so a restart penalty or a
-speedup that only pays off at a larger size is crossed), and "keep the previous placement" is a
-step of its own with no penalty. The replica counts are then placed on hosts: kept jobs where they
-were, multi-host jobs on the emptiest hosts, single-host jobs best-fit. It is deterministic and
-takes milliseconds for a hundred jobs, where the genetic search takes seconds.
+Pollux searches with a genetic algorithm (NSGA-II, 100 x 100 evaluations per round). The
+objective is a sum over jobs of ``(s + 1e-3) ** -1``, so a greedy on marginal gain gets close
+directly: every job starts at 0 replicas, and the step that lowers that sum most per worker
+added is taken until none helps; a step may add several replicas at once (so a restart penalty,
+or a speedup that only pays off at a larger size, is crossed), and "keep the previous placement"
+is a step of its own, without the penalty. Two orders run, since which wins depends on how
+replicas pack on hosts: (a) each step places the job at once on the fewest hosts the free
+workers allow; (b) the counts are chosen first (each assumed on the fewest hosts), then placed:
+kept jobs where they were, the largest next. The cheaper result is kept, then each job in turn
+takes its cheapest option with the others fixed (best responses). On 30 random 3-job instances
+on 2 x 3 workers (tests/sched) this reached the exhaustive optimum in 21, and at worst 94.7% of
+its power mean. It is deterministic and takes 20-130 ms for 10-80 jobs on 64 workers, where the
+genetic search takes seconds.
 """
 
 from __future__ import annotations
