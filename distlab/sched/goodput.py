@@ -17,10 +17,8 @@ is a step of its own, without the penalty. Two orders run, since which wins depe
 replicas pack on hosts: (a) each step places the job at once on the fewest hosts the free
 workers allow; (b) the counts are chosen first (each assumed on the fewest hosts), then placed:
 kept jobs where they were, the largest next. The cheaper result is kept, then each job in turn
-takes its cheapest option with the others fixed (best responses). On 30 random 3-job instances
-on 2 x 3 workers (tests/sched) this reached the exhaustive optimum in 21, and at worst 94.7% of
-its power mean. It is deterministic and takes 20-130 ms for 10-80 jobs on 64 workers, where the
-genetic search takes seconds.
+takes its cheapest option with the others fixed (best responses). How close this comes to an
+exhaustive search, and how fast it is, is in datasets/measurements/README.md (sched-sim card).
 """
 
 from __future__ import annotations
