@@ -215,6 +215,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._synced or s.accumulating():
             return
         s.check_gradients()
+        # AdaScale's gain from the noise measured up to the last step, as lab.launch takes it: this
+        # step's sync updates the estimate
+        s.gains = s.batches.gains()
         s.sync.sync_grads()
         if s.batches.accum > 1:  # the strategy's micro-batches summed their gradients: their mean
             for p in s.model.parameters():

@@ -67,6 +67,7 @@ class OwnSession:
         self._registered: dict[str, Any] = {}
         self._restored: dict[str, Any] = {}
         self._scheduler: Any = None
+        self.gains: Any = 1.0  # the learning-rate gain of the step being taken (runtime/adaptive.py)
         self._links: list = []
         self._values: dict[str, float] = {}
         self._pending: dict[str, Any] | None = None
@@ -235,7 +236,7 @@ class OwnSession:
 
     def apply_step(self) -> None:
         b, sync = self.batches, self.sync
-        gains = b.gains()
+        gains = self.gains  # taken before the gradients' sync (DistributedOptimizer.synchronize)
         for opt, i, gi in self._links:  # the user's (and their scheduler's) hyperparameters
             for k, v in self.optimizer.param_groups[gi].items():
                 if k != "params":
