@@ -194,6 +194,9 @@ class ArtifactJob:
         key = (nodes, replicas, self.atomic_bsz)
         if key in self.profile:
             return
+        if self.fixed_replicas is not None:
+            self.profile[key] = (step, sync)
+            return  # a fixed job's batch and size never read the fit: skip it
         self.profile[key] = (step, sync)
         cols = np.array([[*k, *v] for k, v in self.profile.items()], dtype=float)
         self.perf_params = fit_perf_params(
