@@ -1,5 +1,8 @@
 """Dask workers as Slurm jobs (dask-jobqueue's ``SLURMCluster``), one distlab rank per job, for a Lab.
 
+Long because it is one piece: the request (``SlurmSpec``, its job script), and the jobs' life
+(submit, wait with squeue's states, heal, close) that reads it.
+
 ``start_slurm(workers, ...)`` submits one ``sbatch`` job per worker, waits for them with a bar
 (queued, running, joined: read from ``squeue``) and returns a ``SlurmJobs``: its ``client`` is what
 a ``Cluster`` attaches to, ``heal()`` submits a job for each worker whose job ended, and
@@ -128,6 +131,54 @@ class SlurmSpec:
             "scheduler_options": {"dashboard_address": ":0"},
             "n_workers": 0,  # submitted by SlurmJobs.submit, which reads sbatch's refusal
         }
+
+
+def slurm_spec(
+    cluster: str | None,
+    *,
+    attached: bool = False,
+    gpus: bool = False,
+    cores: int = 1,
+    memory: str = "4GB",
+    gpus_per_worker: int = 0,
+    partition: str | None = None,
+    account: str | None = None,
+    walltime: str | None = None,
+    job_extra: Iterable[str] = (),
+    interface: str | None = None,
+) -> SlurmSpec | None:
+    """``Lab(cluster=..., cores=..., ...)``'s Slurm request, checked: None without ``cluster``
+    (then every job option must be left at its default), a ``SlurmSpec`` for ``"slurm"``, else
+    one ``LaunchError``. ``attached``: the Lab was also given ``address=``/``client=``;
+    ``gpus``: ``gpus=True`` (the embedded cluster's), which a Slurm Lab asks as ``gpus_per_worker``."""
+    options = {
+        "cores": cores,
+        "memory": memory,
+        "gpus_per_worker": gpus_per_worker,
+        "partition": partition,
+        "account": account,
+        "walltime": walltime,
+        "job_extra": tuple(job_extra),
+        "interface": interface,
+    }
+    if cluster is None:
+        given = [k for k, v in options.items() if v != getattr(SlurmSpec, k)]
+        if given:
+            named = ", ".join(f"{k}=" for k in given)
+            raise LaunchError(
+                f"Lab({named}): Slurm job options; give cluster='slurm' with them, or leave them out"
+            )
+        return None
+    if cluster != "slurm":
+        raise LaunchError(
+            f"Lab: cluster={cluster!r} is not one distlab starts ('slurm'); for a running scheduler give "
+            "address= or client="
+        )
+    if attached:
+        raise LaunchError(f"{WHO} starts its own scheduler; give cluster= or address=/client=, not both")
+    if gpus:
+        raise LaunchError(f"{WHO}: ask for GPUs with gpus_per_worker=G (--gres=gpu:G), not gpus=True")
+    return SlurmSpec(**options)
 
 
 def job_script(spec: SlurmSpec, log_dir: Path, scheduler: str = "tcp://SCHEDULER:PORT") -> str:
@@ -324,6 +375,20 @@ class SlurmJobs:
             "give a longer timeout=, fewer workers, or another partition="
         )
 
+    @property
+    def lost(self) -> int:
+        """How many of its workers are not in the cluster now (their jobs ended, or still queued)."""
+        joined = sum(1 for a in self.workers_of_jobs().values() if a is not None)
+        return max(0, len(self.cluster.worker_spec) - joined)
+
+    def lost_text(self, lost: int) -> str:
+        """These jobs with ``lost`` workers gone, in a line: how many, what submits new ones."""
+        n = len(self.cluster.worker_spec)
+        return (
+            f"{n - lost} of {n} Slurm workers running ({lost} gone: lab.heal() or the next launch submits "
+            "new jobs)"
+        )
+
     def heal(self, within: float, progress: bool = False) -> int:
         """Submit a job for each worker whose job ended (cancelled, timed out, failed) and wait up
         to ``within`` seconds for them to join; returns how many were replaced."""
@@ -375,7 +440,7 @@ def _bar(total: int, enabled: bool) -> Any:
 
 
 def start_slurm(
-    workers: int,
+    workers: int | None,
     spec: SlurmSpec | None = None,
     *,
     timeout: float = 60,
@@ -386,6 +451,8 @@ def start_slurm(
     workers to join; on any failure (Ctrl-C too) every job submitted is cancelled first. Logs go
     to ``log_dir`` (default ``~/.cache/distlab/slurm``: on a cluster it must be a folder the
     compute nodes can write, as a home folder is)."""
+    if workers is None:
+        raise LaunchError(f"{WHO}: give workers=N, the number of worker jobs (one rank each) to submit")
     check_positive(f"{WHO}: workers", workers, LaunchError)
     spec = spec or SlurmSpec()
     check_slurm_commands()

@@ -173,3 +173,28 @@ def test_a_worker_job_cancelled_mid_run_resumes_on_the_survivor_and_heal_submits
     finally:
         jobs.close()
     assert _active(jobs.submitted) == {}
+
+
+@pytest.mark.skipif(
+    "cluster" not in __import__("inspect").signature(dl.Lab).parameters,
+    reason="dl.Lab has no cluster= yet (lab.py's Slurm lines: issue 59)",
+)
+def test_a_slurm_lab_trains_lists_its_jobs_submits_a_new_one_for_a_cancelled_job_and_cancels_all_on_close(
+    slurm, tmp_path
+):
+    lab = dl.Lab(cluster="slurm", workers=2, memory="2GB", timeout=120, cache_dir=tmp_path)
+    try:
+        jobs = lab.cluster.jobs
+        assert lab.resources.world == 2 and _active(jobs.job_ids) == dict.fromkeys(jobs.job_ids, "RUNNING")
+        run = lab.launch(_mlp(), "AllReduce", steps=30, data=_blobs(), batch_size=16, block=True)
+        assert run.status == "finished" and run.world == 2, run.error
+        gone = jobs.job_ids[1]
+        subprocess.run(["scancel", gone], check=True, timeout=30)
+        poll_for(lambda: lab.lost_workers == 1, 60, "the Lab to see its worker gone")
+        assert "1 of 2 Slurm workers running" in repr(lab)
+        again = lab.launch(_mlp(), "Gossip", steps=30, data=_blobs(), batch_size=16, block=True)
+        assert again.status == "finished" and again.world == 2, again.error  # on a new job
+        assert gone not in jobs.job_ids and len(jobs.submitted) == 3
+    finally:
+        lab.close()
+    assert _active(jobs.submitted) == {}

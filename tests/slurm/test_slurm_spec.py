@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distlab.cluster.local import WORKER_CONFIG
-from distlab.cluster.slurm import SlurmSpec, job_script, start_slurm, worker_exports
+from distlab.cluster.slurm import SlurmSpec, job_script, slurm_spec, start_slurm, worker_exports
 from distlab.errors import LaunchError
 
 pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (pip install 'distlab[slurm]')")
@@ -72,3 +72,33 @@ def test_no_sbatch_here_is_one_line_naming_the_extra_and_make_slurm_up(tmp_path,
 def test_a_bad_request_names_its_field(options, field):
     with pytest.raises(LaunchError, match=field):
         SlurmSpec(**options)
+
+
+@pytest.mark.parametrize(
+    "cluster, options, words",
+    [
+        (
+            None,
+            {"cores": 4, "partition": "gpu"},
+            "Lab(cores=, partition=): Slurm job options; give cluster='slurm'",
+        ),
+        ("pbs", {}, "cluster='pbs' is not one distlab starts"),
+        ("slurm", {"attached": True}, "give cluster= or address=/client=, not both"),
+        ("slurm", {"gpus": True}, "gpus_per_worker=G"),
+    ],
+)
+def test_the_labs_slurm_options_out_of_place_are_one_line_saying_what_to_give(cluster, options, words):
+    with pytest.raises(LaunchError) as err:
+        slurm_spec(cluster, **options)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_labs_slurm_options_make_the_jobs_request():
+    assert slurm_spec(None) is None  # the embedded cluster
+    spec = slurm_spec("slurm", cores=2, gpus_per_worker=1, job_extra=["--constraint=a100"])
+    assert spec == SlurmSpec(cores=2, gpus_per_worker=1, job_extra=("--constraint=a100",))
+
+
+def test_a_slurm_lab_without_a_worker_count_says_to_give_one():
+    with pytest.raises(LaunchError, match="give workers=N"):
+        start_slurm(None)
