@@ -38,7 +38,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--workloads", type=int, nargs="*", default=list(range(1, 9)))
     parser.add_argument("--policies", nargs="*", default=["goodput", "fifo"])
+    parser.add_argument("--rewrite", action="store_true", help="re-derive the summary from the JSON's rows")
     opts = parser.parse_args()
+    if opts.rewrite:
+        done = json.loads(OUT.read_text())
+        rows = done["rows"]
+        write(rows, [(int(t.split("-")[-1]), t.split()[0]) for t in done["planned"]])
+        return
     # workload by workload, each policy beside the other, and the JSON rewritten after every run, so
     # a run cut short still records what finished
     tasks = [(n, p) for n in opts.workloads for p in opts.policies]
@@ -58,6 +64,7 @@ def write(rows: list[dict], tasks: list[tuple[int, str]]) -> None:
         key = f"workload-{row['workload']}"
         for name in ("pollux", "tiresias", "optimus"):
             row[f"artifact_{name}_avg_jct"] = ref[name]["avgs"][key]
+            row[f"artifact_{name}_p99_jct"] = ref[name]["p99"][key]
         if row["policy"] == "goodput":
             row["error_vs_artifact_pollux"] = row["avg_jct"] / ref["pollux"]["avgs"][key] - 1
     goodput = [r for r in rows if r["policy"] == "goodput"]
