@@ -217,6 +217,21 @@ def check_slurm_commands() -> None:
         raise LaunchError(f"{WHO}: no `{missing[0]}` on this machine's PATH; {INSTALL}")
 
 
+def check_interface(interface: str | None) -> None:
+    """The scheduler listens on ``interface`` here too (dask-jobqueue uses it for both): one
+    ``LaunchError`` listing this machine's interfaces when it has no such one."""
+    if interface is None:
+        return
+    import psutil
+
+    names = sorted(psutil.net_if_addrs())
+    if interface not in names:
+        raise LaunchError(
+            f"{WHO}: interface={interface!r} is not one of this machine's ({', '.join(names)}); the "
+            "scheduler here and the workers use it: give one both have, or leave it out"
+        )
+
+
 def squeue_states(job_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
     """``{job id: (state, reason)}`` of those of ``job_ids`` squeue still knows (recently ended
     ones too, in their end state: ``-t all``)."""
@@ -456,6 +471,7 @@ def start_slurm(
     check_positive(f"{WHO}: workers", workers, LaunchError)
     spec = spec or SlurmSpec()
     check_slurm_commands()
+    check_interface(spec.interface)
     folder = Path(log_dir) if log_dir else Path.home() / ".cache" / "distlab" / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
     jobs = SlurmJobs(spec, folder)

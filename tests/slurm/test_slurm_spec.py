@@ -102,3 +102,14 @@ def test_the_labs_slurm_options_make_the_jobs_request():
 def test_a_slurm_lab_without_a_worker_count_says_to_give_one():
     with pytest.raises(LaunchError, match="give workers=N"):
         start_slurm(None)
+
+
+def test_an_interface_this_machine_lacks_is_one_line_listing_its_own(monkeypatch):
+    from distlab.cluster import slurm
+
+    monkeypatch.setattr(
+        slurm, "check_slurm_commands", lambda: None
+    )  # the interface is checked before any job
+    with pytest.raises(LaunchError, match=r"interface='nope0' is not one of this machine's \(.*lo") as err:
+        start_slurm(1, SlurmSpec(interface="nope0"))
+    assert "\n" not in str(err.value)
