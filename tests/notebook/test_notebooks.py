@@ -250,8 +250,15 @@ def test_notebook_executes(name, tmp_path):
         assert "keras_mlp" in shown and "Dense" in shown  # the profile names the Keras model and its layers
 
 
+# profile-speed runs through the command line instead (test_cli_bench_prints_the_table): the same
+# bench.run_bench, and a benchmark's fresh kernel costs seconds
+BY_CLI = "profile-speed"
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", [n.removeprefix("bench/") for n in NOTEBOOKS if n.startswith("bench/")])
+@pytest.mark.parametrize(
+    "name", [n.removeprefix("bench/") for n in NOTEBOOKS if n.startswith("bench/") and not n.endswith(BY_CLI)]
+)
 def test_benchmark_writes_its_figures(name, tmp_path):
     if name == "live-view" and (why := browser.missing()):
         pytest.skip(why)
@@ -314,26 +321,16 @@ def test_cli_bench_lists_and_rejects_unknown(capsys):
 
 @pytest.mark.timeout(300)
 def test_cli_bench_prints_the_table(capsys, tmp_path):
-    assert (
-        main(
-            [
-                "bench",
-                "profile-speed",
-                "-p",
-                "models",
-                "[mlp]",
-                "-p",
-                "repeats",
-                "1",
-                "--out",
-                str(tmp_path),
-                "-q",
-            ]
-        )
-        == 0
-    )
+    """``distlab bench`` with small parameters: the table printed, and the benchmark's notebook
+    and figures written as test_benchmark_writes_its_figures checks the others'."""
+    # SMALL's parameters, as a user types them
+    params = ["-p", "models", "[mlp]", "-p", "repeats", "1", "-p", "profile_repeats", "1"]
+    assert main(["bench", BY_CLI, *params, "--out", str(tmp_path), "-q"]) == 0
     out = capsys.readouterr().out
     assert "mlp" in out and "profile_seconds" in out
+    written = json.loads((tmp_path / f"{BY_CLI}.json").read_text())
+    assert written["rows"], f"{BY_CLI} wrote no rows"
+    assert (tmp_path / f"{BY_CLI}.ipynb").exists()
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
