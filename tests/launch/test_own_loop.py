@@ -453,6 +453,37 @@ def test_k_accumulated_micro_steps_end_where_steps_of_k_times_the_batch_end(clea
     assert _max_difference(big.model, micro.model) <= 1e-5
 
 
+# -- cancel --------------------------------------------------------------------------------------------
+
+
+def test_cancel_stops_every_rank_of_a_loop_within_ten_seconds(clean_lab, tmp_path):
+    gate = Gate(tmp_path)  # the reads stop after 3 steps until released: running when cancelled
+    data = HeldIndexed(gate, free=3 * 16, n=192)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+
+    def train(ctx):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        m, opt, loader = ctx.prepare(model, opt, DataLoader(data, batch_size=16, shuffle=True))
+        for _ in ctx.epochs(10_000):
+            for x, y, _index in loader:
+                opt.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                opt.step()
+        return "ran to its end"
+
+    run = clean_lab.run(train, elastic=False)
+    poll_for(lambda: len(run.metrics) >= 4 or run.done, 120, "4 step records")
+    assert not run.done, run.error
+    gate.release()
+    t0 = time.monotonic()
+    run.cancel()
+    assert time.monotonic() - t0 < 10
+    assert run.status == "cancelled"
+    assert spmd.active_on_cluster(clean_lab.client) == {}
+    assert run.metrics["step"].max() < 6 * 10_000
+
+
 # -- Done when: a worker killed mid-run, the loop resumes on the survivor at the exact step --------------
 # (last in the file: the killed worker comes back cold, and the next run pays its warm-up)
 
