@@ -8,12 +8,12 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 # a GPU machine (nvidia-smi lists a device) also gets the gpu extra (dask-cuda's LocalCUDACluster)
 comma := ,
 GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-EXTRAS := dev,bench$(if $(GPU),$(comma)gpu)
+EXTRAS := dev,bench,slurm$(if $(GPU),$(comma)gpu)
 # where torch comes from: the index pip is configured with, unless TORCH_INDEX names another
 # (make test TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build from PyPI's mirror)
 TORCH_INDEX ?=
 
-.PHONY: demo test check install lint bench browser-deps clean
+.PHONY: demo test check install lint bench browser-deps clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml constraints.txt kernels/distlab/kernel.json kernels/distlab/logo-32x32.png kernels/distlab/logo-64x64.png
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,14 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/distlab bench --list
+
+# a one-node Slurm on this machine (root: Debian's slurm-wlm and munge, installed when missing) for
+# tests/slurm and docs/multi-host.md; config, state and logs under .slurm/
+slurm-up:
+	bash scripts/slurm.sh up
+
+slurm-down:
+	bash scripts/slurm.sh down
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

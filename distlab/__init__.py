@@ -22,6 +22,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "strategy": ("distlab.strategy", None),
     "topology": ("distlab.topology", None),
     "whatif": ("distlab.whatif", None),
+    "sched": ("distlab.sched", None),
     "zoo": ("distlab.zoo", None),
     "data": ("distlab.data", None),
     "CostModel": ("distlab.costmodel", "CostModel"),

@@ -10,11 +10,12 @@ import itertools
 import shutil
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from distlab.cluster.cluster import Cluster
+from distlab.cluster.slurm import slurm_spec
 from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import CalibrationError, DistlabError, LaunchError
 from distlab.native_tf.route import NativeRoute
@@ -77,11 +78,31 @@ class Lab:
         timeout: float = 60,
         cache_dir: str | Path | None = None,
         checkpoint_dir: str | Path | None = None,
+        cluster: str | None = None,
+        cores: int = 1,
+        memory: str = "4GB",
+        gpus_per_worker: int = 0,
+        partition: str | None = None,
+        account: str | None = None,
+        walltime: str | None = None,
+        job_extra: Sequence[str] = (),
     ) -> None:
         if workers is not None:
             _v.check_positive("workers", workers)
         if sum(x is not None for x in (address, client)) > 1:
             raise LaunchError("Lab: give either address= or client=, not both")
+        slurm = slurm_spec(
+            cluster,
+            attached=address is not None or client is not None,
+            gpus=gpus,
+            cores=cores,
+            memory=memory,
+            gpus_per_worker=gpus_per_worker,
+            partition=partition,
+            account=account,
+            walltime=walltime,
+            job_extra=job_extra,
+        )
         self._closed = False
         self.via_magics = False  # cards name the %distlab magic instead of the Python call
         self.cost_model: Any = None
@@ -106,6 +127,8 @@ class Lab:
             dashboard=dashboard,
             timeout=timeout,
             on_fail=self._remove_ckpt,
+            slurm=slurm,
+            slurm_logs=self.cache_dir / "slurm",
         )
 
     # -- cluster ----------------------------------------------------------------------------------

@@ -14,11 +14,13 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from distlab.cluster import local as _local
 from distlab.cluster import spmd
 from distlab.cluster.interrupts import interrupts_held
+from distlab.cluster.slurm import SlurmJobs, SlurmSpec, start_slurm
 from distlab.errors import LaunchError
 from distlab.resources import ResourceSpec
 from distlab.strategy.execution import rank_threads
@@ -42,11 +44,22 @@ class Cluster:
         dashboard: bool | str = False,
         timeout: float = 60,
         on_fail: Callable[[], Any] | None = None,
+        slurm: SlurmSpec | None = None,
+        slurm_logs: Path | None = None,
     ) -> None:
         from distributed import Client
 
         self.timeout = timeout
         self.local: Any = None  # the embedded Dask cluster; None when attached
+        self.jobs: SlurmJobs | None = None  # Lab(cluster="slurm")'s jobs: their client is attached to
+        if slurm is not None:
+            try:
+                self.jobs = start_slurm(workers, slurm, timeout=timeout, log_dir=slurm_logs)
+            except BaseException:
+                if on_fail is not None:
+                    on_fail()
+                raise
+            client = self.jobs.client
         self.own_client = client is None
         self._facts: dict[str, dict[str, Any]] = {}
         if client is not None:
@@ -172,15 +185,23 @@ class Cluster:
 
     @property
     def lost_workers(self) -> int:
-        """How many of the embedded cluster's workers are not running now (0 when attached)."""
+        """How many of the embedded cluster's (or the Slurm jobs') workers are not running now (0
+        when attached)."""
+        if self.jobs is not None:
+            return self.jobs.lost
         return _local.lost_workers(self.local, self.client)
 
     def lost_text(self, lost: int) -> str:
         """This cluster with ``lost`` workers gone, in a line: how many, what restarts them."""
+        if self.jobs is not None:
+            return self.jobs.lost_text(lost)
         return _local.lost_text(self.local, lost)
 
     def heal(self) -> None:
-        """Restart the embedded cluster's lost workers and wait for them (an attached one: nothing)."""
+        """Restart the embedded cluster's lost workers (submit new Slurm jobs for ended ones) and
+        wait for them (an attached cluster: nothing)."""
+        if self.jobs is not None:
+            self.jobs.heal(within=self.timeout)
         if self.local is not None:
             _local.heal_local_cluster(self.local, self.client, within=self.timeout)
 
@@ -193,6 +214,8 @@ class Cluster:
             if self.local is not None:
                 _local.close_quietly(self.local)
                 self.local = None
+        if self.jobs is not None:  # its client too; every job it submitted cancelled
+            self.jobs.close()
 
 
 @contextlib.contextmanager
