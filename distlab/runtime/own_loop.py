@@ -70,15 +70,18 @@ class TrainContext:
 
     @contextmanager
     def accumulate(self) -> Iterator[None]:
-        """Micro-steps: backward inside accumulates gradients locally, with no communication;
-        the backward after the block (the step's last) syncs their sum. Divide each micro-step's
-        loss by their number, as on one process."""
+        """Micro-steps: each micro-step's forward and backward inside the block accumulate
+        gradients locally, with no communication; the forward and backward after the block (the
+        step's last) sync their sum. Divide each micro-step's loss by their number, as on one
+        process. (As DDP's ``no_sync``: the forward decides whether its backward syncs.)"""
         self._s.require_prepared("ctx.accumulate()")
         self._s.sync.set_syncing(False)
+        self._s.user_accumulating = True
         try:
             yield
         finally:
             self._s.sync.set_syncing(True)
+            self._s.user_accumulating = False
 
     def epochs(self, n: int) -> Iterator[int]:
         """``range(n)`` from the epoch the run stands at (after a restart: the checkpoint's), ending

@@ -67,6 +67,10 @@ class OwnSession:
         self._registered: dict[str, Any] = {}
         self._restored: dict[str, Any] = {}
         self._scheduler: Any = None
+        self.user_accumulating = False  # inside ctx.accumulate()
+        self._sent: set[int] = set()  # variables whose gradient this step's backward sent to be averaged
+        self._forward_syncs = False  # the last forward (with grad) ran outside ctx.accumulate()
+        self._grad_hooks: list[Any] = []
         self.gains: Any = 1.0  # the learning-rate gain of the step being taken (runtime/adaptive.py)
         self._links: list = []
         self._values: dict[str, float] = {}
@@ -154,6 +158,10 @@ class OwnSession:
         self.end = EndRendezvous(
             self.store, rank, job.world, job.timeout, lambda: failure_of_other(self.store, rank, wait=0.0)
         )
+        self._grad_hooks = [
+            p.register_post_accumulate_grad_hook(self._on_grad) for p in model.parameters() if p.requires_grad
+        ]
+        self._grad_hooks.append(model.register_forward_pre_hook(self._on_forward))
         model.train()
         self.optimizer = own_loop.DistributedOptimizer(self, optimizer)
         return getattr(sync, "wrapped", model), self.optimizer, own_loop.PreparedLoader(self, loader)
@@ -205,6 +213,33 @@ class OwnSession:
             self.pos = self._step_pos + b.global_batch
         return to_device(batch, self.job.device)
 
+    def _on_forward(self, module: Any, args: Any) -> None:
+        if torch.is_grad_enabled():
+            self._forward_syncs = not (self.user_accumulating or self.accumulating())
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        """A second backward in one step would come after the strategy sent the first one's
+        gradients (its hooks launch the all-reduce, the PS push): its own would be averaged late,
+        or not at all. Refused, as Horovod refuses more backward passes than it was told of. So is
+        a ``ctx.accumulate()`` backward of a forward run outside the block: DDP decides at the
+        forward whether its backward syncs (its ``no_sync`` contract), so it would have synced."""
+        if self.user_accumulating:
+            if self._forward_syncs:
+                raise LaunchError(
+                    f"ctx.accumulate(): in step {self.step} a backward inside the block followed a forward "
+                    "outside it; put each micro-step's forward and backward inside the block"
+                )
+            return
+        if self.accumulating():
+            return
+        if id(p) in self._sent:
+            raise LaunchError(
+                f"loss.backward() ran twice in step {self.step} before optimizer.step() (the first pass's "
+                "gradients were already sent); add the losses and call backward once, or accumulate "
+                "with ctx.accumulate()"
+            )
+        self._sent.add(id(p))
+
     def check_gradients(self) -> None:
         if not any(p.grad is not None for p in self.model.parameters()):
             raise LaunchError(
@@ -243,6 +278,7 @@ class OwnSession:
                     opt.param_groups[i][k] = v
         with b.scaled(gains):
             sync.apply(self.step)
+        self._sent.clear()
         t1 = time.perf_counter()
         seconds = t1 - self._t0
         job = self.job
@@ -310,6 +346,8 @@ class OwnSession:
         }
 
     def close(self) -> None:
+        for h in self._grad_hooks:
+            h.remove()
         if self.sync is not None:
             self.ckpts.close()
             self.sync.close()

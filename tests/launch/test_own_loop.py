@@ -280,6 +280,23 @@ def _step_first(ctx, m, opt, x, y):
     opt.step()
 
 
+def _two_backward_passes(ctx, m, opt, x, y):
+    out = m(x)
+    opt.zero_grad()
+    F.cross_entropy(out, y).backward(retain_graph=True)
+    (out**2).mean().backward()  # its gradients would reach the ranks' average late, or never
+    opt.step()
+
+
+def _forward_outside_accumulate(ctx, m, opt, x, y):
+    loss = F.cross_entropy(m(x), y)
+    opt.zero_grad()
+    with ctx.accumulate():  # DDP decided at the forward that this backward syncs
+        loss.backward()
+    F.cross_entropy(m(x), y).backward()
+    opt.step()
+
+
 @pytest.mark.parametrize(
     "mistake, where, match",
     [
@@ -311,6 +328,16 @@ def _step_first(ctx, m, opt, x, y):
             "rank",
             r"optimizer\.step\(\) at step 0: no variable has a gradient.*call loss\.backward\(\)",
         ),
+        (
+            dict(body=_two_backward_passes),
+            "rank",
+            r"loss\.backward\(\) ran twice in step 0 .*add the losses and call backward once",
+        ),
+        (
+            dict(body=_forward_outside_accumulate),
+            "rank",
+            r"ctx\.accumulate\(\): in step 0 a backward inside the block followed a forward outside it; put",
+        ),
     ],
     ids=[
         "prepare-twice",
@@ -321,6 +348,8 @@ def _step_first(ctx, m, opt, x, y):
         "tensor-report",
         "nan-report",
         "step-before-backward",
+        "two-backward-passes",
+        "forward-outside-accumulate",
     ],
 )
 def test_a_mistake_in_the_loop_is_one_line_naming_it_and_the_fix(clean_lab, mistake, where, match):
@@ -416,19 +445,18 @@ def test_ranks_report_uneven_numbers_of_values_and_they_become_metrics_columns(c
 
 
 def _accumulating_loop(model, data, steps: int, batch: int, k: int):
-    """SGD over micro-batches of ``batch``: k backward passes of loss / k, the first k - 1 inside
-    ``ctx.accumulate()``, then one step."""
+    """SGD over micro-batches of ``batch``: k forward and backward passes of loss / k, the first
+    k - 1 inside ``ctx.accumulate()``, then one step."""
 
     def train(ctx):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         m, opt, loader = ctx.prepare(model, opt, DataLoader(data, batch_size=batch, shuffle=True))
         for i, (x, y) in enumerate(loader, 1):
-            loss = F.cross_entropy(m(x), y) / k
             if i % k:
                 with ctx.accumulate():
-                    loss.backward()
+                    (F.cross_entropy(m(x), y) / k).backward()
                 continue
-            loss.backward()
+            (F.cross_entropy(m(x), y) / k).backward()
             opt.step()
             opt.zero_grad()
             if ctx.step >= steps:
