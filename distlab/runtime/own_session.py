@@ -158,10 +158,13 @@ class OwnSession:
         self.end = EndRendezvous(
             self.store, rank, job.world, job.timeout, lambda: failure_of_other(self.store, rank, wait=0.0)
         )
-        self._grad_hooks = [
-            p.register_post_accumulate_grad_hook(self._on_grad) for p in model.parameters() if p.requires_grad
-        ]
-        self._grad_hooks.append(model.register_forward_pre_hook(self._on_forward))
+        if any(u.sync.kind != "gossip" for u in units):  # gossip averages parameters, not gradients
+            self._grad_hooks = [
+                p.register_post_accumulate_grad_hook(self._on_grad)
+                for p in model.parameters()
+                if p.requires_grad
+            ]
+            self._grad_hooks.append(model.register_forward_pre_hook(self._on_forward))
         model.train()
         self.optimizer = own_loop.DistributedOptimizer(self, optimizer)
         return getattr(sync, "wrapped", model), self.optimizer, own_loop.PreparedLoader(self, loader)
