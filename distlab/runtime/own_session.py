@@ -217,6 +217,7 @@ class OwnSession:
         return to_device(batch, self.job.device)
 
     def _on_forward(self, module: Any, args: Any) -> None:
+        """Whether the backward of this forward syncs (``_on_grad``); an evaluation's does not count."""
         if torch.is_grad_enabled():
             self._forward_syncs = not (self.user_accumulating or self.accumulating())
 
