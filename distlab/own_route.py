@@ -90,7 +90,7 @@ def plan_loop(train: Any, world: int) -> Planned:
     try:
         train(PlanContext(world))
     except _Planned as p:
-        from distlab.runtime.own_session import check_loader, check_optimizer
+        from distlab.runtime.own_checks import check_loader, check_optimizer
 
         if not isinstance(p.model, torch.nn.Module):
             raise LaunchError(
