@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distlab.sched.policy import Allocation, JobSpec, Layout, place
+from distlab.sched.policy import Allocation, JobSpec, Layout, job_names, place
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class FifoPolicy:
     ) -> Allocation:
         layout = Layout.of(workers)
         jobs = sorted(jobs, key=lambda j: (j.submitted, j.name))
-        names = [j.name for j in jobs]
+        names = job_names(jobs)
         counts = layout.counts(previous, names)
         free = layout.capacity - counts.sum(axis=0)
         shared = (counts * (np.count_nonzero(counts, axis=1) > 1)[:, None]).sum(axis=0) > 0

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distlab.sched.policy import Allocation, JobSpec, Layout, fair_replicas, fewest_hosts, place
+from distlab.sched.policy import Allocation, JobSpec, Layout, fair_replicas, fewest_hosts, job_names, place
 
 EPS = 1e-3  # Pollux's floor inside the power mean: a job with no workers counts as speedup 1e-3
 
@@ -52,7 +52,7 @@ class GoodputPolicy:
             return {}
         # Pollux's order: less attained service first, then arrival; it breaks ties in the greedy
         jobs = sorted(jobs, key=lambda j: (j.attained, j.submitted, j.name))
-        names = [j.name for j in jobs]
+        names = job_names(jobs)
         capacity = layout.capacity
         base = layout.counts(previous, names)
         choices = [self._choice(j, base[i], capacity, len(jobs)) for i, j in enumerate(jobs)]
@@ -68,7 +68,7 @@ class GoodputPolicy:
     ) -> float:
         """The objective (the power mean of scaled speedups) of an allocation: higher is better."""
         layout = Layout.of(workers)
-        names = [j.name for j in jobs]
+        names = job_names(jobs)
         new, old = layout.counts(allocation, names), layout.counts(previous, names)
         scale = self._scale(layout.capacity)
         values = []

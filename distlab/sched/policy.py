@@ -138,6 +138,15 @@ class Layout:
         return {n: tuple(ws) for n, ws in out.items() if ws}
 
 
+def job_names(jobs: Sequence[JobSpec]) -> list[str]:
+    """The jobs' names, or a SchedulerError when two jobs share one (allocations are keyed by name)."""
+    names = [j.name for j in jobs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SchedulerError(f"jobs {twice} appear more than once; give every job its own name")
+    return names
+
+
 def check_allocation(
     allocation: Mapping[str, Sequence[str]],
     jobs: Sequence[JobSpec],
@@ -151,6 +160,7 @@ def check_allocation(
         raise SchedulerError(
             f"the policy returned {type(allocation).__name__}; return a dict {{job name: [workers]}}"
         )
+    job_names(jobs)
     specs = {j.name: j for j in jobs}
     known = set(workers)
     owner: dict[str, str] = {}

@@ -190,3 +190,9 @@ def test_bad_job_specs_name_the_field():
         sched.JobSpec("x", max_replicas=0)
     with pytest.raises(SchedulerError, match="min_replicas=3"):
         sched.JobSpec("x", min_replicas=3, max_replicas=2)
+
+
+@pytest.mark.parametrize("policy", ["goodput", "fifo"])
+def test_two_jobs_with_one_name_are_refused(policy):
+    with pytest.raises(SchedulerError, match=r"\['twin'\] appear more than once"):
+        sched.allocate([spec("twin"), spec("twin")], workers(1, 2), policy=policy)
