@@ -166,7 +166,7 @@ class _Search:
         free = self.capacity - self.x.sum(axis=0) + own
         multi = np.count_nonzero(self.x, axis=1) > 1
         multi[j] = False
-        return free, (self.x[multi] > 0).any(axis=0)
+        return free, np.asarray((self.x[multi] > 0).any(axis=0))
 
     def _hosts_needed(
         self, r: np.ndarray, free: np.ndarray, shared: np.ndarray
