@@ -262,7 +262,9 @@ def launch_own(
         run_id=run_id,
         # an AdaptiveBatch strategy's controller table, as lab.launch's (none without a profile)
         options=RunOptions(
-            ddp=True,
+            # torch's DDP reducer fails on a variable the step leaves without a gradient: where the
+            # profile saw one (or could not run the model), distlab's buckets, which take any
+            ddp=not why and not profile.meta.get("no_gradient"),
             trace=bool(trace),
             **({} if why else adaptive_run_options(cost_model, profile, res, st, b, kind)),
         ),

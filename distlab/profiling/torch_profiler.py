@@ -509,6 +509,9 @@ class _TorchProfiler:
             "model_class": cls,
             "touched_rows": "embedding lookups per step, capped at the table's rows (an upper bound)",
             "frozen_params": sum(p.numel() for p in self.model.parameters() if not p.requires_grad),
+            # trainable variables the profiled step left without a gradient (torch's DDP reducer
+            # fails on them: an own loop then uses distlab's buckets, own_route.py)
+            "no_gradient": [n for n in names if n not in set(order)],
         }
         input_spec = self.input_spec if isinstance(self.input_spec, dict) else {"inputs": self.input_spec}
         target = getattr(self.model, "target_spec", None)

@@ -238,3 +238,29 @@ def test_k_accumulated_micro_steps_end_where_steps_of_k_times_the_batch_end(clea
     assert big.status == micro.status == "finished" and big.result == micro.result == steps
     assert _max_difference(big.model, model) > 0.01  # both trained
     assert _max_difference(big.model, micro.model) <= 1e-5
+
+
+class _HalfUsed(torch.nn.Module):
+    """A model whose forward leaves one layer without a gradient (torch's DDP reducer fails on it
+    at the second step: "Expected to have finished reduction in the prior iteration")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(8, 2), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_model_with_a_variable_its_step_leaves_without_gradient_trains_under_allreduce(lab):
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    data = TensorDataset(x, (x[:, 0] > 0).long())
+    model = _HalfUsed()
+    before = model.unused.weight.detach().clone()
+    run = lab.run(_sgd_loop(model, data, steps=12, batch=16, lr=0.5), strategy="AllReduce")
+    assert run.wait(120).status == "finished" and run.result == 12
+    assert not run._job.options.ddp  # the profile saw the variable: distlab's buckets, not DDP's
+    trained = run.model
+    assert torch.equal(trained.unused.weight, before)  # no gradient, no update
+    assert not torch.allclose(trained.used.weight, model.used.weight)
