@@ -36,6 +36,28 @@ from distlab.cluster.local import WORKER_CONFIG
 from distlab.cluster.spmd import workers_info
 from distlab.errors import LaunchError, check_positive
 
+
+def import_jobqueue() -> Any:
+    """``dask_jobqueue``, imported without the SIGINT handler its ``runner`` module installs at import
+    (``sys.exit()`` on Ctrl-C: a notebook's stop button would raise SystemExit in the kernel instead of
+    KeyboardInterrupt, and distlab's stop-a-run path would never see it). ImportError when missing."""
+    import signal
+    import sys
+    import threading
+
+    if "dask_jobqueue" in sys.modules:
+        return sys.modules["dask_jobqueue"]
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        import dask_jobqueue
+        import dask_jobqueue.slurm  # noqa: F401 - imported with the package, under the same guard
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return dask_jobqueue
+
+
 WHO = "Lab(cluster='slurm')"
 INSTALL = (
     "install Slurm's support with pip install 'distlab[slurm]' and run where Slurm's commands are, "
@@ -184,7 +206,7 @@ def slurm_spec(
 def job_script(spec: SlurmSpec, log_dir: Path, scheduler: str = "tcp://SCHEDULER:PORT") -> str:
     """The script ``sbatch`` gets for one worker of ``spec`` (its ``#SBATCH`` lines, the exports,
     the worker command), as dask-jobqueue writes it; no Slurm needed."""
-    from dask_jobqueue.slurm import SLURMJob
+    SLURMJob = import_jobqueue().slurm.SLURMJob  # noqa: N806 - dask-jobqueue's class
 
     cluster_only = ("n_workers", "scheduler_options")
     kwargs = {k: v for k, v in spec.cluster_kwargs(log_dir).items() if k not in cluster_only}
@@ -209,7 +231,7 @@ def check_slurm_commands() -> None:
     """One ``LaunchError`` naming the extra and ``make slurm-up`` when dask-jobqueue or Slurm's
     commands (``sbatch``, ``squeue``, ``scancel``) are missing here."""
     try:
-        import dask_jobqueue  # noqa: F401
+        import_jobqueue()
     except ImportError:
         raise LaunchError(f"{WHO}: dask-jobqueue is not installed; {INSTALL}") from None
     missing = [c for c in ("sbatch", "squeue", "scancel") if shutil.which(c) is None]
@@ -271,8 +293,9 @@ class SlurmJobs:
     those still queued or running."""
 
     def __init__(self, spec: SlurmSpec, log_dir: Path) -> None:
-        from dask_jobqueue import SLURMCluster
         from distributed import Client
+
+        SLURMCluster = import_jobqueue().SLURMCluster  # noqa: N806 - dask-jobqueue's class
 
         self.spec = spec
         self.log_dir = log_dir

@@ -48,8 +48,10 @@ def _running(pid: int) -> bool:
 @pytest.fixture(scope="session")
 def slurm():
     """Slurm's commands reach a controller with a node for the session's tests."""
+    from distlab.cluster.slurm import import_jobqueue
+
     try:
-        import dask_jobqueue  # noqa: F401
+        import_jobqueue()
     except ImportError:
         pytest.skip("dask-jobqueue is not installed (pip install 'distlab[slurm]')")
     if _answers():

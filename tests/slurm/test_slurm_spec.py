@@ -5,10 +5,20 @@ from __future__ import annotations
 import pytest
 
 from distlab.cluster.local import WORKER_CONFIG
-from distlab.cluster.slurm import SlurmSpec, job_script, slurm_spec, start_slurm, worker_exports
+from distlab.cluster.slurm import (
+    SlurmSpec,
+    import_jobqueue,
+    job_script,
+    slurm_spec,
+    start_slurm,
+    worker_exports,
+)
 from distlab.errors import LaunchError
 
-pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (pip install 'distlab[slurm]')")
+try:  # through distlab's import: dask-jobqueue's own replaces this process's SIGINT handler
+    import_jobqueue()
+except ImportError:
+    pytest.skip("dask-jobqueue is not installed (pip install 'distlab[slurm]')", allow_module_level=True)
 
 
 def _directives(script: str) -> list[str]:
@@ -113,3 +123,21 @@ def test_an_interface_this_machine_lacks_is_one_line_listing_its_own(monkeypatch
     with pytest.raises(LaunchError, match=r"interface='nope0' is not one of this machine's \(.*lo") as err:
         start_slurm(1, SlurmSpec(interface="nope0"))
     assert "\n" not in str(err.value)
+
+
+def test_importing_dask_jobqueue_through_distlab_keeps_the_kernels_sigint_handler():
+    """dask-jobqueue's runner module sets SIGINT to ``sys.exit()`` at import: in a kernel the stop
+    button then raised SystemExit, and distlab's stop path (KeyboardInterrupt) never ran."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal\n"
+        "def mine(*_): pass\n"
+        "signal.signal(signal.SIGINT, mine)\n"
+        "from distlab.cluster.slurm import import_jobqueue\n"
+        "import_jobqueue()\n"
+        "print(signal.getsignal(signal.SIGINT) is mine)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split()[-1:] == ["True"], out.stderr[-1000:]
