@@ -27,6 +27,9 @@ from distlab.runs.prepare import ProfileCache
 from distlab.runs.report import runs_frame
 from distlab.runs.route import LabSide, LaunchRequest, Route
 from distlab.runs.run import CANCEL_WITHIN, Run, RunHooks
+from distlab.sched.lab_cluster import ClusterView
+from distlab.sched.lab_scheduler import DEFAULT_INTERVAL, LabScheduler, lab_policy
+from distlab.sched.queue import LabQueue
 from distlab.torch_route import TorchRoute
 
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
@@ -61,8 +64,15 @@ class Lab:
     (``security`` is passed through for TLS), waiting up to ``timeout`` seconds for ``workers``
     workers (at least one) to join it; ``Lab(gpus=True)`` starts dask-cuda's
     ``LocalCUDACluster`` (one worker per GPU), and ``Lab(n, gpus=True)`` with more workers than
-    GPUs lets them share the GPUs in turn (ranks on one device exchange over gloo). One run at a
-    time: ranks use the default process group of their worker.
+    GPUs lets them share the GPUs in turn (ranks on one device exchange over gloo).
+
+    ``scheduler=None`` (the default): one run at a time, a launch while another runs is refused.
+    ``scheduler="fifo"``, ``"goodput"`` or your own ``distlab.sched.Policy``: runs share the Lab,
+    each on workers of its own (a worker holds one rank of one run: ranks use the default process
+    group of their worker); ``lab.launch(..., workers=N)`` or ``min_workers=``/``max_workers=``
+    asks for them, runs that do not fit wait in order (``run.status`` "queued"), and every
+    ``interval`` seconds (default 30) the policy re-allocates; a run moved to other workers pauses
+    at a step with a checkpoint and resumes there (``lab.queue`` lists them, docs/shared-cluster.md).
     """
 
     def __init__(
@@ -86,7 +96,10 @@ class Lab:
         account: str | None = None,
         walltime: str | None = None,
         job_extra: Sequence[str] = (),
+        scheduler: Any = None,
+        interval: float | None = None,
     ) -> None:
+        policy = lab_policy(scheduler, interval)  # a bad one is refused before a cluster starts
         if workers is not None:
             _v.check_positive("workers", workers)
         if sum(x is not None for x in (address, client)) > 1:
@@ -130,6 +143,11 @@ class Lab:
             slurm=slurm,
             slurm_logs=self.cache_dir / "slurm",
         )
+        self._scheduler: LabScheduler | None = None
+        if policy is not None:
+            self._scheduler = LabScheduler(
+                self.cluster, policy, DEFAULT_INTERVAL if interval is None else interval
+            )
 
     # -- cluster ----------------------------------------------------------------------------------
     @property
@@ -174,6 +192,8 @@ class Lab:
         if self._closed:
             return
         self._closed = True
+        if self._scheduler is not None:  # no round moves a run while they are cancelled
+            self._scheduler.close()
         unsettled = [run for run in self._runs if not run.done]
         for run in unsettled:
             try:
@@ -225,6 +245,14 @@ class Lab:
             raise LaunchError(f"lab.scale({n!r}): a Lab needs at least 1 worker (lab.close() stops it)")
         self.cluster.check_scalable()  # before any run pauses
         limit = float(timeout or self.timeout)
+        if self._scheduler is not None:  # every run pauses; the scheduler places them on the new set
+            have = self._scheduler.rescale(lambda: self.cluster.scale(n, limit), limit)
+            if have != n:
+                raise LaunchError(
+                    f"lab.scale({n}): the cluster has {have} workers after {limit:g} s; its runs are placed "
+                    "on them; try again, or a longer timeout="
+                )
+            return self.resources
         paused = [r for r in self._runs if not r.done and r.pause(limit)]
         have = self.cluster.scale(n, limit)
         workers = list(self.resources.addresses)
@@ -284,6 +312,9 @@ class Lab:
         lr: float | None = None,
         slowdown: dict[int, float] | None = None,
         jitter: float | None = None,
+        workers: int | None = None,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
     ) -> Run:
         """Train ``model`` under ``strategy`` on the cluster; returns a live ``Run`` (all checks happen
         first).
@@ -316,6 +347,13 @@ class Lab:
         ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``);
         ``jitter=σ``: every rank's compute varies step to step by σ of its forward+backward (an exponential
         extra wait, RunOptions.jitter), the noise a busy or shared machine adds.
+
+        ``workers=N``: the run takes N workers (default: all of them). On a Lab with a scheduler
+        (``Lab(scheduler=...)``) the launch is not refused while other runs train: the run asks
+        for ``workers`` (or ``min_workers..max_workers``, default 1..all), waits "queued" until
+        the scheduler gives it workers of its own, and may be resized between them (the strategy
+        re-planned each time). A launch while other runs train is predicted only when its
+        model's own step was measured before: measuring it would share their workers.
         """
         # Long because its signature and docstring are the launch's reference; the body is the
         # checks every route shares, then the route's launch (runs/route.py)
@@ -332,7 +370,8 @@ class Lab:
             raise LaunchError(
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
             )
-        self._check_idle()
+        asked = self._asked_workers(strategy, workers, min_workers, max_workers)
+        view = self._check_share(asked)
         request = LaunchRequest(
             model,
             strategy,
@@ -352,9 +391,65 @@ class Lab:
             stragglers,
             jitter,
         )
-        run, self.cost_model = route.launch(self._side(), request)
+        return self._start(lambda side: route.launch(side, request), view, asked, elastic, block)
+
+    def _asked_workers(
+        self, strategy: Any, workers: int | None, min_workers: int | None, max_workers: int | None
+    ) -> tuple[int, int] | None:
+        """The (fewest, most) workers a run asks for; None: every worker, one run at a time."""
+        for name, value in (("workers", workers), ("min_workers", min_workers), ("max_workers", max_workers)):
+            _v.check_positive(name, value, optional=True)
+        if workers is not None and (min_workers, max_workers) != (None, None):
+            raise LaunchError("workers=: give either workers=N or min_workers=/max_workers=, not both")
+        if self._scheduler is None and (min_workers, max_workers) != (None, None):
+            raise LaunchError(
+                "min_workers=/max_workers=: a Lab without a scheduler cannot resize a run within a range; "
+                "start it as dl.Lab(..., scheduler='goodput') (or 'fifo'), or pass workers=N"
+            )
+        if self._scheduler is None and workers is None:
+            return None
+        have = len(self.resources.addresses)
+        world = getattr(strategy, "world", None)  # a Strategy object asks for its own world
+        low = workers or min_workers or 1
+        high = workers or max_workers or (world if isinstance(world, int) else have)
+        if high > have:
+            raise LaunchError(
+                f"workers: {high} asked, but the Lab has {have}; ask for {have} or fewer"
+                + (" (lab.scale(n) grows an embedded Lab)" if self.cluster.local is not None else "")
+            )
+        if low > high:
+            raise LaunchError(f"min_workers={low} is above max_workers={high}; lower min_workers")
+        return low, high
+
+    def _check_share(self, asked: tuple[int, int] | None) -> ClusterView | None:
+        """A shared Lab: open, whole, and the view the run is planned on (its first ``most`` workers,
+        re-planned for the ones it gets); else idle, as one run at a time needs."""
+        if self._scheduler is None:
+            self._check_idle()
+        else:
+            self._check_open()
+            self.heal()
+        return ClusterView(self.cluster, self.cluster.first(asked[1])) if asked is not None else None
+
+    def _start(
+        self,
+        make: Callable[[LabSide], tuple[Run, Any]],
+        view: ClusterView | None,
+        asked: tuple[int, int] | None,
+        elastic: bool,
+        block: bool,
+    ) -> Run:
+        """Build a run with its route on the Lab (or the run's view of it), then start it, or queue it
+        on a shared Lab."""
+        busy = any(not r.done for r in self._runs)
+        run, cost_model = make(self._side(view, measure=not busy))
+        if not busy:
+            self.cost_model = cost_model
         self._runs.append(run)
-        run.start()
+        if self._scheduler is not None and view is not None and asked is not None:
+            self._scheduler.submit(run, view, asked[0], asked[1], resizable=elastic)
+        else:
+            run.start()
         if block:
             run.wait()
         return run
@@ -371,6 +466,8 @@ class Lab:
         checkpoint_every: int | None = None,
         trace: bool = False,
         block: bool = False,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
     ) -> Run:
         """Run your own training loop ``train(ctx)`` on every rank (or the first ``workers``) under
         ``strategy``; returns the same live ``Run`` as ``launch`` (card, view, ``run.metrics``,
@@ -384,17 +481,21 @@ class Lab:
         card predicts that (basis "profile") when the Lab has a cost model. ``elastic``: the loop
         checkpoints (model, optimizer, scheduler, ``ctx.state`` objects, data position; as
         ``launch`` times them) and resumes at the exact step after a lost worker or ``scale``.
+        On a Lab with a scheduler, ``workers`` (or ``min_workers..max_workers``) is what the run
+        asks for, as ``launch`` documents.
         """
         from distlab.own_route import launch_own
 
-        self._check_idle()
+        asked = self._asked_workers(strategy, workers, min_workers, max_workers) if self._scheduler else None
+        view = self._check_share(asked)
         every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
-        run = launch_own(self._side(), train, strategy, workers, timeout, seed, elastic, trace, every)
-        self._runs.append(run)
-        run.start()
-        if block:
-            run.wait()
-        return run
+        count = None if view is not None else workers  # a view holds exactly the workers asked for
+
+        def make(side: LabSide) -> tuple[Run, Any]:
+            run = launch_own(side, train, strategy, count, timeout, seed, elastic, trace, every)
+            return run, self.cost_model
+
+        return self._start(make, view, asked, elastic, block)
 
     def probe_staleness(
         self,
@@ -423,12 +524,14 @@ class Lab:
 
         return probe.probe(self.launch, build, model, data, staleness, steps, **launch_options)
 
-    def _side(self) -> LabSide:
-        """What a route may use of this Lab (runs/route.py)."""
+    def _side(self, view: ClusterView | None = None, measure: bool = True) -> LabSide:
+        """What a route may use of this Lab (runs/route.py): a shared run sees its own workers
+        (``view``), and no cost model when others train (``measure``: measuring its model's step
+        would run on their workers)."""
         return LabSide(
-            self.cluster,
+            view if view is not None else self.cluster,  # type: ignore[arg-type]  # a Cluster's stand-in
             self._hooks(),
-            lambda: self.cost_model,
+            (lambda: self.cost_model) if measure else (lambda: None),
             self.cache_dir,
             self.checkpoint_dir,
             self._profiles,
@@ -451,6 +554,18 @@ class Lab:
     def runs(self) -> Any:
         """One row per run (``distlab.runs.report.runs_frame``: the columns and what they mean)."""
         return runs_frame(self._runs)
+
+    @property
+    def queue(self) -> LabQueue:
+        """The runs with their workers, state and goodput (``lab.queue.frame()``, a table in a
+        notebook) and ``lab.queue.plot()``, their allocations over time (distlab/sched/queue.py)."""
+        return LabQueue(self._scheduler, list(self._runs))
+
+    @property
+    def scheduler(self) -> LabScheduler | None:
+        """The shared Lab's scheduler (``Lab(scheduler=...)``): its ``policy``, ``interval``,
+        ``notes`` (refused allocations) and ``step()`` (one round now); None: one run at a time."""
+        return self._scheduler
 
     @property
     def history(self) -> list[Run]:

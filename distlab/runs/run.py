@@ -49,7 +49,8 @@ class RunHooks:
 class Run:
     """A launched training job: status, live records, measured throughput, the trained model.
 
-    Status goes ``pending -> running -> finished | failed | cancelled``. Records arrive live
+    Status goes ``pending -> running -> finished | failed | cancelled`` (on a shared Lab it may
+    start ``queued`` and pass through ``paused`` while it is resized). Records arrive live
     through Dask worker events; ``on_record`` callbacks (e.g. the picker's step line) are
     called with each record, from the client's event thread.
     """
@@ -95,6 +96,7 @@ class Run:
         self.predicted_throughput = forecast.prediction.throughput if forecast is not None else math.nan
         self.refitted_throughput = math.nan  # the Lab's prediction for this run refitted on every run so far
         self.on_record: list[Callable[[dict[str, Any]], None]] = []
+        self.on_done: list[Callable[[Run], None]] = []  # called once it ended (a shared Lab's scheduler)
         self.error: DistlabError | None = None
         self.traceback = ""
         self.last_checkpoint: dict[str, Any] | None = None  # {"step", "at", "path"} once the run ended
@@ -137,6 +139,29 @@ class Run:
         """Start driving the run (its ranks start on their workers); ``Lab.launch`` calls it."""
         self._client.subscribe_topic(self._topic, self._on_event)
         self._thread.start()
+
+    def mark_queued(self) -> None:
+        """(a shared Lab) The run waits for workers: ``start_on`` starts it, ``cancel`` removes it."""
+        self._status = "queued"
+
+    def start_on(self, workers: list[str]) -> bool:
+        """(a shared Lab's scheduler) Start a queued run on ``workers``, re-planned for them (its
+        route's re-plan reads them from the run's cluster view); False when it was cancelled."""
+        with self._lock:
+            if self._cancel:
+                return False
+            strategy, threads, options = self._replan(list(workers))
+            self.strategy = strategy
+            self._job = dataclasses.replace(
+                self._job,
+                world=len(workers),
+                strategy=strategy,
+                options=dataclasses.replace(self._job.options, **options),
+            )
+            self._workers, self._threads = list(workers), list(threads)
+            self._status = "pending"
+        self.start()
+        return True
 
     # -- live records --------------------------------------------------------------------------
     def _on_event(self, event: Any) -> None:
@@ -204,7 +229,7 @@ class Run:
                             self._status = "cancelled"
                             return
                         restart += 1
-                        workers = new
+                        workers = self._workers = new
                         job, threads = self._resume_job(job, workers, restart)
                         continue
                 except (spmd.RankFailure, spmd.WorkerLost, LaunchError) as exc:
@@ -223,6 +248,7 @@ class Run:
                         self._fail(exc, lost)
                         return
                     restart += 1
+                    self._workers = workers
                     job, threads = self._resume_job(job, workers, restart)
                     continue
                 self._group.close()
@@ -248,6 +274,14 @@ class Run:
             self.last_checkpoint = ckpt_dirs.last(self._job.checkpoint_dir)
             ckpt_dirs.remove_run(self._job.checkpoint_dir)  # nothing resumes an ended run
             self._done.set()
+            self._tell_done()
+
+    def _tell_done(self) -> None:
+        for cb in list(self.on_done):
+            try:
+                cb(self)
+            except Exception:  # noqa: BLE001 - a scheduler's bookkeeping must not break the run
+                pass
 
     def _rank_call(self, job: RankJob, restart: int, threads: list[int]) -> tuple[Any, tuple[Any, ...]]:
         """The function each rank's task runs and its arguments: its route's (runs/route.py)."""
@@ -396,8 +430,9 @@ class Run:
 
     @property
     def workers(self) -> list[str]:
-        """The worker addresses its ranks run on, rank order (the survivors after a restart)."""
-        return list(self._workers)
+        """The worker addresses its ranks run on, rank order (the survivors after a restart; none
+        while it is queued)."""
+        return [] if self._status == "queued" else list(self._workers)
 
     @property
     def traced(self) -> bool:
@@ -451,7 +486,14 @@ class Run:
         """Stop every rank (within ``timeout`` seconds); the Lab is usable again afterwards."""
         if self._done.is_set():
             return self
-        self._cancel = True
+        with self._lock:
+            self._cancel = True
+            queued = self._status == "queued"
+        if queued:  # never started: removed from its Lab's queue, nothing ran
+            self._status = "cancelled"
+            self._done.set()
+            self._tell_done()
+            return self
         group = self._group
         if group is not None:  # ranks that have not stopped at a step within a second are aborted
             group.stop(abort_after=spmd.CANCEL_ABORT_AFTER)
