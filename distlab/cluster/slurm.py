@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import datetime
 import getpass
 import json
 import shlex
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from typing import Any
 from distlab.cluster.interrupts import interrupts_held
 from distlab.cluster.local import WORKER_CONFIG
 from distlab.cluster.spmd import workers_info
-from distlab.errors import LaunchError, check_positive
+from distlab.errors import DistlabWarning, LaunchError, check_positive
 
 
 def import_jobqueue() -> Any:
@@ -286,6 +289,78 @@ def slurm_message(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+class WalltimeWarning(DistlabWarning):
+    """A run on Slurm is predicted to outlast its worker jobs' walltime."""
+
+
+def parse_walltime(walltime: str) -> float:
+    """Slurm's time limit (``-t``) in seconds: ``"MM"``, ``"MM:SS"``, ``"HH:MM:SS"``, ``"D-HH"``,
+    ``"D-HH:MM"`` or ``"D-HH:MM:SS"`` (sbatch(1)); one ``LaunchError`` for anything else."""
+    text = str(walltime).strip()
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", text
+    parts = rest.split(":")
+    try:
+        numbers = [int(days), *(int(p) for p in parts)]
+    except ValueError:
+        numbers = []
+    if len(parts) > 3 or not numbers or any(n < 0 for n in numbers):
+        raise LaunchError(
+            f"{WHO}: walltime={walltime!r} is not a Slurm time limit; give 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'"
+        )
+    d, *hms = numbers
+    if dash:  # after "D-" the first field is hours
+        h, m, sec = (hms + [0, 0])[:3]
+    else:  # without days: MM, MM:SS, HH:MM:SS
+        h, m, sec = {1: (0, hms[0], 0), 2: (0, *hms), 3: tuple(hms)}[len(hms)]
+    return float(((d * 24 + h) * 60 + m) * 60 + sec)
+
+
+def predicted_run_seconds(steps: int | None, throughput: float, samples_per_step: int) -> float | None:
+    """How long a run of ``steps`` steps of ``samples_per_step`` samples (the global batch) takes
+    at the predicted ``throughput`` (samples/s); None when either is unknown (a user's loop, no
+    prediction)."""
+    if not steps or not throughput or throughput != throughput or throughput <= 0:
+        return None
+    return steps * samples_per_step / throughput
+
+
+def check_walltime(
+    walltime: str | None,
+    started_at: float | None,
+    predicted_seconds: float | None,
+    *,
+    now: float | None = None,
+) -> str | None:
+    """Warn (``WalltimeWarning``, one line) when a run predicted to take ``predicted_seconds``
+    outlasts what is left of worker jobs of time limit ``walltime`` that started at
+    ``started_at`` (seconds since the epoch: ``SlurmJobs.started_at()``); returns the warning's
+    text, None when it fits or nothing is known (no walltime: the partition's limit)."""
+    if walltime is None or started_at is None or predicted_seconds is None:
+        return None
+    left = parse_walltime(walltime) - ((time.time() if now is None else now) - started_at)
+    if predicted_seconds <= left:
+        return None
+    message = (
+        f"the run is predicted to take {_duration(predicted_seconds)}, but the Slurm worker jobs have "
+        f"{_duration(max(left, 0.0))} of their walltime={walltime!r} left: it would stop at the limit and "
+        "resume from its checkpoint on new jobs; ask for a longer walltime= or fewer steps"
+    )
+    warnings.warn(message, WalltimeWarning, stacklevel=2)
+    return message
+
+
+def _duration(seconds: float) -> str:
+    """``3725`` -> ``"1 h 02 min"``; ``95`` -> ``"1 min 35 s"``; ``12`` -> ``"12 s"``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
+
+
 class SlurmJobs:
     """The Slurm jobs of one Lab: a ``SLURMCluster`` (its scheduler in this process) and its client.
 
@@ -300,6 +375,11 @@ class SlurmJobs:
         self.spec = spec
         self.log_dir = log_dir
         self.submitted: list[str] = []
+        self.target = 0  # the workers it keeps: submit(n)'s n
+        self.names: set[str] = set()  # every worker name it gave a job: a replacement gets a new one
+        # heal from the Lab (a launch, the magics) and from the replacing thread: one at a time
+        self.lock = threading.RLock()
+        self.keeper: Any = None  # keep_workers' thread
         self.cluster: Any = SLURMCluster(**spec.cluster_kwargs(log_dir))
         self.client: Any = Client(self.cluster)
 
@@ -322,8 +402,18 @@ class SlurmJobs:
         (a partition that does not exist, a request no node fits) is one ``LaunchError`` in
         Slurm's words."""
         cluster = self.cluster
+        self.target = n
         while len(cluster.worker_spec) < n:
-            cluster.worker_spec.update(cluster.new_worker_spec())
+            # a name of its own: SpecCluster closes the job under a lost worker's name once
+            # lost-worker-timeout (15 s) passed, and would cancel a replacement still queued under it
+            spec = cluster.new_worker_spec()
+            while (name := str(next(iter(spec)))) in self.names:
+                cluster._i += (
+                    1  # dask's counter of names: new_worker_spec reuses a name no longer in its spec
+                )
+                spec = cluster.new_worker_spec()
+            self.names.add(name)
+            cluster.worker_spec.update(spec)
         try:
             cluster.sync(cluster._correct_state)
         except Exception as exc:  # noqa: BLE001 - sbatch's exit, as dask-jobqueue's RuntimeError
@@ -417,11 +507,11 @@ class SlurmJobs:
     def lost(self) -> int:
         """How many of its workers are not in the cluster now (their jobs ended, or still queued)."""
         joined = sum(1 for a in self.workers_of_jobs().values() if a is not None)
-        return max(0, len(self.cluster.worker_spec) - joined)
+        return max(0, self.target - joined)
 
     def lost_text(self, lost: int) -> str:
         """These jobs with ``lost`` workers gone, in a line: how many, what submits new ones."""
-        n = len(self.cluster.worker_spec)
+        n = self.target
         return (
             f"{n - lost} of {n} Slurm workers running ({lost} gone: lab.heal() or the next launch submits "
             "new jobs)"
@@ -430,26 +520,66 @@ class SlurmJobs:
     def heal(self, within: float, progress: bool = False) -> int:
         """Submit a job for each worker whose job ended (cancelled, timed out, failed) and wait up
         to ``within`` seconds for them to join; returns how many were replaced."""
-        jobs = self.workers_of_jobs()
-        states = squeue_states(jobs)
-        # a job squeue no longer lists (past MinJobAge) ended too: sbatch returns once it is listed
-        ended = [j for j, addr in jobs.items() if addr is None and states.get(j, ("COMPLETED",))[0] in ENDED]
-        if not ended:
-            return 0
-        # SpecCluster keeps a job whose worker left until its own clean-up runs, and submits nothing
-        # for a name it still holds: dropped here, correcting the state submits a job under each name
-        for name, job in list(self.cluster.workers.items()):
-            if str(getattr(job, "job_id", "")) in ended:
-                self.cluster.workers.pop(name, None)
-        n = len(self.cluster.worker_spec)
-        self.submit(n)
-        self.wait(n, within, progress)
-        return len(ended)
+        with self.lock:
+            cluster = self.cluster
+            jobs = self.workers_of_jobs()
+            states = squeue_states(jobs)
+            # a job squeue no longer lists (past MinJobAge) ended too: sbatch returns once it is listed
+            ended = {
+                j for j, addr in jobs.items() if addr is None and states.get(j, ("COMPLETED",))[0] in ENDED
+            }
+            # SpecCluster keeps a job whose worker left until lost-worker-timeout, then drops it but
+            # keeps its name in worker_spec; either way the name is retired and a new job submitted
+            gone = [n for n, job in cluster.workers.items() if str(getattr(job, "job_id", "")) in ended]
+            gone += [n for n in cluster.worker_spec if n not in cluster.workers]
+            if not gone:
+                return 0
+            for name in gone:
+                cluster.workers.pop(name, None)
+                cluster.worker_spec.pop(name, None)
+            self.submit(self.target)
+            self.wait(self.target, within, progress)
+            return len(gone)
+
+    def started_at(self) -> float | None:
+        """When the earliest of its running jobs started (seconds since the epoch, squeue's START_TIME):
+        the one whose walltime ends first. None when none runs."""
+        ids = set(self.job_ids)
+        if not ids:
+            return None
+        done = subprocess.run(
+            ["squeue", "-h", "-u", getpass.getuser(), "-t", "RUNNING", "-o", "%i|%S"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        starts = []
+        for line in done.stdout.split():
+            job, _, start = line.partition("|")
+            if job in ids:
+                with contextlib.suppress(ValueError):  # "N/A" for a job not started
+                    starts.append(datetime.datetime.fromisoformat(start).timestamp())  # local time, as squeue
+        return min(starts, default=None)
+
+    def keep_workers(
+        self, runs: Callable[[], list[Any]], workers: Callable[[], list[str]], within: float
+    ) -> Any:
+        """Replace each worker whose job ends, and grow the runs that lost it back onto the new one
+        (``slurm_replace.WorkerKeeper``, a thread until ``close``): ``runs()`` the Lab's runs,
+        ``workers()`` its worker addresses in rank order, ``within`` seconds for a join or a pause."""
+        from distlab.cluster.slurm_replace import WorkerKeeper
+
+        if self.keeper is None:
+            self.keeper = WorkerKeeper(self, runs, workers, within=within)
+        return self.keeper
 
     def close(self) -> None:
-        """Close the client and the cluster (``scancel`` of each worker's job), cancel any job it
-        submitted that is still queued or running, and wait until squeue lists none (at most
-        ``CLOSE_WITHIN`` seconds: a cancelled job's worker gets Slurm's KillWait to exit)."""
+        """Stop replacing workers, close the client and the cluster (``scancel`` of each worker's
+        job), cancel any job it submitted that is still queued or running, and wait until squeue
+        lists none (at most ``CLOSE_WITHIN`` seconds: a cancelled job's worker gets Slurm's
+        KillWait to exit)."""
+        if self.keeper is not None:
+            self.keeper.close()
         with interrupts_held(reraise=False):
             with contextlib.suppress(Exception):
                 self.client.close()

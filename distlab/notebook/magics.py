@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -23,11 +24,19 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from distlab.conventions import is_keras_loss_name
-from distlab.errors import DistlabError, DistlabWarning, check_positive, did_you_mean, match_name
+from distlab.errors import (
+    DistlabError,
+    DistlabWarning,
+    LaunchError,
+    check_positive,
+    did_you_mean,
+    match_name,
+)
 from distlab.notebook.run_magic import RunMagic
 from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
 
 WIDTH = 88  # %distlab help fits this many columns
+_CLUSTER_KINDS = ("status", "local", "slurm", "stop")
 # notebook names that are IPython's, not the user's: never suggested
 _IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 
@@ -263,16 +272,29 @@ class DistlabMagics(RunMagic, Magics):
         changes, and a failed start keeps the cluster that works.
 
         %distlab cluster [status | local [N] [--oversubscribe] | ADDRESS | stop] [-o NAME]
+        %distlab cluster slurm N [--partition P] [--gpus G] [--walltime T] [--cores C]
+            [--memory M]
 
-        A cluster started here is the notebook's Lab, also bound to ``lab`` (or NAME).
+        A cluster started here is the notebook's Lab, also bound to ``lab`` (or NAME). slurm N:
+        N Dask workers as Slurm jobs (each --cores C, --memory M, --gpus G as --gres=gpu:G);
+        stop cancels them.
         """
         p = make_parser("cluster")
         p.add_argument("what", nargs="?", default="status")
         p.add_argument("n", nargs="?", type=int, default=None)
         p.add_argument("--oversubscribe", action="store_true")
+        for option in ("--partition", "--walltime", "--memory"):
+            p.add_argument(option, default=None)
+        p.add_argument("--gpus", type=int, default=None)
+        p.add_argument("--cores", type=int, default=None)
         p.add_argument("-o", "--output", default="lab")
         a = p.parse_args(argv)
-        what = match_name(a.what, ("status", "local", "stop")) or a.what
+        what = match_name(a.what, _CLUSTER_KINDS) or a.what
+        slurm_options = {k: getattr(a, k) for k in ("partition", "walltime", "memory", "gpus", "cores")}
+        if what != "slurm" and (given := [k for k, v in slurm_options.items() if v is not None]):
+            raise UsageError(
+                f"cluster {what}: --{given[0]} is a Slurm job option; use it with cluster slurm N"
+            )
         if what == "stop":
             print(self.session.stop_lab())
             return None
@@ -299,12 +321,14 @@ class DistlabMagics(RunMagic, Magics):
                     f"or add --oversubscribe to start {a.n} anyway"
                 )
             lab = self.session.start_lab(workers=a.n)
+        elif what == "slurm":
+            lab = self._start_slurm(a.n, slurm_options)
         elif "://" in a.what or ":" in a.what:
             lab = self.session.start_lab(address=a.what)
         else:
             raise UsageError(
-                f"cluster: expected status, 'local N', a scheduler ADDRESS (tcp://host:8786) or stop, "
-                f"got {a.what!r}{did_you_mean(a.what, ('status', 'local', 'stop'))}"
+                f"cluster: expected status, 'local N', 'slurm N', a scheduler ADDRESS (tcp://host:8786) or "
+                f"stop, got {a.what!r}{did_you_mean(a.what, _CLUSTER_KINDS)}"
             )
         self._store(a.output, lab)
         print(
@@ -313,6 +337,35 @@ class DistlabMagics(RunMagic, Magics):
         )
         display(lab)
         return None
+
+    def _start_slurm(self, n: int | None, options: dict[str, Any]) -> Any:
+        """``cluster slurm N``: a Lab on N Slurm jobs, then the old Lab stopped (a failed start keeps
+        it, as ``session.start_lab`` does for the others); the stop button cancels the new jobs."""
+        from distlab.cluster.interrupts import interrupts_held
+        from distlab.cluster.slurm import WHO
+        from distlab.lab import Lab
+
+        if n is None or n <= 0:
+            raise UsageError(f"slurm N: N must be a positive number of worker jobs, got {n}")
+        names = {"gpus": "gpus_per_worker"}  # the Lab's names for the options
+        given = {names.get(k, k): v for k, v in options.items() if v is not None}
+        kept = "; the previous cluster is still running" if self.session.current_lab is not None else ""
+        with interrupts_held(reraise=False) as pressed:
+            try:
+                lab = Lab(cluster="slurm", workers=n, **given)
+            except DistlabError as exc:
+                # the Lab's words name its arguments (partition=); here they are the magic's options
+                text = str(exc).replace(WHO, "%distlab cluster slurm").replace("gpus_per_worker", "gpus")
+                text = re.sub(_LAB_OPTION, _as_option, text)
+                raise LaunchError(text + kept) from None
+            if pressed:
+                lab.close()
+                raise KeyboardInterrupt
+            lab.via_magics = True
+            if self.session.current_lab is not None:
+                self.session.stop_lab()  # keeps its runs in the notebook's history
+            self.session.current_lab = lab
+        return lab
 
     def cmd_calibrate(self, argv: list[str]) -> Any:
         """Calibrate the cost model on the cluster: collectives, the training loop, and each
@@ -503,6 +556,15 @@ _MODEL_HELP = "\n".join(
         WIDTH,
     )
 )
+
+
+# a Slurm Lab's argument in its error: "partition='gpu'", "cores=", "cores must be ..."
+_LAB_OPTION = re.compile(r"(?<![\w-])(partition|walltime|memory|cores|gpus)(?:=([\w'\"]?)|(?= must be))")
+
+
+def _as_option(match: re.Match[str]) -> str:
+    """A Lab argument in an error (``partition='gpu'``) as the magic's option (``--partition 'gpu'``)."""
+    return f"--{match[1]}" + (f" {match[2]}" if match[2] else "")
 
 
 def _dedent(doc: str | None) -> str:

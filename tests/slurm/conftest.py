@@ -77,3 +77,13 @@ def slurm():
         assert down.returncode == 0, down.stderr
         left = {name: pid for name, pid in started.items() if _running(pid)}
         assert not left, f"scripts/slurm.sh down left these running: {left}"
+
+
+@pytest.fixture(autouse=True)
+def importable(monkeypatch):
+    """A rank's task names a test module by reference (a task graph is pickled, not cloudpickled):
+    sbatch gives the jobs this process's environment, PYTHONPATH too, as a notebook's modules
+    reach the workers on a shared file system."""
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(ROOT), str(here), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)

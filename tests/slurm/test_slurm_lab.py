@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -21,17 +19,7 @@ from tests.polling import poll_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-HERE = Path(__file__).resolve().parent
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
-
-
-@pytest.fixture(autouse=True)
-def importable(monkeypatch):
-    """A rank's task names this module by reference (a task graph is pickled, not cloudpickled):
-    sbatch gives the jobs this process's environment, PYTHONPATH too, as a notebook's modules
-    reach the workers on a shared file system."""
-    path = os.pathsep.join([str(HERE.parents[1]), str(HERE), os.environ.get("PYTHONPATH", "")])
-    monkeypatch.setenv("PYTHONPATH", path)
 
 
 def _active(job_ids) -> dict[str, str]:
