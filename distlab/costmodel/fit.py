@@ -13,6 +13,11 @@ model, not a curve, is what extrapolates to unseen world sizes:
 - synchronisation is a ring all-reduce (Thakur et al. 2005) with alpha, beta per link class
   (intra-host when ``num_nodes == 1``, else inter-host):
   ``T_sync = 2(p-1) alpha + 2(p-1)/p * grad_bytes * beta`` and 0 on one replica;
+- when the rows measure one replica count on more than one host count, so that the host count's
+  own effect is identifiable, the inter-host bandwidth is fitted per host count
+  (``beta_inter_<n>``, alpha_inter 0): measured clusters' all-reduce need not slow as hosts are
+  added (Pollux's traces: two hosts cost more than three or four at the same replica count). A
+  host count not measured takes the nearest measured one below it (above it when none is below);
 - overlap is Pollux's gamma-norm, ``(T_grad^g + T_sync^g)^(1/g)`` with g >= 1 (1: none), and
   accumulation adds ``(accum_steps - 1) * T_grad`` of unoverlapped micro-batches.
 """
@@ -59,6 +64,23 @@ def _columns(df: Any, need_time: bool) -> dict[str, np.ndarray]:
     return cols
 
 
+def host_classes(theta: dict[str, float]) -> list[int]:
+    """The host counts with their own inter-host bandwidth in ``theta`` (empty: one inter-host class)."""
+    return sorted(int(k.rsplit("_", 1)[1]) for k in theta if k.startswith("beta_inter_"))
+
+
+def _nearest_class(nodes: np.ndarray, classes: list[int]) -> np.ndarray:
+    below = np.array([max([c for c in classes if c <= n], default=classes[0]) for n in nodes.tolist()])
+    return below.astype(int)
+
+
+def _beta_inter(theta: dict[str, float], nodes: np.ndarray) -> np.ndarray | float:
+    classes = host_classes(theta)
+    if not classes:
+        return theta["beta_inter"]
+    return np.array([theta[f"beta_inter_{c}"] for c in _nearest_class(nodes, classes).tolist()])
+
+
 def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarray:
     """The structural model above for every row."""
     p, inter = cols["num_replicas"], cols["num_nodes"] > 1
@@ -67,7 +89,7 @@ def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarra
     )
     t_grad = (theta["c0"] + theta["c1"] * cols["local_bsz"]) * share
     alpha = np.where(inter, theta["alpha_inter"], theta["alpha_intra"])
-    beta = np.where(inter, theta["beta_inter"], theta["beta_intra"])
+    beta = np.where(inter, _beta_inter(theta, cols["num_nodes"]), theta["beta_intra"])
     t_sync = np.where(
         p > 1, 2 * (p - 1) * alpha + 2 * (p - 1) / np.maximum(p, 1) * cols["grad_bytes"] * beta, 0.0
     )
@@ -75,8 +97,22 @@ def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarra
     return (cols["accum_steps"] - 1) * t_grad + (t_grad**g + t_sync**g) ** (1 / g)
 
 
-def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, Any]]:
-    """Robust fit (soft-L1 on log step time) of the identifiable parameters; others tie or stay out."""
+def _host_count_identifiable(cols: dict[str, np.ndarray]) -> bool:
+    """Whether some replica count was measured on two or more host counts (both multi-host)."""
+    multi = (cols["num_replicas"] > 1) & (cols["num_nodes"] > 1)
+    seen: dict[float, set[float]] = {}
+    for p, n in zip(cols["num_replicas"][multi].tolist(), cols["num_nodes"][multi].tolist()):
+        seen.setdefault(p, set()).add(n)
+    return any(len(v) > 1 for v in seen.values())
+
+
+def fit_measurements(
+    df: Any, by_hosts: bool | None = None
+) -> tuple[CostParams, dict[str, float], dict[str, Any]]:
+    """Robust fit (soft-L1 on log step time) of the identifiable parameters; others tie or stay out.
+
+    ``by_hosts`` fits the inter-host bandwidth per host count (module docstring); None decides from
+    the rows (whether they identify it), False keeps one inter-host class."""
     cols = _columns(df, need_time=True)
     y = cols["step_time"]
     if len(y) < 3 or np.any(y <= 0):
@@ -88,7 +124,13 @@ def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, A
     free = ["c0", "c1"] if len(np.unique(cols["local_bsz"])) > 1 else ["c0"]
     if has_sync:
         free += ["alpha_intra", "beta_intra"] if np.any(multi & (cols["num_nodes"] <= 1)) else []
-        free += ["alpha_inter", "beta_inter"] if has_inter else []
+        hosts = sorted({int(n) for n in cols["num_nodes"][multi & (cols["num_nodes"] > 1)]})
+        if by_hosts is None:
+            by_hosts = _host_count_identifiable(cols)
+        if has_inter and by_hosts:
+            free += [f"beta_inter_{n}" for n in hosts]
+        elif has_inter:
+            free += ["alpha_inter", "beta_inter"]
         free += ["gamma"]
     if np.any(cols["thread_ratio"] == 1.0) and np.any(cols["thread_ratio"] > 1.0):
         free += ["eff"]  # a rank alone and ranks sharing cores: how compute scales with threads
@@ -101,11 +143,15 @@ def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, A
         "eff": DEFAULT_EFF,
     }
     start["alpha_inter"], start["beta_inter"] = start["alpha_intra"], start["beta_intra"]
+    start.update({n: start["beta_intra"] for n in free if n.startswith("beta_inter_")})
 
     def theta_of(x: np.ndarray) -> dict[str, float]:
         th = {"c1": 0.0, "alpha_intra": 0.0, "beta_intra": 0.0, "gamma": 1.0, "eff": DEFAULT_EFF}
         for name, v in zip(free, x):
             th[name] = float(v if name in ("gamma", "eff") else np.exp(v))
+        per_host = host_classes(th)
+        if per_host:  # the widest measured host count speaks for the inter-host class as a whole
+            th["alpha_inter"], th["beta_inter"] = 0.0, th[f"beta_inter_{per_host[-1]}"]
         if "alpha_intra" not in free and has_inter:  # only multi-node data: intra figures tie to inter
             th["alpha_intra"], th["beta_intra"] = th["alpha_inter"], th["beta_inter"]
         th.setdefault("alpha_inter", th["alpha_intra"])
@@ -134,10 +180,12 @@ def fit_measurements(df: Any) -> tuple[CostParams, dict[str, float], dict[str, A
         "free": free,
         "mape": float(rel.mean()),
         "worlds": sorted({int(p) for p in cols["num_replicas"]}),
+        "inter_by_hosts": bool(host_classes(theta)),
     }
     return CostParams(alpha_beta=ab), theta, info
 
 
 def predict_measurements(theta: dict[str, float], df: Any) -> np.ndarray:
     """Predicted step time (s) per row; ``step_time`` need not be present."""
-    return step_time({k: float(theta[k]) for k in NAMES if k in theta}, _columns(df, need_time=False))
+    keep = {k: float(v) for k, v in theta.items() if k in NAMES or k.startswith("beta_inter_")}
+    return step_time(keep, _columns(df, need_time=False))
