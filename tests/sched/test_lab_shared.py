@@ -1,0 +1,198 @@
+"""Runs sharing one Lab: concurrent runs on workers of their own, a queue, refused allocations, a
+failing neighbour and a re-allocation that resumes at the exact step (one 2-worker Lab for all)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+
+import cloudpickle
+import pytest
+import torch
+
+from distlab.errors import LaunchError
+from distlab.lab import Lab
+from distlab.sched import FifoPolicy
+from tests.polling import poll_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests
+
+
+class Net(torch.nn.Module):
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, hidden), torch.nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Blobs(torch.utils.data.Dataset):
+    """Class k is a Gaussian blob around centre k: a loss that falls within a few dozen steps."""
+
+    def __init__(self, n: int = 200, seed: int = 0, fail_after: int | None = None) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.x = (torch.randn(4, 8, generator=g) * 3)[self.y] + torch.randn(n, 8, generator=g)
+        self.fail_after, self.reads = fail_after, 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.fail_after is not None and self.reads > self.fail_after:
+            raise ValueError("a broken sample")
+        return self.x[i], self.y[i]
+
+
+class Scripted:
+    """A policy the test steers: ``plan(run_id -> k)`` gives each named run its first k free workers."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def allocate(self, jobs, workers: Mapping[str, str] | Sequence[str], previous):
+        free, out = sorted(workers), {}
+        for job in jobs:
+            k = self.counts.get(job.name, 0)
+            mine = [w for w in previous.get(job.name, ()) if w in free][:k]
+            mine += [w for w in free if w not in mine][: k - len(mine)]
+            free = [w for w in free if w not in mine]
+            if mine:
+                out[job.name] = mine
+        return out
+
+
+class OverCapacity:
+    """Every job keeps its workers plus one the cluster does not have."""
+
+    def allocate(self, jobs, workers, previous):
+        return {job.name: [*previous.get(job.name, ()), "tcp://10.9.9.9:1"][-1:] for job in jobs}
+
+
+class UnknownRun:
+    def allocate(self, jobs, workers, previous):
+        return {**previous, "nobody": [w for w in workers if all(w not in p for p in previous.values())]}
+
+
+class Raises:
+    def allocate(self, jobs, workers, previous):
+        raise RuntimeError("policy bug")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with Lab(2, timeout=60, cache_dir=tmp_path_factory.mktemp("cache"), scheduler="fifo", interval=0.5) as lab:
+        yield lab
+
+
+@pytest.fixture
+def policy(lab):
+    """The test's policy on the shared Lab; FIFO again afterwards, every run of the test ended."""
+    yield lambda p: setattr(lab.scheduler, "policy", p)
+    for run in lab.history:
+        if not run.done:
+            run.cancel()
+    lab.scheduler.policy = FifoPolicy()
+
+
+def first_last(run) -> tuple[float, float]:
+    losses = run.losses
+    return float(losses.iloc[:3].mean()), float(losses.iloc[-3:].mean())
+
+
+@pytest.mark.timeout(180)
+def test_two_runs_train_at_once_on_a_worker_each_and_a_third_waits_then_runs(lab, policy):
+    torch.manual_seed(0)
+    # more steps than they run: each is cancelled once both trained side by side, so the check
+    # does not race a run that finishes early on a fast machine
+    a = lab.launch(Net(), steps=100_000, data=Blobs(seed=1), batch_size=10, workers=1)
+    b = lab.launch(Net(32), steps=100_000, data=Blobs(seed=2), batch_size=10, workers=1)
+    c = lab.launch(Net(8), steps=60, data=Blobs(seed=3), batch_size=10, workers=1)
+    poll_for(lambda: a.steps_done > 5 and b.steps_done > 5, 60, "both runs to train")
+    assert a.status == b.status == "running" and c.status == "queued"
+    assert len(set(a.workers) | set(b.workers)) == 2  # a worker each, not the same one
+    frame = lab.queue.frame().set_index("run")
+    assert frame.loc[c.id, "state"] == "queued" and frame.loc[c.id, "workers"] == 0
+    poll_for(lambda: a.steps_done > 300 and b.steps_done > 300, 60, "300 steps each, side by side")
+    assert c.status == "queued" and lab.queue.frame().set_index("run").loc[a.id, "goodput"] > 0
+    a.cancel()
+    c.wait(timeout=60, progress=False)  # a's worker came free: the queued run took it and finished
+    b.cancel()
+    assert c.status == "finished" and c.steps_done == 60 and c.workers
+    for run in (a, b):  # each trained as it would alone: its loss fell
+        first, last = first_last(run)
+        assert last < 0.5 * first, (run.id, first, last)
+    started = {e["run"]: e["time"] for e in reversed(lab.scheduler.events) if e["workers"]}
+    ended = {e["run"]: e["time"] for e in lab.scheduler.events if not e["workers"]}
+    assert started[c.id] >= ended[a.id]  # it started once a worker came free, not before
+    lanes = {i["worker"] for i in lab.queue.intervals()}
+    assert len(lab.queue.plot().data) >= 3 and len(lanes) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_queued_run_cancelled_leaves_the_queue_without_running(lab, policy):
+    a = lab.launch(Net(), steps=100_000, data=Blobs(), batch_size=10, workers=2)
+    b = lab.launch(Net(), steps=50, data=Blobs(), batch_size=10, workers=1)
+    poll_for(lambda: a.steps_done > 0, 60, "the first run to train")
+    assert b.status == "queued" and b.workers == []
+    b.cancel()
+    assert b.status == "cancelled" and b.done and len(b.metrics) == 0
+    assert lab.queue.frame().set_index("run").loc[b.id, "state"] == "cancelled"
+    a.cancel()
+    assert a.status == "cancelled"
+
+
+@pytest.mark.timeout(120)
+def test_a_policy_over_capacity_naming_an_unknown_run_or_raising_keeps_the_allocation(lab, policy):
+    a = lab.launch(Net(), steps=100_000, data=Blobs(), batch_size=10, workers=1)
+    poll_for(lambda: a.steps_done > 0, 60, "the run to train")
+    held, notes = tuple(a.workers), len(lab.scheduler.notes)
+    for bad in (OverCapacity(), UnknownRun(), Raises()):
+        policy(bad)
+        assert lab.scheduler.step() == {a.id: held}
+    new = lab.scheduler.notes[notes:]
+    assert any("refused" in n and "unknown worker 'tcp://10.9.9.9:1'" in n for n in new), new
+    assert any("refused" in n and "unknown job 'nobody'" in n for n in new), new
+    assert any("RuntimeError: policy bug" in n and "previous allocation kept" in n for n in new), new
+    at = a.steps_done
+    poll_for(lambda: a.steps_done > at + 20, 30, "the run to keep training")
+    assert tuple(a.workers) == held and a.restarts == 0 and a.status == "running"
+
+
+@pytest.mark.timeout(180)
+def test_a_run_that_fails_leaves_the_run_beside_it_training(lab, policy):
+    torch.manual_seed(0)
+    a = lab.launch(Net(), steps=100_000, data=Blobs(seed=4), batch_size=10, workers=1)
+    broken = lab.launch(Net(), steps=800, data=Blobs(fail_after=300), batch_size=10, workers=1)
+    with pytest.raises(LaunchError, match="a broken sample"):
+        broken.wait(timeout=60, progress=False)
+    assert a.status == "running"
+    at = a.steps_done
+    poll_for(lambda: a.steps_done > at + 100, 60, "100 more steps after its neighbour failed")
+    a.cancel()
+    first, last = first_last(a)
+    assert a.restarts == 0 and a.error is None and last < 0.5 * first  # never paused, still learning
+
+
+@pytest.mark.timeout(180)
+def test_a_reallocation_resizes_a_run_at_the_exact_step(lab, policy):
+    scripted = Scripted()
+    policy(scripted)
+    run = lab.launch(Net(), steps=100_000, data=Blobs(n=100), batch_size=10, min_workers=1, max_workers=2)
+    scripted.counts[run.id] = 1
+    lab.scheduler.step()
+    poll_for(lambda: run.steps_done >= 30, 60, "30 steps on one worker")
+    scripted.counts[run.id] = 2
+    assert len(lab.scheduler.step()[run.id]) == 2
+    m = run.metrics
+    poll_for(lambda: ((m := run.metrics)["restart"] == 1).sum() >= 40, 60, "20 steps on two workers")
+    run.cancel()
+    m = run.metrics
+    r0 = m[m["rank"] == 0].sort_values("step")
+    assert list(r0["step"]) == list(range(len(r0)))  # resumed at the step it paused at: none re-run
+    assert list(r0.groupby("restart")["world"].first()) == [1, 2] and run.restarts == 1
+    # each step moved the data position by its own global batch from 0: every sample once per epoch
+    assert (r0["samples"].to_numpy() == (r0["world"].to_numpy() * 10).cumsum()).all()
+    assert lab.scheduler.reallocations >= 1
