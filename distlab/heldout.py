@@ -9,11 +9,11 @@ GPU they exposed the measured step taken on a GPU Lab's CPU (``datasets/measurem
 their CPU figures of that day in ``prediction-paths-2026-11-26.json`` were measured while they
 were still held out. Their
 figures in the ``cost-model-accuracy`` and ``profile-accuracy`` benchmarks are figures on models
-distlab was tuned on. The held-out set is :mod:`distlab.holdout`, which only the
-``prediction-paths``, ``two-hosts`` and ``trace-whatif`` benchmarks import (its docstring lists
-what has scored it). The architectures come from
-torch itself (``torch.nn.GRU``, a plain MLP), HuggingFace ``transformers`` (ResNet with batch
-norm, BERT, GPT-2) and ``deepctr-torch`` (DeepFM), built from small configs without weights.
+distlab was tuned on. So are :mod:`distlab.holdout`'s (scored five times and diagnosed on);
+the held-out set is ``distlab.holdout_fresh``, which only its final scoring imports.
+The architectures come from torch itself (``torch.nn.GRU``, a plain MLP), HuggingFace
+``transformers`` (ResNet with batch norm, BERT, GPT-2) and ``deepctr-torch`` (DeepFM), built
+from small configs without weights.
 ``transformers`` and ``deepctr-torch`` are the ``bench`` extra (``pip install 'distlab[bench]'``)
 and are imported only by :func:`build`, so importing this module stays light.
 

@@ -1,21 +1,17 @@
-"""The held-out models: what distlab's predictions are scored on, and nothing else reads.
+"""The models held out once, scored five times and diagnosed on: a diagnostic set now.
 
-No calibration stage, default, cost-model term or test was fitted, tuned or diagnosed on these
-(``tests/test_holdout_guard.py`` fails if any module of distlab or any test but the one that
-checks their shapes imports this module; the ``prediction-paths``, ``two-hosts`` and
-``trace-whatif`` benchmarks are their only users).
+They were held out until three benchmarks had scored them five times and a diagnosis had been
+drawn from their rows (``datasets/measurements/prediction-paths.md``, 26b), so their figures are
+no longer held-out figures: use them, as ``distlab.heldout``'s, to diagnose and develop. The
+held-out set is ``distlab.holdout_fresh``, which only its final scoring may import
+(``tests/test_holdout_guard.py``).
+
 They are architectures the zoo and the reference models lack, in torch's own layers: a
 patch-attention classifier (``nn.MultiheadAttention`` over image patches, a class token), a
 DLRM-style mixture of embedding tables (``nn.EmbeddingBag``, bottom and top MLPs, pairwise dot
 interactions), an MLP-Mixer (token- and channel-mixing MLPs over patches) and a MobileNet-style
-network of depthwise-separable convolutions with BatchNorm.
-
-A model that is ever used to diagnose or tune distlab leaves this set (to
-``distlab.heldout``, whose models were: its docstring says how) and the benchmark's data card
-says so: the LSTM tagger and the 1-D BatchNorm convnet left it on 2026-11-26, after their run on
-a GPU exposed the measured step taken on a GPU Lab's CPU (``datasets/measurements/gpu``); the
-Mixer and the depthwise-separable network replaced them. What has scored them (files in
-``datasets/measurements/``; ``tests/test_holdout_scorings.py`` keeps this list whole):
+network of depthwise-separable convolutions with BatchNorm. What scored them while they were held
+out (files in ``datasets/measurements/``; ``tests/test_holdout_scorings.py`` keeps this list whole):
 
 - ``prediction-paths-2026-11-26.json``: patch attention, DLRM mixture;
 - ``prediction-paths-2026-11-26b.json``: all four;
@@ -24,9 +20,7 @@ Mixer and the depthwise-separable network replaced them. What has scored them (f
 - ``trace-whatif-2026-11-27-heldout-bandwidth.json``: patch attention, Mixer;
 
 patch attention five times, the DLRM mixture and the Mixer three, the depthwise-separable network
-twice. Every scoring is a look: a model
-whose figures were ever used to choose a change leaves the set.
-Each :class:`HeldOut` has ``(input, target)`` pairs with int64 class targets, trained
+twice. Each :class:`HeldOut` has ``(input, target)`` pairs with int64 class targets, trained
 with the default cross-entropy; models and data are deterministic in ``seed``.
 """
 

@@ -34,3 +34,27 @@ def test_the_holdout_docstring_names_every_file_that_scored_a_held_out_model():
     assert not missing, (
         f"distlab/holdout.py's docstring does not list what scored the held-out set: {missing}"
     )
+
+
+def _fresh_names() -> set[str]:
+    # read as text: only tests/test_holdout_fresh.py and the final scoring may import the module
+    tree = ast.parse((ROOT / "distlab" / "holdout_fresh.py").read_text())
+    return set(
+        ast.literal_eval(
+            next(
+                n.value
+                for n in tree.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "NAMES"
+            )
+        )
+    )
+
+
+def test_the_fresh_held_out_set_is_scored_at_most_once():
+    names = _fresh_names()
+    assert len(names) >= 4
+    scorers = sorted(p.name for p in MEASUREMENTS.rglob("*.json") if _scored(p, names))
+    assert len(scorers) <= 1, (
+        f"the fresh held-out models were scored by {scorers}: the set is scored once, after the last "
+        "model change; a second scoring makes it a diagnostic set (move it as distlab.holdout was)"
+    )
