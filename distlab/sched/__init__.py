@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from distlab.errors import SchedulerError
 from distlab.sched.fifo import FifoPolicy
 from distlab.sched.goodput import GoodputPolicy
-from distlab.sched.policy import Allocation, JobSpec, Policy, check_allocation
+from distlab.sched.policy import Allocated, Allocation, JobSpec, Policy, check_allocation
 from distlab.sched.simulate import SimCluster, SimJob, SimResult, WorkJob, simulate
 
 POLICIES = {"goodput": GoodputPolicy, "fifo": FifoPolicy}
@@ -42,7 +42,7 @@ def allocate(
     workers: Mapping[str, str] | Sequence[str],
     previous: Mapping[str, Sequence[str]] | None = None,
     policy: Policy | str = "goodput",
-) -> Allocation:
+) -> Allocated:
     """One scheduling round: the policy's allocation, checked (a SchedulerError if it is refused)."""
     chosen = get_policy(policy)
     return check_allocation(chosen.allocate(jobs, workers, previous or {}), jobs, workers)
@@ -50,6 +50,7 @@ def allocate(
 
 __all__ = [
     "POLICIES",
+    "Allocated",
     "Allocation",
     "FifoPolicy",
     "GoodputPolicy",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distlab.sched.policy import Allocation, JobSpec, Layout, job_names, place
+from distlab.sched.policy import Allocated, JobSpec, Layout, job_names, name_strategies, place
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class FifoPolicy:
         jobs: Sequence[JobSpec],
         workers: Mapping[str, str] | Sequence[str],
         previous: Mapping[str, Sequence[str]],
-    ) -> Allocation:
+    ) -> Allocated:
         layout = Layout.of(workers)
         jobs = sorted(jobs, key=lambda j: (j.submitted, j.name))
         names = job_names(jobs)
@@ -41,4 +41,4 @@ class FifoPolicy:
             free -= spot
             if np.count_nonzero(spot) > 1:
                 shared |= spot > 0
-        return layout.to_workers(counts, names, previous)
+        return name_strategies(layout.to_workers(counts, names, previous), jobs, workers, previous)

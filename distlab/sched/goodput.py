@@ -29,14 +29,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distlab.sched.policy import Allocation, JobSpec, Layout, fair_replicas, fewest_hosts, job_names, place
+from distlab.sched.policy import (
+    Allocated,
+    JobSpec,
+    Layout,
+    fair_replicas,
+    fewest_hosts,
+    job_names,
+    name_strategies,
+    place,
+)
 
 EPS = 1e-3  # Pollux's floor inside the power mean: a job with no workers counts as speedup 1e-3
 
 
 @dataclass(frozen=True)
 class GoodputPolicy:
-    """Pollux's allocation policy (``"goodput"``); ``restart_delay`` is the seconds a restart costs."""
+    """Pollux's allocation policy (``"goodput"``); ``restart_delay`` is the seconds a restart costs a
+    job that does not give its own (``JobSpec.restart_cost``). A job whose speedup names strategies
+    (``StrategySpeedup``) is weighed at the best strategy for each allocation, and the allocation's
+    ``strategies`` says which one it runs."""
 
     restart_delay: float = 30.0
     power: float = -1.0
@@ -46,10 +58,10 @@ class GoodputPolicy:
         jobs: Sequence[JobSpec],
         workers: Mapping[str, str] | Sequence[str],
         previous: Mapping[str, Sequence[str]],
-    ) -> Allocation:
+    ) -> Allocated:
         layout = Layout.of(workers)
         if not jobs or not layout.hosts:
-            return {}
+            return Allocated()
         # Pollux's order: less attained service first, then arrival; it breaks ties in the greedy
         jobs = sorted(jobs, key=lambda j: (j.attained, j.submitted, j.name))
         names = job_names(jobs)
@@ -61,7 +73,8 @@ class GoodputPolicy:
         search = _Search(choices, capacity, layout.hosts_known)
         candidates = [search.run(), _count_greedy(choices, capacity, layout.hosts_known)]
         counts = min(candidates, key=search.total)
-        return layout.to_workers(search.polish(counts), names, previous)
+        allocation = layout.to_workers(search.polish(counts), names, previous)
+        return name_strategies(allocation, jobs, workers, previous)
 
     def value(
         self, jobs: Sequence[JobSpec], workers: Mapping[str, str], allocation: Mapping, previous: Mapping
@@ -80,7 +93,7 @@ class GoodputPolicy:
         return _power_mean(np.array(values), self.power)
 
     def _factor(self, job: JobSpec) -> float:
-        d = self.restart_delay
+        d = self.restart_delay if job.restart_cost is None else job.restart_cost
         return max(job.age - job.restarts * d, 0.0) / (job.age + d)
 
     @staticmethod

@@ -3,7 +3,9 @@
 Vocabulary (Pollux, Qiao et al. OSDI 2021): a *job* asks for replicas; a *worker* is one slot that
 runs one replica; a *host* holds several workers. An *allocation* maps each job to the workers its
 replicas run on; a job absent from it (or given no workers) waits. A job's *speedup* is a function
-``speedup(nodes, replicas)`` of how many hosts and replicas it gets, vectorised over numpy arrays.
+``speedup(nodes, replicas)`` of how many hosts and replicas it gets, vectorised over numpy arrays;
+one that also has ``strategy_at(nodes, replicas)`` (``sched.speedup.StrategySpeedup``) names the
+strategy it would run there, and the allocation then says which strategy each job runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,19 @@ import numpy as np
 from distlab.errors import SchedulerError
 
 SpeedupFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
 Allocation = dict[str, tuple[str, ...]]
+
+
+class Allocated(dict[str, tuple[str, ...]]):
+    """What the policies and ``check_allocation`` return: an Allocation ``{job: workers}`` and
+    ``strategies``, ``{job: strategy name}`` for the jobs whose speedup names one (empty otherwise).
+    A job whose workers did not change keeps its strategy."""
+
+    def __init__(self, *args: object, strategies: Mapping[str, str] | None = None, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.strategies: dict[str, str] = dict(strategies or {})
 
 
 @dataclass(frozen=True)
@@ -40,10 +54,20 @@ class JobSpec:
     """How often its allocation changed since it first started."""
     attained: float = 0.0
     """Worker-seconds it has held so far (less-served jobs come first on ties, as in Pollux)."""
+    restart_cost: float | None = None
+    """Seconds a restart costs this job (``sched.restart.restart_seconds``: its checkpoint's size
+    and a measured warm relaunch); None: the policy's ``restart_delay``."""
+    strategy: str | None = None
+    """The strategy it runs now: kept while its workers are unchanged."""
 
     def __post_init__(self) -> None:
         if self.max_replicas < 1:
             raise SchedulerError(f"job {self.name!r}: max_replicas={self.max_replicas}; give at least 1")
+        if self.restart_cost is not None and not self.restart_cost >= 0:
+            raise SchedulerError(
+                f"job {self.name!r}: restart_cost={self.restart_cost}; give the seconds a restart costs "
+                "(>= 0)"
+            )
         if not 0 <= self.min_replicas <= self.max_replicas:
             raise SchedulerError(
                 f"job {self.name!r}: min_replicas={self.min_replicas} is not in [0, max_replicas="
@@ -119,7 +143,7 @@ class Layout:
 
     def to_workers(
         self, counts: np.ndarray, names: Sequence[str], previous: Mapping[str, Sequence[str]]
-    ) -> Allocation:
+    ) -> Allocated:
         """Concrete workers for a jobs x hosts count matrix; a job keeps the workers it had where it can."""
         out: dict[str, list[str]] = {n: [] for n in names}
         for h, slots in enumerate(self.slots):
@@ -135,7 +159,28 @@ class Layout:
             for j, k in wants.items():
                 out[names[j]] += free[:k]
                 del free[:k]
-        return {n: tuple(ws) for n, ws in out.items() if ws}
+        return Allocated({n: tuple(ws) for n, ws in out.items() if ws})
+
+
+def name_strategies(
+    allocation: Allocated,
+    jobs: Sequence[JobSpec],
+    workers: Mapping[str, str] | Sequence[str],
+    previous: Mapping[str, Sequence[str]],
+) -> Allocated:
+    """``allocation`` with the strategy of every job whose speedup names one: the one it runs when
+    its workers are unchanged, else the best at its new (hosts, replicas)."""
+    host = Layout.of(workers).host_of()
+    for job in jobs:
+        chosen = allocation.get(job.name)
+        pick = getattr(job.speedup, "strategy_at", None)
+        if not chosen or pick is None:
+            continue
+        if job.strategy is not None and set(chosen) == set(previous.get(job.name, ())):
+            allocation.strategies[job.name] = job.strategy
+        else:
+            allocation.strategies[job.name] = str(pick(len({host[w] for w in chosen}), len(chosen)))
+    return allocation
 
 
 def job_names(jobs: Sequence[JobSpec]) -> list[str]:
@@ -151,7 +196,7 @@ def check_allocation(
     allocation: Mapping[str, Sequence[str]],
     jobs: Sequence[JobSpec],
     workers: Mapping[str, str] | Sequence[str],
-) -> Allocation:
+) -> Allocated:
     """The allocation as ``{job: workers}`` without empty entries, or a SchedulerError naming the fault.
 
     A caller that catches the error keeps its previous allocation (the scheduler's rule).
@@ -164,7 +209,7 @@ def check_allocation(
     specs = {j.name: j for j in jobs}
     known = set(workers)
     owner: dict[str, str] = {}
-    out: Allocation = {}
+    out = Allocated()
     for name, chosen in allocation.items():
         if name not in specs:
             raise SchedulerError(
@@ -190,6 +235,8 @@ def check_allocation(
             )
         if chosen:
             out[name] = chosen
+    named = getattr(allocation, "strategies", None) or {}
+    out.strategies = {k: str(v) for k, v in named.items() if k in out}
     return out
 
 
