@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distlab.calibration import repeat
 from distlab.calibration.measure import (
     MODEL_PASSES,
     Progress,
@@ -21,6 +23,7 @@ from distlab.calibration.measure import (
     measure_training_loop,
     plan_models,
 )
+from distlab.calibration.repeat import LINK_REPEATS
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
 from distlab.errors import CalibrationError, check_positive
@@ -48,7 +51,7 @@ WIDE_WIDTHS = (768, 2048)
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
-CALIBRATION_FORMAT = 21
+CALIBRATION_FORMAT = 22
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 # seconds of the stages before the models' on a LocalCluster: collectives (CALIBRATION_BUDGET), the
 # reference models' profiles and training loop; what an announced estimate adds for them
@@ -95,9 +98,11 @@ def calibrate_cluster(
 
     The host's CPU accounting is watched meanwhile (cluster/load.py): a calibration during which
     other programs used the cores is returned for this session with a ``CalibrationWarning``
-    naming them, marked ``fingerprint["disturbed"]``, and never cached.
+    naming them, marked ``fingerprint["disturbed"]``, and never cached. So is one whose repeated
+    stages disagree (calibration/repeat.py): ``fingerprint["repeatability"]`` holds each stage's
+    spread, ``fingerprint["unrepeatable"]`` the stage past ``repeat.REPEAT_LIMIT``.
     """
-    from distlab.cluster.load import LoadMonitor, warn_disturbed, warn_if_workers_changed
+    from distlab.cluster.load import CalibrationWarning, LoadMonitor, warn_disturbed, warn_if_workers_changed
     from distlab.costmodel import CostModel
 
     res = cluster.resources
@@ -141,15 +146,21 @@ def calibrate_cluster(
         "these measurements describe that load, not the cluster, so this calibration is used for this "
         "session only and not cached; stop those programs and run lab.calibrate() again",
     )
+    worst = repeat.unrepeatable(
+        [repeat.StageSpread(**d) for d in cm.fingerprint.get("repeatability") or []], repeat.REPEAT_LIMIT
+    )
+    if worst is not None and not disturbed:  # under load, the load's warning already says why
+        warnings.warn(repeat.refusal(worst, repeat.REPEAT_LIMIT), CalibrationWarning, stacklevel=3)
     cm = cm.with_params(
         cm.params,
         disturbed=disturbed,
+        unrepeatable=None if worst is None else worst.to_dict(),
         load=[
             {"host": h.host, "cores": h.cores, "foreign": round(h.foreign, 3), "seconds": round(h.seconds, 1)}
             for h in loads
         ],
     )
-    if cache and not disturbed:
+    if cache and not disturbed and worst is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         cm.save(path)
     return cm
@@ -246,9 +257,9 @@ def _reference_worlds(res: Any) -> list[int]:
 
 
 def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
-    """The units of _calibrate_cluster's progress: the collectives' call, each reference model's
-    profile and at most one training-loop call per pass and world size."""
-    return 1 + len(cases) + loop_parts(_reference_worlds(res))
+    """The units of _calibrate_cluster's progress: the collectives' calls (one a repeat), each
+    reference model's profile and at most one training-loop call per pass and world size."""
+    return LINK_REPEATS + len(cases) + loop_parts(_reference_worlds(res))
 
 
 def _measure_collectives(

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from distlab.calibration.repeat import LINK_REPEATS, link_figures, median_rows, pass_figures, stage_spread
 from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_features
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from distlab.costmodel.model import CostModel
     from distlab.profiling.model_profile import ModelProfile
 
-# seconds of microbenchmarks in all: a whole calibration stays near a minute on a LocalCluster
+# seconds of microbenchmarks a repeat may take at most (a LocalCluster's end well within it)
 CALIBRATION_BUDGET = 20.0
 OVERHEAD_STEPS = 10  # steps of a short training-loop case in one pass
 # cases predicted shorter than SHORT_STEP run OVERHEAD_PASSES passes over every world size in turn,
@@ -122,12 +123,18 @@ def ranks_label(worlds: Sequence[int]) -> str:
     return f"{hi} rank{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} ranks"
 
 
-def measure_links(cluster: Cluster, sizes: Any = None, bar: Progress | None = None) -> Any:
+def measure_links(
+    cluster: Cluster, sizes: Any = None, bar: Progress | None = None, repeats: int = LINK_REPEATS
+) -> Any:
     """The first stage of a calibration alone: every collective at ``sizes`` (bytes; None:
-    ``DEFAULT_SIZES``) on every world size of ``cluster``, fitted to an alpha-beta per collective
-    and link class (within a host, between hosts). A ``CostModel`` whose compute and training
-    loop are the defaults: what the links cost, in about ``CALIBRATION_BUDGET`` seconds."""
+    ``DEFAULT_SIZES``) on every world size of ``cluster``, ``repeats`` times, each point's median
+    over the repeats fitted to an alpha-beta per collective and link class (within a host, between
+    hosts). A ``CostModel`` whose compute and training loop are the defaults: what the links cost,
+    in about ``CALIBRATION_BUDGET`` seconds; its ``fingerprint["repeatability"]`` holds the stage's
+    spread over the repeats (calibration/repeat.py)."""
     from distlab.costmodel import CostModel
+    from distlab.costmodel.calibrate import fit_microbenchmarks
+    from distlab.costmodel.params import CostParams
 
     res = cluster.resources
     if res.world < 2:
@@ -136,21 +143,35 @@ def measure_links(cluster: Cluster, sizes: Any = None, bar: Progress | None = No
         )
     bar = bar or Progress(1, f"measuring links on {res.world} ranks", False)
     worlds = list(range(2, res.world + 1))
-    bar.start(f"collectives at {ranks_label(worlds)}")
-    try:
-        out = cluster.run_ranks(
-            microbench_worlds,
-            list(sizes) if sizes else None,
-            worlds,
-            CALIBRATION_BUDGET,
-            cluster.timeout,
-            timeout=CALIBRATION_BUDGET + 2 * cluster.timeout,
-            on_tick=bar.ticks(len(worlds) * len(sizes or DEFAULT_SIZES) * len(COLLECTIVES)),
-        )
-    except LaunchError as exc:
-        raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
-    bar.done()
-    return CostModel.from_microbenchmarks(out[0], res)
+    # each repeat has the whole budget: it only bounds a slow link's sizes (the largest run last and are
+    # the ones a budget cuts), and a LocalCluster's collectives end well within it
+    budget = CALIBRATION_BUDGET
+    runs = []
+    for i in range(repeats):
+        bar.start(f"collectives at {ranks_label(worlds)}, repeat {i + 1} of {repeats}")
+        try:
+            out = cluster.run_ranks(
+                microbench_worlds,
+                list(sizes) if sizes else None,
+                worlds,
+                budget,
+                cluster.timeout,
+                timeout=budget + 2 * cluster.timeout,
+                on_tick=bar.ticks(len(worlds) * len(sizes or DEFAULT_SIZES) * len(COLLECTIVES)),
+            )
+        except LaunchError as exc:
+            raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
+        runs.append(out[0])
+        bar.done()
+    cm = CostModel.from_microbenchmarks(median_rows(runs), res)
+    fits = []
+    for rows in runs:  # each repeat fitted alone: how far its predictions lie from the others'
+        try:
+            fits.append(fit_microbenchmarks(rows, CostParams())[0])
+        except CalibrationError:
+            continue  # a repeat with too few points to fit says nothing of the spread
+    found = stage_spread("collectives", link_figures(fits, res.world))
+    return cm.with_params(cm.params, repeatability=[found.to_dict()] if found else [])
 
 
 def reference_fit_rows(profiles: Sequence[Any], local: Sequence[LocalStep]) -> list[ComputeFitRow]:
@@ -330,6 +351,9 @@ def measure_training_loop(
     steps: dict[int, list[list[list[float]]]] = {
         k: [[[] for _ in plans[k]] for _ in range(k)] for k in worlds
     }
+    # each figure pass by pass (the slowest rank's median step), for the stage's repeatability
+    local_passes: dict[str, list[float]] = {}
+    loop_passes: dict[str, list[float]] = {}
     # pass after pass over the world sizes (each pass in the other direction), so the passes of a
     # world size's cases lie apart in time and a slow minute of the machine hits every world size
     # a little, not one of them wholly (evidence: docs/cost-model.md §History and evidence)
@@ -368,6 +392,13 @@ def measure_training_loop(
                     local[k][r][j].extend(own[n])
                 for n, i in enumerate(due):
                     steps[k][r][i].extend(loop[n])
+            for n, j in enumerate(models):
+                figure = f"reference {j} ({type(cases[j][0]).__name__}) at {ranks_label([k])}"
+                local_passes.setdefault(figure, []).append(_pass_step([own[n] for own, _ in per_rank]))
+            for n, i in enumerate(due):
+                j, strategy = plans[k][i]
+                figure = f"{strategy.name} on reference {j} at {ranks_label([k])}"
+                loop_passes.setdefault(figure, []).append(_pass_step([loop[n] for _, loop in per_rank]))
             bar.done()
             left -= 1
         if turn == 0:  # the later passes: the cases short by the local steps now measured
@@ -383,7 +414,24 @@ def measure_training_loop(
         for k in worlds
         for i, (j, s) in enumerate(plans[k])
     ]
-    return cm.with_overhead(rows)
+    cm = cm.with_overhead(rows)
+    found = [
+        spread.to_dict()
+        for spread in (
+            stage_spread("reference models' local steps", pass_figures(local_passes)),
+            stage_spread("training loop", pass_figures(loop_passes)),
+        )
+        if spread is not None
+    ]
+    return cm.with_params(cm.params, repeatability=[*cm.fingerprint.get("repeatability", []), *found])
+
+
+def _pass_step(per_rank: Sequence[Sequence[float]]) -> float:
+    """One pass's figure: the slowest rank's median step (0, left out, when the ranks' steps do not align)."""
+    try:
+        return slowest_median(per_rank)
+    except ValueError:
+        return 0.0
 
 
 def _with_local(

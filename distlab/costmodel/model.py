@@ -569,7 +569,10 @@ class CostModel:
             if self.fingerprint.get("calibrated")
             else "uncalibrated"
         )
-        return f"<CostModel {src} {self.fingerprint.get('hash', '')}>".replace(" >", ">")
+        spreads = self.fingerprint.get("repeatability") or []
+        repeats = f", repeats within {max(d['spread'] for d in spreads):.1%}" if spreads else ""
+        head = f"<CostModel {src} {self.fingerprint.get('hash', '')}".rstrip()
+        return f"{head}{repeats}>"
 
     def _repr_html_(self) -> str:
         import html
@@ -579,9 +582,23 @@ class CostModel:
             f"us</td><td>{1 / b / 1e9 if b else float('inf'):.3f} GB/s</td></tr>"
             for k, (a, b) in sorted(self.params.alpha_beta.items())
         )
+        spreads = self.fingerprint.get("repeatability") or []
+        # each repeated stage's spread: how far another calibration of this cluster would move
+        repeat = "".join(
+            f"<li>{html.escape(d['stage'])}: {d['spread']:.1%} (median of {d['figures']} figures over "
+            f"{d['repeats']} repeats; worst {d['worst']:.1%}, {html.escape(str(d['worst_at']))})</li>"
+            for d in spreads
+        )
+        bad = self.fingerprint.get("unrepeatable")
         return (
             f"<p><b>{html.escape(repr(self))}</b> contention {self.params.contention:.3f}, optimizer "
             f"{self.params.optimizer_per_byte * 1e9:.3f} ns/byte</p>"
+            + (f"<p>Repeatability (spread of each stage's repeats):</p><ul>{repeat}</ul>" if repeat else "")
+            + (
+                f"<p><b>Not cached</b>: the {html.escape(bad['stage'])} stage did not repeat.</p>"
+                if isinstance(bad, dict)
+                else ""
+            )
             + (
                 f"<table><tr><th>collective/link</th><th>alpha</th><th>bandwidth</th></tr>{rows}</table>"
                 if rows

@@ -87,8 +87,27 @@ def test_recovers_alpha_beta_per_collective_and_link_despite_noise_and_an_outlie
     for coll, (a, b) in TRUE.items():
         for link, slow in (("intra", 1.0), ("inter", 5.0)):
             fa, fb = cm.params.alpha_beta[f"{coll}/{link}"]
+            if (coll, link) == ("sendrecv", "inter"):  # priced at the one-way rate (next test)
+                b = TRUE["send"][1]
             assert fb == pytest.approx(b * slow, rel=0.05), (coll, link)
             assert fa == pytest.approx(a, rel=0.25), (coll, link)
+
+
+def test_an_exchange_between_hosts_is_priced_at_the_links_one_way_rate():
+    # the exchange measured at half the one-way rate (the slow mode of a bimodal measurement):
+    # gossip across hosts is priced at the one-way rate all the same, the measured fit is kept
+    cm = CostModel.from_microbenchmarks(synthetic_rows(noise=0.0, outlier=False))
+    send, exchange = cm.params.alpha_beta["send/inter"], cm.params.alpha_beta["sendrecv/inter"]
+    assert exchange[1] == pytest.approx(send[1]) and exchange[1] == pytest.approx(
+        5 * TRUE["send"][1], rel=1e-3
+    )
+    assert exchange[0] == pytest.approx(TRUE["sendrecv"][0], rel=0.05)  # its own latency
+    measured = cm.fingerprint["sendrecv_inter_measured"]
+    assert measured[1] == pytest.approx(5 * TRUE["sendrecv"][1], rel=1e-3)
+    # within a host, and on one host, nothing is repriced
+    assert cm.params.alpha_beta["sendrecv/intra"][1] == pytest.approx(TRUE["sendrecv"][1], rel=1e-3)
+    one_host = [r for r in synthetic_rows(noise=0.0, outlier=False) if r.get("link") != "inter"]
+    assert "sendrecv_inter_measured" not in CostModel.from_microbenchmarks(one_host).fingerprint
 
 
 def test_contention_and_optimizer_cost_are_fitted():
