@@ -15,7 +15,9 @@ README names for any Jupyter ("Python 3"); the first block of each file defines 
 from __future__ import annotations
 
 import ast
+import multiprocessing
 import re
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,24 +100,60 @@ def test_marked_block(block: Block):
     pytest.skip(f"{block.where()}: {block.skip}")
 
 
-@pytest.mark.parametrize("path", documents(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_document_runs_as_written(path: Path, tmp_path: Path):
+# documents run at once, each in its own kernel: a kernel's and a Lab's start wait seconds on
+# imports and processes, and this test checks that every block runs and shows, not how fast
+DOCUMENTS_AT_ONCE = 2
+
+
+def _execute(path: str, folder: str) -> tuple[str, str | None]:
+    """(pool process) ``path``'s runnable blocks as the cells of one notebook, run in a fresh
+    "python3" kernel in ``folder``: the notebook as it ran (JSON) and the error, if a cell failed."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    runnable = [b for b in blocks(path) if not b.skip]
-    if not runnable:
-        pytest.skip(f"{path.name}: every block is marked ({'; '.join(b.skip or '' for b in blocks(path))})")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(b.source) for b in runnable]
-    where = {"metadata": {"path": str(tmp_path)}}  # files the examples write land in a scratch folder
+    nb.cells = [nbformat.v4.new_code_cell(b.source) for b in blocks(Path(path)) if not b.skip]
+    where = {"metadata": {"path": folder}}  # files the examples write land in a scratch folder
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources=where)
+    error = None
     try:
         client.execute()
     except CellExecutionError as exc:
+        error = str(exc)
+    return nbformat.writes(nb), error
+
+
+@pytest.fixture(scope="module")
+def executed(request, tmp_path_factory) -> dict[Path, Future]:
+    """``{path: future of _execute}`` for every selected document with a runnable block,
+    ``DOCUMENTS_AT_ONCE`` at a time in the order of ``documents()``."""
+    selected = [
+        item.callspec.params["path"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_document_runs_as_written"
+    ]
+    pool = ProcessPoolExecutor(DOCUMENTS_AT_ONCE, mp_context=multiprocessing.get_context("spawn"))
+    out = {
+        p: pool.submit(_execute, str(p), str(tmp_path_factory.mktemp(p.stem)))
+        for p in selected
+        if any(not b.skip for b in blocks(p))
+    }
+    yield out
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.timeout(900)  # a document waits for the ones before it in the pool (2-5 minutes in all)
+@pytest.mark.parametrize("path", documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_document_runs_as_written(path: Path, executed: dict[Path, Future]):
+    runnable = [b for b in blocks(path) if not b.skip]
+    if not runnable:
+        pytest.skip(f"{path.name}: every block is marked ({'; '.join(b.skip or '' for b in blocks(path))})")
+    text, error = executed[path].result()
+    nb = nbformat.reads(text, as_version=4)
+    if error is not None:
         failed = next((b for b, c in zip(runnable, nb.cells) if _errored(c)), None)
         where = failed.where() if failed else path.name
-        pytest.fail(f"{where}: the block fails as written:\n{exc}", pytrace=False)
+        pytest.fail(f"{where}: the block fails as written:\n{error}", pytrace=False)
     for b, cell in zip(runnable, nb.cells):
         if shows_something(b.source):
             shown = [o for o in cell.outputs if o.output_type in ("execute_result", "display_data", "stream")]
