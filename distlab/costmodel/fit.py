@@ -69,16 +69,14 @@ def host_classes(theta: dict[str, float]) -> list[int]:
     return sorted(int(k.rsplit("_", 1)[1]) for k in theta if k.startswith("beta_inter_"))
 
 
-def _nearest_class(nodes: np.ndarray, classes: list[int]) -> np.ndarray:
-    below = np.array([max([c for c in classes if c <= n], default=classes[0]) for n in nodes.tolist()])
-    return below.astype(int)
-
-
 def _beta_inter(theta: dict[str, float], nodes: np.ndarray) -> np.ndarray | float:
     classes = host_classes(theta)
     if not classes:
         return theta["beta_inter"]
-    return np.array([theta[f"beta_inter_{c}"] for c in _nearest_class(nodes, classes).tolist()])
+    betas = np.array([theta[f"beta_inter_{c}"] for c in classes])
+    # the nearest measured host count at or below each row's, else the smallest measured
+    at = np.searchsorted(np.array(classes), np.asarray(nodes), side="right") - 1
+    return betas[np.maximum(at, 0)]
 
 
 def step_time(theta: dict[str, float], cols: dict[str, np.ndarray]) -> np.ndarray:

@@ -163,11 +163,15 @@ class ArtifactJob:
         return JobSpec(self.name, self.speedup_fn(), 0, cap, self.arrival, now - self.arrival,
                        self.restarts or 0, self.attained)  # fmt: skip
 
+    def goodput_fn(self) -> GoodputFunction:
+        """The goodput model the job's speedup and batch choice read (Pollux's, fitted to its steps)."""
+        return GoodputFunction(self.perf_params, self.grad_params, self.app.init_batch_size)
+
     def speedup_fn(self) -> SpeedupFunction | None:
         if self.perf_params is None:
             return None  # nothing measured yet: speedup = replicas
         app = self.app
-        fn = GoodputFunction(self.perf_params, self.grad_params, app.init_batch_size)
+        fn = self.goodput_fn()
         return SpeedupFunction(fn, app.max_batch_size, (app.min_local_bsz, app.max_local_bsz), True)
 
     def _set_local_bsz(self) -> None:
@@ -177,7 +181,7 @@ class ArtifactJob:
         if batch is None and self.perf_params is None:
             batch = max(app.init_batch_size, app.min_local_bsz * replicas)
         if batch is None:
-            fn = GoodputFunction(self.perf_params, self.grad_params, app.init_batch_size)
+            fn = self.goodput_fn()
             _, self.atomic_bsz, self.accum_steps = fn.optimize(
                 nodes, replicas, app.max_batch_size, (app.min_local_bsz, app.max_local_bsz), True
             )
@@ -246,9 +250,15 @@ class ArtifactJob:
 
 
 def load_workload(
-    number: int, *, fixed: bool = False, load: str = "", root: Path = DATA
+    number: int,
+    *,
+    fixed: bool = False,
+    load: str = "",
+    root: Path = DATA,
+    job: type[ArtifactJob] | None = None,
 ) -> list[ArtifactJob]:
-    """Workload ``number`` (1-8) of the artifact; ``fixed``: jobs keep the workload's replicas and batch."""
+    """Workload ``number`` (1-8) of the artifact; ``fixed``: jobs keep the workload's replicas and batch;
+    ``job``: the job class (ArtifactJob, or a subclass with another goodput model)."""
     import pandas as pd
 
     path = root / f"workloads{'-' + load if load else ''}" / f"workload-{number}.csv"
@@ -256,25 +266,32 @@ def load_workload(
         raise SchedulerError(f"no artifact workload {path}; number is 1-8")
     jobs = []
     for row in pd.read_csv(path).to_dict("records"):
-        job = ArtifactJob(str(row["name"]), float(row["time"]), application(str(row["application"])))
+        one = (job or ArtifactJob)(str(row["name"]), float(row["time"]), application(str(row["application"])))
         if fixed:
-            job.fixed_replicas, job.fixed_batch = int(row["num_replicas"]), int(row["batch_size"])
+            one.fixed_replicas, one.fixed_batch = int(row["num_replicas"]), int(row["batch_size"])
         elif row["application"] == "ncf":
-            job.fixed_batch = 32768  # as the artifact's Pollux run
-        jobs.append(job)
+            one.fixed_batch = 32768  # as the artifact's Pollux run
+        jobs.append(one)
     return jobs
 
 
 def replay(
-    number: int, policy: Policy | str, *, fixed: bool | None = None, interval: float = 60.0
+    number: int,
+    policy: Policy | str,
+    *,
+    fixed: bool | None = None,
+    interval: float = 60.0,
+    job: type[ArtifactJob] | None = None,
 ) -> SimResult:
     """One artifact workload on its cluster (16 hosts x 4 GPUs) under ``policy``.
 
     FIFO jobs ask for the workload's replicas and batch (as the artifact's Tiresias baseline), the
     goodput policy's jobs adapt their own (as its Pollux run), unless ``fixed`` says otherwise.
+    ``job``: the job class, e.g. ``artifact_distlab.DistlabJob`` (distlab's step model).
     """
     fixed = (policy == "fifo") if fixed is None else fixed
-    return simulate(load_workload(number, fixed=fixed), policy, SimCluster(16, 4), interval=interval)
+    jobs = load_workload(number, fixed=fixed, job=job)
+    return simulate(jobs, policy, SimCluster(16, 4), interval=interval)
 
 
 def reference(root: Path = DATA) -> dict[str, Any]:
