@@ -24,11 +24,11 @@ from distlab.runs import ckpt_dirs, prepare
 from distlab.runs import validate as _v
 from distlab.runs.forecast import refit_after_run
 from distlab.runs.prepare import ProfileCache
-from distlab.runs.report import runs_frame
+from distlab.runs.report import lab_card, runs_frame
 from distlab.runs.route import LabSide, LaunchRequest, Route
 from distlab.runs.run import CANCEL_WITHIN, Run, RunHooks
 from distlab.sched.lab_cluster import ClusterView
-from distlab.sched.lab_scheduler import DEFAULT_INTERVAL, LabScheduler, lab_policy
+from distlab.sched.lab_scheduler import DEFAULT_INTERVAL, LabScheduler, asked_workers, lab_policy
 from distlab.sched.queue import LabQueue
 from distlab.torch_route import TorchRoute
 
@@ -66,13 +66,10 @@ class Lab:
     ``LocalCUDACluster`` (one worker per GPU), and ``Lab(n, gpus=True)`` with more workers than
     GPUs lets them share the GPUs in turn (ranks on one device exchange over gloo).
 
-    ``scheduler=None`` (the default): one run at a time, a launch while another runs is refused.
-    ``scheduler="fifo"``, ``"goodput"`` or your own ``distlab.sched.Policy``: runs share the Lab,
-    each on workers of its own (a worker holds one rank of one run: ranks use the default process
-    group of their worker); ``lab.launch(..., workers=N)`` or ``min_workers=``/``max_workers=``
-    asks for them, runs that do not fit wait in order (``run.status`` "queued"), and every
-    ``interval`` seconds (default 30) the policy re-allocates; a run moved to other workers pauses
-    at a step with a checkpoint and resumes there (``lab.queue`` lists them, docs/shared-cluster.md).
+    ``scheduler=None``: one run at a time. ``"fifo"``, ``"goodput"`` or a ``distlab.sched.Policy``:
+    runs share the Lab, each on workers of its own (ranks use their worker's default process group),
+    queued while they do not fit, re-allocated every ``interval`` s (default 30) through a pause at a
+    step with a checkpoint (``lab.queue``; docs/shared-cluster.md).
     """
 
     def __init__(
@@ -245,16 +242,10 @@ class Lab:
             raise LaunchError(f"lab.scale({n!r}): a Lab needs at least 1 worker (lab.close() stops it)")
         self.cluster.check_scalable()  # before any run pauses
         limit = float(timeout or self.timeout)
-        if self._scheduler is not None:  # every run pauses; the scheduler places them on the new set
-            have = self._scheduler.rescale(lambda: self.cluster.scale(n, limit), limit)
-            if have != n:
-                raise LaunchError(
-                    f"lab.scale({n}): the cluster has {have} workers after {limit:g} s; its runs are placed "
-                    "on them; try again, or a longer timeout="
-                )
-            return self.resources
-        paused = [r for r in self._runs if not r.done and r.pause(limit)]
-        have = self.cluster.scale(n, limit)
+        # a shared Lab's runs all pause, and its scheduler places them on the workers there are then
+        shared, grow = self._scheduler, lambda: self.cluster.scale(n, limit)
+        paused = [] if shared else [r for r in self._runs if not r.done and r.pause(limit)]
+        have = shared.rescale(grow, limit) if shared else grow()
         workers = list(self.resources.addresses)
         for run in paused:
             run.resume_on(workers)
@@ -262,6 +253,7 @@ class Lab:
             raise LaunchError(
                 f"lab.scale({n}): the cluster has {have} workers after {limit:g} s"
                 + (f"; run {paused[0].id} resumed on them from its checkpoint" if paused else "")
+                + ("; its runs are placed on them" if shared else "")
                 + "; try again, or a longer timeout="
             )
         return self.resources
@@ -348,12 +340,10 @@ class Lab:
         ``jitter=σ``: every rank's compute varies step to step by σ of its forward+backward (an exponential
         extra wait, RunOptions.jitter), the noise a busy or shared machine adds.
 
-        ``workers=N``: the run takes N workers (default: all of them). On a Lab with a scheduler
-        (``Lab(scheduler=...)``) the launch is not refused while other runs train: the run asks
-        for ``workers`` (or ``min_workers..max_workers``, default 1..all), waits "queued" until
-        the scheduler gives it workers of its own, and may be resized between them (the strategy
-        re-planned each time). A launch while other runs train is predicted only when its
-        model's own step was measured before: measuring it would share their workers.
+        ``workers=N``: the run takes N workers (default: all). On a Lab with a scheduler it asks
+        for ``workers`` (or ``min_workers..max_workers``, default 1..all) while other runs train,
+        waits "queued" for workers of its own and may be resized among them (re-planned each
+        time); it is not predicted while others train (measuring its model would share their workers).
         """
         # Long because its signature and docstring are the launch's reference; the body is the
         # checks every route shares, then the route's launch (runs/route.py)
@@ -370,8 +360,7 @@ class Lab:
             raise LaunchError(
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
             )
-        asked = self._asked_workers(strategy, workers, min_workers, max_workers)
-        view = self._check_share(asked)
+        share = self._share(strategy, workers, min_workers, max_workers)
         request = LaunchRequest(
             model,
             strategy,
@@ -391,63 +380,28 @@ class Lab:
             stragglers,
             jitter,
         )
-        return self._start(lambda side: route.launch(side, request), view, asked, elastic, block)
+        return self._start(lambda side: route.launch(side, request), share, elastic, block)
 
-    def _asked_workers(
-        self, strategy: Any, workers: int | None, min_workers: int | None, max_workers: int | None
-    ) -> tuple[int, int] | None:
-        """The (fewest, most) workers a run asks for; None: every worker, one run at a time."""
-        for name, value in (("workers", workers), ("min_workers", min_workers), ("max_workers", max_workers)):
-            _v.check_positive(name, value, optional=True)
-        if workers is not None and (min_workers, max_workers) != (None, None):
-            raise LaunchError("workers=: give either workers=N or min_workers=/max_workers=, not both")
-        if self._scheduler is None and (min_workers, max_workers) != (None, None):
-            raise LaunchError(
-                "min_workers=/max_workers=: a Lab without a scheduler cannot resize a run within a range; "
-                "start it as dl.Lab(..., scheduler='goodput') (or 'fifo'), or pass workers=N"
-            )
-        if self._scheduler is None and workers is None:
-            return None
-        have = len(self.resources.addresses)
-        world = getattr(strategy, "world", None)  # a Strategy object asks for its own world
-        low = workers or min_workers or 1
-        high = workers or max_workers or (world if isinstance(world, int) else have)
-        if high > have:
-            raise LaunchError(
-                f"workers: {high} asked, but the Lab has {have}; ask for {have} or fewer"
-                + (" (lab.scale(n) grows an embedded Lab)" if self.cluster.local is not None else "")
-            )
-        if low > high:
-            raise LaunchError(f"min_workers={low} is above max_workers={high}; lower min_workers")
-        return low, high
-
-    def _check_share(self, asked: tuple[int, int] | None) -> ClusterView | None:
-        """A shared Lab: open, whole, and the view the run is planned on (its first ``most`` workers,
-        re-planned for the ones it gets); else idle, as one run at a time needs."""
+    def _share(self, strategy: Any, *counts: int | None) -> tuple[ClusterView, int, int] | None:
+        """Open and whole (idle too, one run at a time); the run's view (planned on its first ``most``
+        workers, re-planned for the ones it gets) and the (fewest, most) it asks for."""
+        have, grows = len(self.resources.addresses), self.cluster.local is not None
+        asked = asked_workers(self._scheduler is not None, strategy, *counts, have=have, grows=grows)
         if self._scheduler is None:
             self._check_idle()
         else:
-            self._check_open()
             self.heal()
-        return ClusterView(self.cluster, self.cluster.first(asked[1])) if asked is not None else None
+        return (ClusterView(self.cluster, self.cluster.first(asked[1])), *asked) if asked else None
 
-    def _start(
-        self,
-        make: Callable[[LabSide], tuple[Run, Any]],
-        view: ClusterView | None,
-        asked: tuple[int, int] | None,
-        elastic: bool,
-        block: bool,
-    ) -> Run:
-        """Build a run with its route on the Lab (or the run's view of it), then start it, or queue it
-        on a shared Lab."""
+    def _start(self, make: Callable[[LabSide], Any], share: Any, elastic: bool, block: bool) -> Run:
+        """The run its route ``make`` s on the Lab (or its share of it): started, or queued."""
         busy = any(not r.done for r in self._runs)
-        run, cost_model = make(self._side(view, measure=not busy))
+        run, cost_model = make(self._side(share[0] if share else None, measure=not busy))
         if not busy:
             self.cost_model = cost_model
         self._runs.append(run)
-        if self._scheduler is not None and view is not None and asked is not None:
-            self._scheduler.submit(run, view, asked[0], asked[1], resizable=elastic)
+        if self._scheduler is not None and share:
+            self._scheduler.submit(run, *share, resizable=elastic)
         else:
             run.start()
         if block:
@@ -486,16 +440,17 @@ class Lab:
         """
         from distlab.own_route import launch_own
 
-        asked = self._asked_workers(strategy, workers, min_workers, max_workers) if self._scheduler else None
-        view = self._check_share(asked)
+        # one run at a time: launch_own takes the first ``workers``; a share holds the ones asked for
+        counts = (workers, min_workers, max_workers)
+        share = self._share(strategy, *counts) if self._scheduler else self._check_idle()
         every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
-        count = None if view is not None else workers  # a view holds exactly the workers asked for
+        count = None if share else workers
 
         def make(side: LabSide) -> tuple[Run, Any]:
             run = launch_own(side, train, strategy, count, timeout, seed, elastic, trace, every)
             return run, self.cost_model
 
-        return self._start(make, view, asked, elastic, block)
+        return self._start(make, share, elastic, block)
 
     def probe_staleness(
         self,
@@ -512,17 +467,10 @@ class Lab:
         (runs/staleness.py); ``launch_options`` go to every run (``slowdown=``, ``jitter=``,
         ``loss=``, ``optimizer=``). Pass the result as ``g`` to ``consistency.price`` or as
         ``staleness_cost`` to ``CostModel.rank``: goodput = throughput / g(s)."""
-        from distlab import strategy as strategies
-        from distlab.keras_model import as_module
-        from distlab.runs import staleness as probe
+        from distlab.runs.staleness import probe_on
 
-        prof = _v.variables_profile(as_module(model))  # names and shapes: what a builder places
-
-        def build(options: dict[str, Any]) -> Any:
-            sized = {"batch_size": batch_size} if batch_size else {}
-            return strategies.build(builder, prof, self.resources, servers="all", **sized, **options)
-
-        return probe.probe(self.launch, build, model, data, staleness, steps, **launch_options)
+        res, options = self.resources, launch_options
+        return probe_on(self.launch, res, model, data, staleness, steps, builder, batch_size, options)
 
     def _side(self, view: ClusterView | None = None, measure: bool = True) -> LabSide:
         """What a route may use of this Lab (runs/route.py): a shared run sees its own workers
@@ -563,8 +511,7 @@ class Lab:
 
     @property
     def scheduler(self) -> LabScheduler | None:
-        """The shared Lab's scheduler (``Lab(scheduler=...)``): its ``policy``, ``interval``,
-        ``notes`` (refused allocations) and ``step()`` (one round now); None: one run at a time."""
+        """A shared Lab's scheduler (``policy``, ``interval``, ``notes``, ``step()``), else None."""
         return self._scheduler
 
     @property
@@ -644,19 +591,7 @@ class Lab:
         if lost := self.lost_workers:
             text = self.cluster.lost_text(lost)
             return f"<p><b>Lab</b>: {html.escape(text)}, {len(self._runs)} runs.</p>"
-        res = self.resources
-        rows = "".join(
-            f"<tr><td>{r.rank}</td><td>{html.escape(r.host)}</td><td>{html.escape(r.device)}</td>"
-            f"<td>{html.escape(a)}</td></tr>"
-            for r, a in zip(res.ranks, res.addresses)
-        )
         how = self.calibrate_call()
         calibrated = self.cost_model is not None and self.cost_model.fingerprint.get("calibrated")
         cm = "calibrated" if calibrated else f"not calibrated ({how})"
-        return (
-            f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {len(self._runs)} runs; cost "
-            "model "
-            f"{cm}; checkpoints in {html.escape(str(self.checkpoint_dir))} "
-            "(one per running run, removed when it ends)</p>"
-            f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
-        )
+        return lab_card(self.resources, len(self._runs), cm, self.checkpoint_dir)

@@ -151,3 +151,20 @@ def _checkpoint_text(run: Any) -> str:
     path = None if ended else run.checkpoint
     info = run.last_checkpoint if ended else ckpt_dirs.last(Path(path).parent) if path else None
     return ckpt_dirs.describe(info, ended)
+
+
+def lab_card(res: Any, runs: int, cost_model: str, checkpoint_dir: Any) -> str:
+    """A live Lab's card in a notebook: its workers (one row each), runs, cost model and checkpoints."""
+    import html
+
+    rows = "".join(
+        f"<tr><td>{r.rank}</td><td>{html.escape(r.host)}</td><td>{html.escape(r.device)}</td>"
+        f"<td>{html.escape(a)}</td></tr>"
+        for r, a in zip(res.ranks, res.addresses)
+    )
+    return (
+        f"<p><b>Lab</b>: {res.world} workers on {res.num_hosts} host(s); {runs} runs; cost model "
+        f"{cost_model}; checkpoints in {html.escape(str(checkpoint_dir))} "
+        "(one per running run, removed when it ends)</p>"
+        f"<table><tr><th>rank</th><th>host</th><th>device</th><th>worker</th></tr>{rows}</table>"
+    )

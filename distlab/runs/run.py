@@ -20,13 +20,13 @@ from distlab.runs import metrics as _metrics
 from distlab.runs.forecast import Forecast, NoForecast
 from distlab.runs.progress import StepBar
 from distlab.runs.report import model_name, run_card, run_row
+from distlab.runs.resize import CANCEL_WITHIN, Resizable
 
 if TYPE_CHECKING:
     from distlab.runs.route import Route
     from distlab.runtime.job import RankJob
 
 LOST_WORKER_GRACE = 2.0  # seconds the scheduler may take to notice a dead worker after a rank saw it
-CANCEL_WITHIN = 10.0  # seconds: every rank stops within this after cancel()
 
 
 class PredictionDriftWarning(DistlabWarning):
@@ -46,7 +46,7 @@ class RunHooks:
     calibrate_call: str = "lab.calibrate()"
 
 
-class Run:
+class Run(Resizable):
     """A launched training job: status, live records, measured throughput, the trained model.
 
     Status goes ``pending -> running -> finished | failed | cancelled`` (on a shared Lab it may
@@ -139,29 +139,6 @@ class Run:
         """Start driving the run (its ranks start on their workers); ``Lab.launch`` calls it."""
         self._client.subscribe_topic(self._topic, self._on_event)
         self._thread.start()
-
-    def mark_queued(self) -> None:
-        """(a shared Lab) The run waits for workers: ``start_on`` starts it, ``cancel`` removes it."""
-        self._status = "queued"
-
-    def start_on(self, workers: list[str]) -> bool:
-        """(a shared Lab's scheduler) Start a queued run on ``workers``, re-planned for them (its
-        route's re-plan reads them from the run's cluster view); False when it was cancelled."""
-        with self._lock:
-            if self._cancel:
-                return False
-            strategy, threads, options = self._replan(list(workers))
-            self.strategy = strategy
-            self._job = dataclasses.replace(
-                self._job,
-                world=len(workers),
-                strategy=strategy,
-                options=dataclasses.replace(self._job.options, **options),
-            )
-            self._workers, self._threads = list(workers), list(threads)
-            self._status = "pending"
-        self.start()
-        return True
 
     # -- live records --------------------------------------------------------------------------
     def _on_event(self, event: Any) -> None:
@@ -302,51 +279,6 @@ class Run:
     def _complete(self, results: list[dict[str, Any]]) -> bool:
         """Every step ran (a stop asked for near the end may come too late to matter)."""
         return not any(r.get("stopped") for r in results)
-
-    def _wait_for_workers(self) -> list[str] | None:
-        """(driver) Paused at a checkpoint: wait for ``resume_on``'s workers (None: cancelled)."""
-        self._status = "paused"
-        self._paused.set()
-        while not self._resume.wait(0.2):
-            if self._cancel:
-                return None
-        self._resume.clear()
-        self._paused.clear()
-        self._pausing = False
-        new, self._resume_with = self._resume_with, None
-        return new
-
-    def pause(self, timeout: float = CANCEL_WITHIN) -> bool:
-        """(Lab.scale) Stop the ranks at a step with a checkpoint written there; True once paused,
-        False if the run ended first. ``resume_on(workers)`` continues it."""
-        if self._done.is_set():
-            return False
-        if self._job.checkpoint_dir is None:
-            raise LaunchError(
-                f"run {self.id}: launched without checkpoints (elastic=False), so it cannot be resized; "
-                "launch with elastic=True"
-            )
-        self._pausing = True
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            group = self._group
-            if group is not None and self._status == "running":
-                group.stop()
-                break
-            if self._done.is_set():
-                return False
-            time.sleep(0.05)
-        while time.monotonic() < deadline:
-            if self._paused.wait(0.1):
-                return True
-            if self._done.is_set():
-                return False
-        raise LaunchError(f"run {self.id}: ranks did not stop within {timeout:g} s for the resize")
-
-    def resume_on(self, workers: list[str]) -> None:
-        """Continue a paused run on ``workers`` from its checkpoint (the data position exact)."""
-        self._resume_with = list(workers)
-        self._resume.set()
 
     def _lost(self, workers: list[str], exc: BaseException) -> list[str]:
         """Workers that left the cluster by themselves (not the ones restarted to stop a stuck rank)."""
@@ -573,12 +505,17 @@ class Run:
         return self._model
 
     @property
+    def model_name(self) -> str:
+        """The launched model's class name (``lab.runs``' and ``lab.queue``'s model column)."""
+        return model_name(self._model0)
+
+    @property
     def world(self) -> int:
         return self.strategy.world if self.strategy is not None else len(self._workers)
 
     def row(self) -> dict[str, Any]:
         """This run's row of ``lab.runs`` (runs/report.py: the columns and what they mean)."""
-        return run_row(self, model_name(self._model0))
+        return run_row(self, self.model_name)
 
     @property
     def step_metrics(self) -> tuple[Any, ...]:

@@ -128,3 +128,28 @@ def staleness_key(s: Any) -> Any:
     integer, or ``"async"`` (also for ``None``, the builders' asynchronous staleness)."""
     consistency_options(s)  # refuses anything else, in one line
     return ASYNC_NAME if s is None else s
+
+
+def probe_on(
+    launch: Callable[..., Any],
+    resources: Any,
+    model: Any,
+    data: Any,
+    staleness: Any,
+    steps: int,
+    builder: str,
+    batch_size: int | None,
+    launch_options: dict[str, Any],
+) -> dict[Any, float]:
+    """``lab.probe_staleness``: ``builder`` built for ``resources`` at each staleness, then ``probe``."""
+    from distlab import strategy as strategies
+    from distlab.keras_model import as_module
+    from distlab.runs.validate import variables_profile
+
+    prof = variables_profile(as_module(model))  # names and shapes: what a builder places
+
+    def build(options: dict[str, Any]) -> Any:
+        sized = {"batch_size": batch_size} if batch_size else {}
+        return strategies.build(builder, prof, resources, servers="all", **sized, **options)
+
+    return probe(launch, build, model, data, staleness, steps, **launch_options)

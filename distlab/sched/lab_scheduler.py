@@ -300,3 +300,41 @@ def lab_policy(scheduler: Any, interval: float | None) -> Policy | None:
     if scheduler == "goodput":
         return GoodputPolicy(restart_delay=LAB_RESTART_DELAY)
     return get_policy(scheduler)
+
+
+def asked_workers(
+    shared: bool,
+    strategy: Any,
+    workers: int | None,
+    min_workers: int | None,
+    max_workers: int | None,
+    *,
+    have: int,
+    grows: bool,
+) -> tuple[int, int] | None:
+    """The (fewest, most) workers a launch asks for on a Lab of ``have`` workers (``shared``: it has
+    a scheduler; ``grows``: ``lab.scale`` can add workers); None: every worker, one run at a time."""
+    from distlab.runs.validate import check_positive
+
+    for name, value in (("workers", workers), ("min_workers", min_workers), ("max_workers", max_workers)):
+        check_positive(name, value, optional=True)
+    if workers is not None and (min_workers, max_workers) != (None, None):
+        raise LaunchError("workers=: give either workers=N or min_workers=/max_workers=, not both")
+    if not shared and (min_workers, max_workers) != (None, None):
+        raise LaunchError(
+            "min_workers=/max_workers=: a Lab without a scheduler cannot resize a run within a range; "
+            "start it as dl.Lab(..., scheduler='goodput') (or 'fifo'), or pass workers=N"
+        )
+    if not shared and workers is None:
+        return None
+    world = getattr(strategy, "world", None)  # a Strategy object asks for its own world
+    low = workers or min_workers or 1
+    high = workers or max_workers or (world if isinstance(world, int) else have)
+    if high > have:
+        raise LaunchError(
+            f"workers: {high} asked, but the Lab has {have}; ask for {have} or fewer"
+            + (" (lab.scale(n) grows an embedded Lab)" if grows else "")
+        )
+    if low > high:
+        raise LaunchError(f"min_workers={low} is above max_workers={high}; lower min_workers")
+    return low, high

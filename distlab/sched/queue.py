@@ -55,8 +55,6 @@ class LabQueue:
         """One row per run, oldest first (module docstring: the columns)."""
         import pandas as pd
 
-        from distlab.runs.report import model_name
-
         rows = []
         for run in self._runs:
             job = self._scheduler.job_of(run) if self._scheduler is not None else None
@@ -73,7 +71,7 @@ class LabQueue:
             rows.append(
                 {
                     "run": run.id,
-                    "model": model_name(run._model0),
+                    "model": run.model_name,
                     "state": state,
                     "workers": len(workers),
                     "allocation": ", ".join(workers),

@@ -83,7 +83,9 @@ class Raises:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with Lab(2, timeout=60, cache_dir=tmp_path_factory.mktemp("cache"), scheduler="fifo", interval=0.5) as lab:
+    with Lab(
+        2, timeout=60, cache_dir=tmp_path_factory.mktemp("cache"), scheduler="fifo", interval=0.5
+    ) as lab:
         yield lab
 
 
@@ -186,8 +188,7 @@ def test_a_reallocation_resizes_a_run_at_the_exact_step(lab, policy):
     poll_for(lambda: run.steps_done >= 30, 60, "30 steps on one worker")
     scripted.counts[run.id] = 2
     assert len(lab.scheduler.step()[run.id]) == 2
-    m = run.metrics
-    poll_for(lambda: ((m := run.metrics)["restart"] == 1).sum() >= 40, 60, "20 steps on two workers")
+    poll_for(lambda: (run.metrics["restart"] == 1).sum() >= 40, 60, "20 steps on two workers")
     run.cancel()
     m = run.metrics
     r0 = m[m["rank"] == 0].sort_values("step")
