@@ -6,6 +6,11 @@
 #                            wait until the node is idle
 #   scripts/slurm.sh down    stop what `up` started (nothing else) and wait until it is gone
 #   scripts/slurm.sh status  sinfo and squeue, or "not running"
+#   scripts/slurm.sh two-up  two emulated Slurm nodes beside it: slurmd in two network namespaces
+#                            (10.97.0.1, 10.97.0.2 on a bridge, as distlab/bench/emulate.py's hosts),
+#                            their own slurmctld and config under $SLURM_DIR/two; Slurm's commands
+#                            reach it with SLURM_CONF=$SLURM_DIR/two/slurm.conf (printed)
+#   scripts/slurm.sh two-down  stop it, remove the namespaces and the bridge
 #
 # $SLURM_DIR (default: .slurm/ in the repository) holds the config, state, logs and pid files.
 # /etc/slurm/slurm.conf is made a link to it while the Slurm is up, so plain `sbatch`/`squeue`
@@ -175,9 +180,119 @@ status() {
     fi
 }
 
+# -- two emulated nodes ------------------------------------------------------------------------------
+TWO="$DIR/two"
+NET=10.97.0
+BRIDGE=dlslurmbr
+
+two_conf() {
+    mkdir -p "$TWO/state" "$TWO/log" "$TWO/spool-emu0" "$TWO/spool-emu1"
+    cat >"$TWO/slurm.conf" <<EOF
+# Written by scripts/slurm.sh two-up: two emulated Slurm nodes (network namespaces) for distlab's tests.
+ClusterName=distlab2
+SlurmctldHost=$NODE($NET.254)
+SlurmctldPort=$(free_port)
+SlurmdPort=$(free_port)
+SlurmUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+StateSaveLocation=$TWO/state
+# %n: each slurmd its own spool, pid file and log (both run on this machine)
+SlurmdSpoolDir=$TWO/spool-%n
+SlurmctldPidFile=$TWO/slurmctld.pid
+SlurmdPidFile=$TWO/slurmd-%n.pid
+SlurmctldLogFile=$TWO/log/slurmctld.log
+SlurmdLogFile=$TWO/log/slurmd-%n.log
+ReturnToService=2
+KillWait=5
+MinJobAge=60
+# one CPU each: the two nodes share this machine's cores
+NodeName=emu0 NodeAddr=$NET.1 NodeHostname=$NODE CPUs=1 RealMemory=4000 State=UNKNOWN
+NodeName=emu1 NodeAddr=$NET.2 NodeHostname=$NODE CPUs=1 RealMemory=4000 State=UNKNOWN
+PartitionName=two Nodes=emu0,emu1 Default=YES MaxTime=INFINITE State=UP
+EOF
+}
+
+two_net() {
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$NET.254/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    for i in 0 1; do
+        ip netns add "dlslurm$i"
+        ip link add "dlsi$i" type veth peer name "dlso$i"
+        ip link set "dlsi$i" netns "dlslurm$i"
+        ip link set "dlso$i" master "$BRIDGE"
+        ip link set "dlso$i" up
+        ip netns exec "dlslurm$i" ip link set lo up
+        ip netns exec "dlslurm$i" ip addr add "$NET.$((i + 1))/24" dev "dlsi$i"
+        ip netns exec "dlslurm$i" ip link set "dlsi$i" up
+        # the notebook's scheduler listens on this machine's own address: reached through the bridge
+        ip netns exec "dlslurm$i" ip route add default via "$NET.254"
+    done
+}
+
+two_up() {
+    install_packages
+    [ "$(id -u)" = 0 ] || cannot "network namespaces and slurmd need root"
+    for tool in ip nsenter; do
+        command -v "$tool" >/dev/null || cannot "'$tool' is not installed (apt-get install iproute2 util-linux)"
+    done
+    ip netns add dlslurmprobe 2>/dev/null || cannot "cannot create a network namespace here"
+    ip netns del dlslurmprobe
+    two_down quiet
+    two_conf
+    two_net
+    DIR="$TWO" start_munge
+    export SLURM_CONF="$TWO/slurm.conf"
+    slurmctld -c -f "$SLURM_CONF"
+    # nsenter, not `ip netns exec`: that remounts /sys for the namespace, hiding /sys/fs/cgroup, and
+    # slurmd then stops with "Unable to initialize cgroup plugin"
+    nsenter --net=/run/netns/dlslurm0 slurmd -f "$SLURM_CONF" -N emu0
+    nsenter --net=/run/netns/dlslurm1 slurmd -f "$SLURM_CONF" -N emu1
+    for _ in $(seq 100); do
+        if [ "$(sinfo -h -o %t | sort -u | tr '\n' ' ')" = "idle " ]; then
+            say "two nodes up: emu0 ($NET.1), emu1 ($NET.2), partition two"
+            echo "SLURM_CONF=$SLURM_CONF"
+            return 0
+        fi
+        sleep 0.2
+    done
+    tail -5 "$TWO"/log/*.log >&2 || true
+    die "the two nodes did not become idle within 20 s (logs above; $TWO/log)"
+}
+
+two_down() {
+    export SLURM_CONF="$TWO/slurm.conf"
+    if alive "$TWO/slurmctld.pid"; then
+        scancel --full --quiet --user=root 2>/dev/null || true
+        for _ in $(seq 50); do
+            [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+            sleep 0.2
+        done
+    fi
+    stop_pidfile "$TWO/slurmd-emu0.pid"
+    stop_pidfile "$TWO/slurmd-emu1.pid"
+    stop_pidfile "$TWO/slurmctld.pid"
+    stop_pidfile "$TWO/munged.pid"
+    for i in 0 1; do
+        ip netns del "dlslurm$i" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    [ "${1:-}" = quiet ] || say "two nodes down"
+}
+
 case "${1:-}" in
     up) up ;;
     down) down ;;
     status) status ;;
-    *) die "usage: scripts/slurm.sh up|down|status" ;;
+    two-up) two_up ;;
+    two-down) two_down ;;
+    *) die "usage: scripts/slurm.sh up|down|status|two-up|two-down" ;;
 esac

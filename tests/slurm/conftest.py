@@ -87,3 +87,36 @@ def importable(monkeypatch):
     here = Path(__file__).resolve().parent
     path = os.pathsep.join([str(ROOT), str(here), os.environ.get("PYTHONPATH", "")])
     monkeypatch.setenv("PYTHONPATH", path)
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Two emulated Slurm nodes (``scripts/slurm.sh two-up``: slurmd in two network namespaces, their
+    own controller), Slurm's commands pointed at them through ``SLURM_CONF`` for the module's tests."""
+    from distlab.cluster.slurm import import_jobqueue
+
+    try:
+        import_jobqueue()
+    except ImportError:
+        pytest.skip("dask-jobqueue is not installed (pip install 'distlab[slurm]')")
+    if os.geteuid() != 0:
+        pytest.skip("two emulated Slurm nodes need root (network namespaces, slurmd)")
+    env = {**os.environ, "SLURM_DIR": str(ROOT / ".slurm")}
+    up = subprocess.run(["bash", str(SCRIPT), "two-up"], capture_output=True, text=True, timeout=600, env=env)
+    if up.returncode == CANNOT:
+        pytest.skip(f"two emulated Slurm nodes cannot start here: {up.stderr.strip().splitlines()[-1]}")
+    assert up.returncode == 0, up.stderr
+    conf = up.stdout.strip().splitlines()[-1].removeprefix("SLURM_CONF=")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SLURM_CONF", conf)
+            yield conf
+    finally:
+        down = subprocess.run(
+            ["bash", str(SCRIPT), "two-down"], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert down.returncode == 0, down.stderr
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert "dlslurm" not in left, f"scripts/slurm.sh two-down left namespaces: {left}"
+        pids = sorted((ROOT / ".slurm" / "two").glob("*.pid"))
+        assert not pids, f"scripts/slurm.sh two-down left these running: {pids}"
