@@ -63,6 +63,7 @@ class WorkerKeeper:
         self.grown = 0
         self.error: str | None = None
         self._launched_on: dict[str, int] = {}  # run id -> the world it had when first seen
+        self._owed: dict[str, Any] = {}  # runs in flight when a job was replaced: grown back once shrunk
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="distlab-slurm-keeper", daemon=True)
         self._thread.start()
@@ -80,13 +81,18 @@ class WorkerKeeper:
         for run in runs:
             self._launched_on.setdefault(run.id, run.world)
         if self.jobs.lost and not self._stop.is_set():
-            self.replaced += self.jobs.heal(within=self.within)
+            replaced = self.jobs.heal(within=self.within)
+            self.replaced += replaced
             self.error = None
-        shrunk = [r for r in runs if r.world < self._launched_on[r.id]]
-        if shrunk and not self._stop.is_set():
-            workers = self._workers()
-            for run in shrunk:
-                self.grown += grow_run(run, workers, self._launched_on[run.id], self.within)
+            if replaced:  # only the runs in flight when a job ended: a run a scheduler shrank stays so
+                self._owed.update((r.id, r) for r in runs)
+        for key, run in list(self._owed.items()):
+            if run.done:
+                del self._owed[key]
+            elif run.world < self._launched_on[key] and not self._stop.is_set():
+                if grow_run(run, self._workers(), self._launched_on[key], self.within):
+                    self.grown += 1
+                    del self._owed[key]
 
     def close(self, within: float = 30.0) -> None:
         """Stop the thread (waiting for a heal under way, at most ``within`` seconds)."""
