@@ -130,8 +130,7 @@ class LabScheduler:
     ) -> LabJob:
         """Queue ``run`` (not started) for ``min_workers..max_workers`` workers; a round runs now."""
         job = LabJob(run, view, min_workers, max_workers, resizable, time.monotonic())
-        with self._lock:
-            self.jobs.append(job)
+        self.jobs.append(job)  # not under the round's lock: a launch never waits for a resize
         run.mark_queued()
         run.on_done.append(lambda _run: self.wake())
         self.wake()
