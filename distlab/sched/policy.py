@@ -37,7 +37,16 @@ class Allocated(dict[str, tuple[str, ...]]):
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One job as a policy sees it at one scheduling round."""
+    """One job as a policy sees it at one scheduling round.
+
+    What a caller (the Lab's scheduler) fills each round: ``name`` (unique), ``max_replicas``
+    (``min_replicas`` for a job that cannot run smaller), ``submitted``, ``age``, ``restarts`` and
+    ``attained`` from its history; ``speedup``: None (linear), any function, or a
+    ``sched.speedup.StrategySpeedup`` (the cost model before it runs, ``with_measurements`` after),
+    with which the allocation's ``strategies`` names the strategy per job; ``restart_cost``:
+    ``sched.restart.restart_seconds(checkpoint_bytes(profile), relaunch, *measure_storage())``;
+    ``strategy``: the one it runs now.
+    """
 
     name: str
     speedup: SpeedupFn | None = None
