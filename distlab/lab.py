@@ -258,6 +258,13 @@ class Lab:
             )
         return self.resources
 
+    def adapt(self, minimum: int, maximum: int) -> None:
+        """A shared Lab's cluster follows its runs, ``minimum..maximum`` workers (sched/lab_adapt.py)."""
+        from distlab.sched.lab_adapt import check_adapt
+
+        self.cluster.check_scalable()
+        check_adapt(self._scheduler, minimum, maximum).wake()
+
     def _check_idle(self) -> None:
         """Open, no run in flight, and the embedded cluster whole again (a worker lost to a crash comes
         back)."""
@@ -473,17 +480,11 @@ class Lab:
         return probe_on(self.launch, res, model, data, staleness, steps, builder, batch_size, options)
 
     def _side(self, view: ClusterView | None = None, measure: bool = True) -> LabSide:
-        """What a route may use of this Lab (runs/route.py): a shared run sees its own workers
-        (``view``), and no cost model when others train (``measure``: measuring its model's step
-        would run on their workers)."""
-        return LabSide(
-            view if view is not None else self.cluster,  # type: ignore[arg-type]  # a Cluster's stand-in
-            self._hooks(),
-            (lambda: self.cost_model) if measure else (lambda: None),
-            self.cache_dir,
-            self.checkpoint_dir,
-            self._profiles,
-        )
+        """What a route may use of this Lab (runs/route.py): a shared run its own workers (``view``);
+        no cost model while others train (``measure``: its model's step would run on their workers)."""
+        cost_model = (lambda: self.cost_model) if measure else (lambda: None)
+        side = (self._hooks(), cost_model, self.cache_dir, self.checkpoint_dir, self._profiles)
+        return LabSide(view if view is not None else self.cluster, *side)  # type: ignore[arg-type]
 
     def _hooks(self) -> RunHooks:
         """What this Lab's runs get from it (runs/run.py)."""

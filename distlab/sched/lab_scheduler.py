@@ -112,6 +112,9 @@ class LabScheduler:
     events: list[dict[str, Any]] = field(default_factory=list)  # (time, run, workers): the plot's lanes
     rounds: int = 0
     reallocations: int = 0  # running runs moved to a new worker set (each a pause and a resume)
+    adapt_range: tuple[int, int] | None = None  # lab.adapt(minimum, maximum): the cluster follows the runs
+    idle_rounds: int = 0  # rounds in a row with a worker no run held
+    sizes: list[dict[str, Any]] = field(default_factory=list)  # lab.adapt's resizes of the cluster
 
     def __post_init__(self) -> None:
         self.policy = get_policy(self.policy)
@@ -167,6 +170,7 @@ class LabScheduler:
             live = [j for j in self.jobs if j.ended is None]
             previous = {j.run.id: j.workers for j in live if j.workers}
             if not live:
+                self._adapt([], now)
                 return {}
             res = self.cluster.resources
             hosts = {a: r.host for a, r in zip(res.addresses, res.ranks)}
@@ -182,6 +186,7 @@ class LabScheduler:
                 self._note(f"round {self.rounds}: the policy raised {what}; previous allocation kept")
                 return previous
             self._apply(alloc, live, now)
+            self._adapt([self._spec(j, now, len(hosts)) for j in live], now)
             return {j.run.id: j.workers for j in live if j.workers}
 
     def _spec(self, job: LabJob, now: float, capacity: int) -> JobSpec:
@@ -216,6 +221,9 @@ class LabScheduler:
             if job.workers:
                 job.attained += len(job.workers) * (now - job.counted)
             job.counted = now
+            if job.workers and job.run.status == "running" and set(job.run.workers) != set(job.workers):
+                job.workers = tuple(job.run.workers)  # it resumed on the survivors of a lost worker
+                self._event(now, job)
             if job.ended is None and job.run.done:
                 job.ended = now
                 if job.workers:
@@ -275,6 +283,32 @@ class LabScheduler:
             have = resize()
         self.wake()
         return have
+
+    def _adapt(self, specs: list[JobSpec], now: float) -> None:
+        """(lab.adapt) Resize the cluster to the jobs' target (sched/lab_adapt.py); a worker to retire
+        that holds a rank has its run paused at a step with a checkpoint first."""
+        if self.adapt_range is None:
+            return
+        from distlab.sched.lab_adapt import adapt_target, retiring
+
+        live = [j for j in self.jobs if j.ended is None]
+        held = {j.run.id: len(j.workers) for j in live}
+        have = len(self.cluster.resources.addresses)
+        self.idle_rounds = self.idle_rounds + 1 if sum(held.values()) < have else 0
+        target = adapt_target(specs, held, have, self.idle_rounds, *self.adapt_range)
+        if target == have:
+            return
+        if target < have:
+            leaving = set(retiring(self.cluster, have - target))
+            for job in live:
+                if leaving & set(job.workers) and job.run.pause(self.pause_within):
+                    job.workers = ()
+                    self._event(now, job)
+        got = self.cluster.scale(target, self.pause_within)
+        self.idle_rounds = 0
+        self.sizes.append({"time": now - self.t0, "from": have, "to": got, "target": target})
+        log.info("adapt: the cluster went from %d to %d workers (target %d)", have, got, target)
+        self.wake()  # the next round places the runs on the workers there are now
 
     def _event(self, now: float, job: LabJob) -> None:
         self.events.append({"time": now - self.t0, "run": job.run.id, "workers": tuple(job.workers)})
