@@ -30,7 +30,8 @@ def test_adapt_grows_for_a_waiting_run_then_retires_its_worker_only_after_checkp
         a.cancel()
         # a's worker idles; the scale-down retires the newest worker, b's: b pauses at a step with a
         # checkpoint first, then resumes on the worker that stays
-        poll_for(lambda: len(lab.workers) == 1 and b.restarts == 1 and b.status == "running", 90, "the shrink")
+        shrunk = lambda: len(lab.workers) == 1 and b.restarts == 1 and b.status == "running"  # noqa: E731
+        poll_for(shrunk, 90, "the shrink, b resumed on the worker that stays")
         at = b.steps_done
         poll_for(lambda: b.steps_done > at + 10, 60, "b to train on after the shrink")
         b.cancel()
