@@ -90,13 +90,15 @@ class LabQueue:
         """What the scheduler refused and why (a policy's bad allocation, a run it could not resize)."""
         return list(self._scheduler.notes) if self._scheduler is not None else []
 
-    def plot(self) -> Any:
+    def plot(self, runs: Any = None) -> Any:
         """Plotly: one lane per worker, a bar for each stretch a run held it (seconds since the Lab's
-        scheduler started); the runs in their own colours."""
-        return allocation_figure(self.intervals(), self._worker_names())
+        scheduler started); the runs in their own colours. ``runs``: only these (Runs or ids)."""
+        return allocation_figure(self.intervals(runs), self._worker_names())
 
-    def intervals(self) -> list[dict[str, Any]]:
-        """Each stretch a run held a worker: ``{"worker", "run", "start", "end"}`` (seconds)."""
+    def intervals(self, runs: Any = None) -> list[dict[str, Any]]:
+        """Each stretch a run held a worker: ``{"worker", "run", "start", "end"}`` (seconds), of
+        every run or only ``runs`` (Runs or their ids)."""
+        keep = None if runs is None else {getattr(r, "id", r) for r in runs}
         if self._scheduler is None:
             return []
         now = time.monotonic() - self._scheduler.t0
@@ -111,6 +113,7 @@ class LabQueue:
             for w in set(ev["workers"]) - mine:
                 held[(ev["run"], w)] = ev["time"]
         out += [{"worker": w, "run": r, "start": t, "end": now} for (r, w), t in held.items()]
+        out = [i for i in out if keep is None or i["run"] in keep]
         return sorted(out, key=lambda i: (i["start"], i["worker"]))
 
     def _worker_names(self) -> list[str]:

@@ -129,8 +129,9 @@ def test_two_runs_train_at_once_on_a_worker_each_and_a_third_waits_then_runs(lab
     started = {e["run"]: e["time"] for e in reversed(lab.scheduler.events) if e["workers"]}
     ended = {e["run"]: e["time"] for e in lab.scheduler.events if not e["workers"]}
     assert started[c.id] >= ended[a.id]  # it started once a worker came free, not before
-    lanes = {i["worker"] for i in lab.queue.intervals()}
-    assert len(lab.queue.plot().data) >= 3 and len(lanes) == 2
+    held = {i["run"]: i["worker"] for i in lab.queue.intervals(runs=[a, b, c])}  # one stretch each
+    assert held[c.id] == held[a.id] != held[b.id]  # c took the worker a freed
+    assert len(lab.queue.plot(runs=[a, b, c]).data) == 3  # a lane per worker, a colour per run
 
 
 @pytest.mark.timeout(120)
