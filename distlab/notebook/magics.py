@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -24,16 +23,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from distlab.conventions import is_keras_loss_name
-from distlab.errors import (
-    DistlabError,
-    DistlabWarning,
-    LaunchError,
-    check_positive,
-    did_you_mean,
-    match_name,
-)
+from distlab.errors import DistlabError, DistlabWarning, check_positive, did_you_mean, match_name
 from distlab.notebook.run_magic import RunMagic
 from distlab.notebook.session import DEFAULT_BATCH, NotebookSession
+from distlab.notebook.slurm_start import start_slurm_lab
 
 WIDTH = 88  # %distlab help fits this many columns
 _CLUSTER_KINDS = ("status", "local", "slurm", "stop")
@@ -322,7 +315,9 @@ class DistlabMagics(RunMagic, Magics):
                 )
             lab = self.session.start_lab(workers=a.n)
         elif what == "slurm":
-            lab = self._start_slurm(a.n, slurm_options)
+            if a.n is None or a.n <= 0:
+                raise UsageError(f"slurm N: N must be a positive number of worker jobs, got {a.n}")
+            lab = start_slurm_lab(self.session, a.n, slurm_options)
         elif "://" in a.what or ":" in a.what:
             lab = self.session.start_lab(address=a.what)
         else:
@@ -337,35 +332,6 @@ class DistlabMagics(RunMagic, Magics):
         )
         display(lab)
         return None
-
-    def _start_slurm(self, n: int | None, options: dict[str, Any]) -> Any:
-        """``cluster slurm N``: a Lab on N Slurm jobs, then the old Lab stopped (a failed start keeps
-        it, as ``session.start_lab`` does for the others); the stop button cancels the new jobs."""
-        from distlab.cluster.interrupts import interrupts_held
-        from distlab.cluster.slurm import WHO
-        from distlab.lab import Lab
-
-        if n is None or n <= 0:
-            raise UsageError(f"slurm N: N must be a positive number of worker jobs, got {n}")
-        names = {"gpus": "gpus_per_worker"}  # the Lab's names for the options
-        given = {names.get(k, k): v for k, v in options.items() if v is not None}
-        kept = "; the previous cluster is still running" if self.session.current_lab is not None else ""
-        with interrupts_held(reraise=False) as pressed:
-            try:
-                lab = Lab(cluster="slurm", workers=n, **given)
-            except DistlabError as exc:
-                # the Lab's words name its arguments (partition=); here they are the magic's options
-                text = str(exc).replace(WHO, "%distlab cluster slurm").replace("gpus_per_worker", "gpus")
-                text = re.sub(_LAB_OPTION, _as_option, text)
-                raise LaunchError(text + kept) from None
-            if pressed:
-                lab.close()
-                raise KeyboardInterrupt
-            lab.via_magics = True
-            if self.session.current_lab is not None:
-                self.session.stop_lab()  # keeps its runs in the notebook's history
-            self.session.current_lab = lab
-        return lab
 
     def cmd_calibrate(self, argv: list[str]) -> Any:
         """Calibrate the cost model on the cluster: collectives, the training loop, and each
@@ -556,15 +522,6 @@ _MODEL_HELP = "\n".join(
         WIDTH,
     )
 )
-
-
-# a Slurm Lab's argument in its error: "partition='gpu'", "cores=", "cores must be ..."
-_LAB_OPTION = re.compile(r"(?<![\w-])(partition|walltime|memory|cores|gpus)(?:=([\w'\"]?)|(?= must be))")
-
-
-def _as_option(match: re.Match[str]) -> str:
-    """A Lab argument in an error (``partition='gpu'``) as the magic's option (``--partition 'gpu'``)."""
-    return f"--{match[1]}" + (f" {match[2]}" if match[2] else "")
 
 
 def _dedent(doc: str | None) -> str:
