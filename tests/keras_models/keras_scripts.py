@@ -75,19 +75,22 @@ def several(calls: list) -> dict:
     """Each ``[key, function_name, args]`` of ``calls`` in this one process, on one shared Lab of
     2 workers (a process start, Keras's import and a Lab's start cost seconds each):
     ``{key: result}``, a failed call's result ``{"failed": its traceback}``."""
+    import time
     import traceback
 
     import distlab as dl
 
-    out = {}
+    out: dict = {"seconds": {}}  # each call's, for whoever trims the suite
     _SHARED[2] = dl.Lab(workers=2)
     _SHARED["cache_dir"] = _SHARED[2].cache_dir
     try:
         for key, name, args in calls:
+            t0 = time.monotonic()
             try:
                 out[key] = globals()[name](*args)
             except Exception:  # noqa: BLE001 - the test of this call reports it
                 out[key] = {"failed": traceback.format_exc()[-4000:]}
+            out["seconds"][key] = round(time.monotonic() - t0, 1)
     finally:
         _SHARED.pop(2).close()
         _SHARED.clear()
@@ -101,17 +104,31 @@ def result(out: dict, key: str) -> dict:
     return out[key]
 
 
-def run(backend: str, name: str, *args, timeout: float = 240) -> dict:
+def start(backend: str, name: str, *args) -> subprocess.Popen:
+    """``name(*args)`` started in a process of its own on Keras ``backend``; ``finish`` reads its result."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(HERE)}
     code = f"import json, keras_scripts as k; print('RESULT ' + json.dumps(k.{name}(*{list(args)!r})))"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, (
-        f"{name} under {backend} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    )
+
+
+def finish(proc: subprocess.Popen, what: str, timeout: float = 240) -> dict:
+    """The result of a process ``start`` began, killed past ``timeout`` seconds."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{what} did not finish within {timeout:g} s:\n{stderr[-3000:]}") from None
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{what} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}"
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def run(backend: str, name: str, *args, timeout: float = 240) -> dict:
+    """``name(*args)`` in a process of its own on Keras ``backend``: its result."""
+    return finish(start(backend, name, *args), f"{name} under {backend}", timeout)
 
 
 def mlp(seed: int = 0):
