@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from distlab.allocator import tune_allocator
+from distlab.allocator import heap_cache, tune_allocator
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime.adaptive import BatchState
 from distlab.runtime.cut import EndRendezvous
@@ -91,7 +91,8 @@ def run_rank(
     backend = resolve_backend(job.strategy.backend, job.device)
     pstore = connect_store(job.master_addr, job.master_port, job.world, job.timeout, job.run_id, store)
     progress = {"step": job.start_step}
-    with process_group(pstore, job.rank, job.world, backend, job.timeout, job.device) as waiter:
+    # the run's freed memory is reused by its next step, not unmapped and faulted in again
+    with heap_cache(), process_group(pstore, job.rank, job.world, backend, job.timeout, job.device) as waiter:
         try:
             if own:
                 from distlab.runtime.own_session import run_own
