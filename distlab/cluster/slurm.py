@@ -353,6 +353,13 @@ class SlurmJobs:
             cluster.sync(cluster._correct_state)
         except Exception as exc:  # noqa: BLE001 - sbatch's exit, as dask-jobqueue's RuntimeError
             self._note_submitted()
+            from distributed.core import Status
+
+            # the refused job never started: SpecCluster's close asserts every job it made did, and
+            # stops short of marking itself closed (an "unclosed cluster" warning at exit)
+            for job in list(cluster._created):
+                if job.status == Status.created:
+                    job.status = Status.failed
             raise LaunchError(
                 f"{WHO}: Slurm refused the worker job: {slurm_message(exc)}{self._hint()}"
             ) from None
