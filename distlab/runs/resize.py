@@ -34,8 +34,12 @@ class Resizable:
     _paused: Any
     _resume: Any
     _resume_with: list[str] | None
+    error: Any
 
     def start(self) -> None:  # Run.start
+        raise NotImplementedError
+
+    def _tell_done(self) -> None:  # Run._tell_done
         raise NotImplementedError
 
     def mark_queued(self) -> None:
@@ -60,6 +64,14 @@ class Resizable:
             self._status = "pending"
         self.start()
         return True
+
+    def refuse(self, error: Exception) -> None:
+        """(a shared Lab's scheduler) A queued run that cannot start on the workers it got ends
+        failed with ``error`` (``run.wait()`` raises it)."""
+        self.error = error
+        self._status = "failed"
+        self._done.set()
+        self._tell_done()
 
     def _wait_for_workers(self) -> list[str] | None:
         """(driver) Paused at a checkpoint: wait for ``resume_on``'s workers (None: cancelled)."""

@@ -259,7 +259,14 @@ class LabScheduler:
                 job.workers = ()
             elif job.started is None:
                 job.view.move_to(new)
-                if not job.run.start_on(list(new)):
+                try:
+                    if not job.run.start_on(list(new)):
+                        continue
+                except Exception as exc:  # noqa: BLE001 - e.g. its strategy does not fit this world
+                    why = f"{type(exc).__name__}: {exc}"
+                    what = f"run {job.run.id} could not start on {len(new)} worker(s): {why}"
+                    job.run.refuse(LaunchError(what))
+                    self._note(f"round {self.rounds}: {what}")
                     continue
                 job.started, job.workers = time.monotonic(), new
             else:
