@@ -69,7 +69,7 @@ class HeldOut:
     source: str
 
 
-def _require(name: str, module: str, dist: str) -> Any:
+def require(name: str, module: str, dist: str) -> Any:
     """Import ``module`` for model ``name``, or say in one line how to install it."""
     try:
         return importlib.import_module(module)
@@ -79,7 +79,7 @@ def _require(name: str, module: str, dist: str) -> Any:
         ) from None
 
 
-def _version(module: Any) -> str:
+def library_version(module: Any) -> str:
     return str(getattr(module, "__version__", "?"))
 
 
@@ -201,7 +201,7 @@ def _gru_lm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.
 
 
 def _resnet_bn(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
-    tf = _require("resnet_bn", "transformers", "transformers")
+    tf = require("resnet_bn", "transformers", "transformers")
     opts = {
         "num_channels": 3,
         "embedding_size": 32,
@@ -215,14 +215,14 @@ def _resnet_bn(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, tor
     x = torch.randn(n, 3, size, size, generator=g)
     y = torch.randint(0, opts["num_labels"], (n,), generator=g)
     src = (
-        f"transformers {_version(tf)} ResNetForImageClassification(ResNetConfig({_kw(opts)})), "
+        f"transformers {library_version(tf)} ResNetForImageClassification(ResNetConfig({_kw(opts)})), "
         f"pixels 3x{size}x{size}"
     )
     return HFLogits(net, "pixel_values"), x, y, src
 
 
 def _bert_cls(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
-    tf = _require("bert_cls", "transformers", "transformers")
+    tf = require("bert_cls", "transformers", "transformers")
     opts = {
         "vocab_size": VOCAB,
         "hidden_size": 256,
@@ -236,14 +236,14 @@ def _bert_cls(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torc
     x, _ = _tokens(g, n)
     y = torch.randint(0, opts["num_labels"], (n,), generator=g)
     src = (
-        f"transformers {_version(tf)} BertForSequenceClassification(BertConfig({_kw(opts)}, "
+        f"transformers {library_version(tf)} BertForSequenceClassification(BertConfig({_kw(opts)}, "
         f"attn_implementation={ATTN_IMPLEMENTATION!r})), seq={SEQ}"
     )
     return HFLogits(net), x, y, src
 
 
 def _gpt2_lm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
-    tf = _require("gpt2_lm", "transformers", "transformers")
+    tf = require("gpt2_lm", "transformers", "transformers")
     opts = {
         "vocab_size": VOCAB,
         "n_positions": 64,
@@ -257,7 +257,7 @@ def _gpt2_lm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch
     net = tf.GPT2LMHeadModel(tf.GPT2Config(**opts, attn_implementation=ATTN_IMPLEMENTATION))
     x, y = _tokens(g, n)
     src = (
-        f"transformers {_version(tf)} GPT2LMHeadModel(GPT2Config({_kw(opts)}, "
+        f"transformers {library_version(tf)} GPT2LMHeadModel(GPT2Config({_kw(opts)}, "
         f"attn_implementation={ATTN_IMPLEMENTATION!r})), seq={SEQ}, lm_head tied to wte"
     )
     return HFLogits(net), x, y, src
@@ -265,9 +265,9 @@ def _gpt2_lm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch
 
 def _deepfm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
     """DeepFM (Guo et al. 2017) on a Criteo-shaped input: 26 categorical and 13 dense fields."""
-    dc = _require("deepfm", "deepctr_torch", "deepctr-torch")
-    inputs = _require("deepfm", "deepctr_torch.inputs", "deepctr-torch")
-    models = _require("deepfm", "deepctr_torch.models", "deepctr-torch")
+    dc = require("deepfm", "deepctr_torch", "deepctr-torch")
+    inputs = require("deepfm", "deepctr_torch.inputs", "deepctr-torch")
+    models = require("deepfm", "deepctr_torch.models", "deepctr-torch")
     sparse, dense, rows, dim, hidden = 26, 13, 15_000, 16, (400, 400, 400)
     cols = [inputs.SparseFeat(f"C{i}", rows, embedding_dim=dim) for i in range(sparse)]
     cols += [inputs.DenseFeat(f"I{i}", 1) for i in range(dense)]
@@ -278,7 +278,7 @@ def _deepfm(g: torch.Generator, n: int) -> tuple[nn.Module, torch.Tensor, torch.
     x = torch.cat([ids, torch.rand(n, dense, generator=g)], dim=1)
     y = torch.randint(0, 2, (n,), generator=g)
     src = (
-        f"deepctr-torch {_version(dc)} DeepFM({sparse} SparseFeat({rows}, "
+        f"deepctr-torch {library_version(dc)} DeepFM({sparse} SparseFeat({rows}, "
         f"embedding_dim={dim}) + {dense} DenseFeat, "
         f"dnn_hidden_units={hidden}, task='regression'), logits [0, z]"
     )

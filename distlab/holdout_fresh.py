@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from distlab.errors import DistlabError, check_positive
-from distlab.heldout import ATTN_IMPLEMENTATION, HeldOut, HFLogits, _require, _version
+from distlab.heldout import ATTN_IMPLEMENTATION, HeldOut, HFLogits, library_version, require
 
 NAMES: tuple[str, ...] = ("tcn", "graph_sage", "moe_mlp", "vit")
 
@@ -203,7 +203,7 @@ def _moe(g: torch.Generator, n: int) -> Built:
 
 
 def _vit(g: torch.Generator, n: int) -> Built:
-    tf = _require("vit", "transformers", "transformers")
+    tf = require("vit", "transformers", "transformers")
     opts = dict(
         image_size=32,
         patch_size=4,
@@ -222,7 +222,7 @@ def _vit(g: torch.Generator, n: int) -> Built:
         HFLogits(net, "pixel_values"),
         x,
         y,
-        f"transformers {_version(tf)} ViTForImageClassification(ViTConfig({kw}))",
+        f"transformers {library_version(tf)} ViTForImageClassification(ViTConfig({kw}))",
     )
 
 

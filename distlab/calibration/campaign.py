@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -88,8 +87,7 @@ def calibrate_cluster(
     batch_size: int = MODEL_BATCH,
     passes: int = MODEL_PASSES,
 ) -> Any:
-    """Run the microbenchmarks on ``cluster`` (or read the result cached in ``cache_dir``) and fit
-    a CostModel.
+    """Run the microbenchmarks on ``cluster`` (or read the result cached in ``cache_dir``); fit a CostModel.
 
     ``models``: nn.Modules, or ``(module, dataset)`` / ``(module, dataset, loss)`` tuples, whose
     own step is measured at every world size the Lab allows, at per-replica batches
@@ -98,11 +96,10 @@ def calibrate_cluster(
 
     The host's CPU accounting is watched meanwhile (cluster/load.py): a calibration during which
     other programs used the cores is returned for this session with a ``CalibrationWarning``
-    naming them, marked ``fingerprint["disturbed"]``, and never cached. So is one whose repeated
-    stages disagree (calibration/repeat.py): ``fingerprint["repeatability"]`` holds each stage's
-    spread, ``fingerprint["unrepeatable"]`` the stage past ``repeat.REPEAT_LIMIT``.
+    naming them, marked ``fingerprint["disturbed"]``, and never cached; so is one whose repeated
+    stages disagree (``fingerprint["unrepeatable"]``, calibration/repeat.py).
     """
-    from distlab.cluster.load import CalibrationWarning, LoadMonitor, warn_disturbed, warn_if_workers_changed
+    from distlab.cluster.load import LoadMonitor, warn_disturbed, warn_if_workers_changed
     from distlab.costmodel import CostModel
 
     res = cluster.resources
@@ -146,15 +143,11 @@ def calibrate_cluster(
         "these measurements describe that load, not the cluster, so this calibration is used for this "
         "session only and not cached; stop those programs and run lab.calibrate() again",
     )
-    worst = repeat.unrepeatable(
-        [repeat.StageSpread(**d) for d in cm.fingerprint.get("repeatability") or []], repeat.REPEAT_LIMIT
-    )
-    if worst is not None and not disturbed:  # under load, the load's warning already says why
-        warnings.warn(repeat.refusal(worst, repeat.REPEAT_LIMIT), CalibrationWarning, stacklevel=3)
+    worst = repeat.warn_unrepeatable(cm.fingerprint.get("repeatability") or [], said=disturbed)
     cm = cm.with_params(
         cm.params,
         disturbed=disturbed,
-        unrepeatable=None if worst is None else worst.to_dict(),
+        unrepeatable=worst and worst.to_dict(),
         load=[
             {"host": h.host, "cores": h.cores, "foreign": round(h.foreign, 3), "seconds": round(h.seconds, 1)}
             for h in loads

@@ -138,3 +138,16 @@ def refusal(stage: StageSpread, limit: float = REPEAT_LIMIT) -> str:
         "this one serves this session and is not cached: stop other work on the machine and run "
         "lab.calibrate() again"
     )
+
+
+def warn_unrepeatable(spreads: Sequence[Mapping[str, Any]], said: bool = False) -> StageSpread | None:
+    """The stage past ``REPEAT_LIMIT`` among a calibration's ``spreads`` (fingerprint form), warned
+    in one ``CalibrationWarning`` line unless ``said`` (a load warning already said why not cached)."""
+    import warnings
+
+    from distlab.cluster.load import CalibrationWarning
+
+    worst = unrepeatable([StageSpread(**d) for d in spreads], REPEAT_LIMIT)
+    if worst is not None and not said:
+        warnings.warn(refusal(worst, REPEAT_LIMIT), CalibrationWarning, stacklevel=4)
+    return worst

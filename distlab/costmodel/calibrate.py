@@ -22,7 +22,7 @@ import numpy as np
 
 from distlab.costmodel.collectives import COLLECTIVES, LINK_CLASSES, factors
 from distlab.costmodel.contention import slowdown, time_slicing
-from distlab.costmodel.links import fit_shared_link
+from distlab.costmodel.links import fit_shared_link, one_way_exchange
 from distlab.costmodel.rows import CollectiveRow, ComputeFitRow, LoopRun, as_rows
 from distlab.errors import CalibrationError
 
@@ -139,22 +139,6 @@ def fit_microbenchmarks(
         if alone > 0:
             info["flops_per_s_alone"] = flops / alone
     return params, info
-
-
-def one_way_exchange(ab: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
-    """Price a pairwise exchange between hosts (``sendrecv/inter``, what gossip's rounds cost) at
-    the link's one-way rate (``send/inter``'s beta; its own alpha kept), in ``ab``; returns the
-    exchange's own fit, or None when either was not measured.
-
-    A link is full duplex, so each direction of an exchange can take the whole one-way rate. The
-    exchange measured alone did not repeat: on one emulated 25 MB/s link, calibrations measured it
-    at 12.2 or 23.3 MB/s while the one-way rate held at 23.9-24.0 (datasets/measurements/README.md);
-    the one-way rate is the figure that repeats."""
-    send, measured = ab.get("send/inter"), ab.get("sendrecv/inter")
-    if send is None or measured is None:
-        return None
-    ab["sendrecv/inter"] = (measured[0], send[1])
-    return measured
 
 
 # a link is measured when sending this many bytes over it costs mostly bandwidth, not only latency

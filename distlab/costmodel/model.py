@@ -29,6 +29,7 @@ from distlab.costmodel.compute import ComputeTable, model_key
 from distlab.costmodel.contention import slowdown, time_slicing
 from distlab.costmodel.evaluate import Batch, Env, evaluate, link_arrays
 from distlab.costmodel.links import bottleneck
+from distlab.costmodel.model_card import card_html, describe
 from distlab.costmodel.native import NativeParams
 from distlab.costmodel.params import CostParams, fingerprint_of, optimizer_kind
 from distlab.costmodel.prediction import MEASURED_STEP, PROFILE, Prediction
@@ -564,47 +565,10 @@ class CostModel:
         )
 
     def __repr__(self) -> str:
-        src = (
-            self.fingerprint.get("source", "uncalibrated")
-            if self.fingerprint.get("calibrated")
-            else "uncalibrated"
-        )
-        spreads = self.fingerprint.get("repeatability") or []
-        repeats = f", repeats within {max(d['spread'] for d in spreads):.1%}" if spreads else ""
-        head = f"<CostModel {src} {self.fingerprint.get('hash', '')}".rstrip()
-        return f"{head}{repeats}>"
+        return describe(self)
 
     def _repr_html_(self) -> str:
-        import html
-
-        rows = "".join(
-            f"<tr><td>{html.escape(k)}</td><td>{a * 1e6:.1f} "
-            f"us</td><td>{1 / b / 1e9 if b else float('inf'):.3f} GB/s</td></tr>"
-            for k, (a, b) in sorted(self.params.alpha_beta.items())
-        )
-        spreads = self.fingerprint.get("repeatability") or []
-        # each repeated stage's spread: how far another calibration of this cluster would move
-        repeat = "".join(
-            f"<li>{html.escape(d['stage'])}: {d['spread']:.1%} (median of {d['figures']} figures over "
-            f"{d['repeats']} repeats; worst {d['worst']:.1%}, {html.escape(str(d['worst_at']))})</li>"
-            for d in spreads
-        )
-        bad = self.fingerprint.get("unrepeatable")
-        return (
-            f"<p><b>{html.escape(repr(self))}</b> contention {self.params.contention:.3f}, optimizer "
-            f"{self.params.optimizer_per_byte * 1e9:.3f} ns/byte</p>"
-            + (f"<p>Repeatability (spread of each stage's repeats):</p><ul>{repeat}</ul>" if repeat else "")
-            + (
-                f"<p><b>Not cached</b>: the {html.escape(bad['stage'])} stage did not repeat.</p>"
-                if isinstance(bad, dict)
-                else ""
-            )
-            + (
-                f"<table><tr><th>collective/link</th><th>alpha</th><th>bandwidth</th></tr>{rows}</table>"
-                if rows
-                else ""
-            )
-        )
+        return card_html(self)
 
 
 def training_bytes(profile: ModelProfile, per_replica: int | None = None, optimizer_states: int = 2) -> int:
