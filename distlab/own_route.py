@@ -203,10 +203,9 @@ def launch_own(
     from distlab.data import describe
     from distlab.runs import validate as _v
     from distlab.runs.forecast import forecast_run
-    from distlab.runs.replan import replan as replan_strategy
     from distlab.runs.run import Run
     from distlab.runtime.job import RankJob, RunOptions
-    from distlab.torch_route import CHECKPOINT_BUDGET, adaptive_run_options
+    from distlab.torch_route import CHECKPOINT_BUDGET, adaptive_run_options, replanner
 
     res = lab.cluster.resources
     if workers is not None:
@@ -271,13 +270,6 @@ def launch_own(
         train_fn=train,
     )
 
-    def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
-        sub = lab.cluster.resources.of_workers(survivors)
-        new = replan_strategy(st, model, sub, profile_fn)
-        adaptive = job.options.adaptive is not None
-        options = adaptive_run_options(lab.cost_model(), profile, sub, new, b, kind) if adaptive else {}
-        return new, lab.cluster.threads_for(survivors), options
-
     hosts = lab.cluster.first(st.world, res)
     run = Run(
         lab.hooks,
@@ -289,7 +281,7 @@ def launch_own(
         lab.cluster.threads_for(hosts, res),
         route=OwnLoopRoute(why),
         elastic=elastic,
-        replan=replan,
+        replan=replanner(lab, job, st, model, lambda: profile, kind),
         forecast=forecast,
         data_info=describe(loader.dataset),
         loss_info=f"what {getattr(train, '__name__', 'train')}(ctx) minimises (your loop)",

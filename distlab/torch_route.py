@@ -30,6 +30,25 @@ if TYPE_CHECKING:
     from distlab.runtime.job import RankJob
 
 
+def replanner(
+    lab: LabSide, job: RankJob, st: Any, model: Any, profile: Callable[[], Any], kind: str | None
+) -> Callable[[list[str]], tuple[Any, list[int], dict[str, Any]]]:
+    """How a run goes on after a loss (``Run``'s ``replan``): the strategy re-planned for the
+    surviving workers (same per-replica batch), their threads, and an adaptive run's controller
+    table priced again for them. ``profile()``: the model's profile at the run's batch."""
+
+    def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
+        sub = lab.cluster.resources.of_workers(survivors)
+        new = replan_strategy(st, model, sub, profile)
+        options = {}
+        if job.options.adaptive is not None:
+            b = int(job.batch_size or st.batch.per_replica)
+            options = adaptive_run_options(lab.cost_model(), profile(), sub, new, b, kind)
+        return new, lab.cluster.threads_for(survivors), options
+
+    return replan
+
+
 class TorchRoute(Route):
     """distlab's runtime: every builder, traced on request, elastic (module docstring)."""
 
@@ -84,15 +103,6 @@ class TorchRoute(Route):
             ),
         )
 
-        def replan(survivors: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
-            sub = lab.cluster.resources.of_workers(survivors)
-            new = replan_strategy(st, model, sub, profile)
-            adaptive = job.options.adaptive is not None
-            options = (
-                adaptive_run_options(lab.cost_model(), profile(b), sub, new, b, kind) if adaptive else {}
-            )
-            return new, lab.cluster.threads_for(survivors), options
-
         run = Run(
             lab.hooks,
             run_id,
@@ -103,7 +113,7 @@ class TorchRoute(Route):
             lab.cluster.threads_for(workers, res),
             route=self,
             elastic=r.elastic,
-            replan=replan,
+            replan=replanner(lab, job, st, model, lambda: profile(b), kind),
             # a slowed run is not predicted (nor refitted on: its slowness was asked for)
             forecast=None if r.slowdown or r.jitter else self.forecast(cost_model, profile(b), res, st, kind),
             data_info=prep.data_info,
