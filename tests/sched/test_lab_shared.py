@@ -10,7 +10,7 @@ import cloudpickle
 import pytest
 import torch
 
-from distlab.errors import LaunchError
+from distlab.errors import LaunchError, SchedulerError
 from distlab.lab import Lab
 from distlab.sched import FifoPolicy
 from tests.polling import poll_for
@@ -198,3 +198,24 @@ def test_a_reallocation_resizes_a_run_at_the_exact_step(lab, policy):
     # each step moved the data position by its own global batch from 0: every sample once per epoch
     assert (r0["samples"].to_numpy() == (r0["world"].to_numpy() * 10).cumsum()).all()
     assert lab.scheduler.reallocations >= 1
+
+
+@pytest.mark.timeout(120)
+def test_without_a_scheduler_a_lab_runs_one_run_at_a_time_on_the_workers_asked_for(session_lab):
+    lab = session_lab
+    with pytest.raises(LaunchError, match="min_workers=/max_workers=: a Lab without a scheduler"):
+        lab.launch(Net(), steps=10, data=Blobs(), min_workers=1)
+    with pytest.raises(SchedulerError, match="lab.adapt: a Lab without a scheduler"):
+        lab.adapt(1, 2)
+    with pytest.raises(LaunchError, match="workers: 3 asked, but the Lab has 2; ask for 2 or fewer"):
+        lab.launch(Net(), steps=10, data=Blobs(), workers=3)
+    a = lab.launch(Net(), steps=100_000, data=Blobs(), batch_size=10, workers=1)
+    try:
+        poll_for(lambda: a.steps_done > 0, 60, "the run to train")
+        assert len(a.workers) == 1 and a.world == 1
+        with pytest.raises(
+            LaunchError, match=f"run {a.id} is still running; run.wait\\(\\) or run.cancel\\(\\)"
+        ):
+            lab.launch(Net(), steps=10, data=Blobs(), batch_size=10, workers=1)
+    finally:
+        a.cancel()
