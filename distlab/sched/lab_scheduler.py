@@ -7,7 +7,8 @@ A refused allocation (over capacity, an unknown run or worker, a run that cannot
 the policy raising) is logged in ``notes`` and the previous one kept. An accepted one is applied
 through the runs' pause-checkpoint-resize-resume path: every run that loses or changes workers
 pauses at a step with a checkpoint first, then queued runs start and paused runs resume on their
-new workers (re-planned for them). A round also runs as soon as a run is submitted or ends.
+new workers (re-planned for them). A round also runs as soon as a run is submitted or ends, and
+with ``lab.adapt`` it ends by resizing the cluster to the runs' target (sched/lab_adapt.py).
 """
 
 from __future__ import annotations
