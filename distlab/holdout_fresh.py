@@ -157,11 +157,11 @@ class MoEMLP(nn.Module):
         )
         self.head = nn.Linear(dim, classes)
 
-    def _moe(self, x: torch.Tensor, gate: nn.Module, experts: nn.ModuleList) -> torch.Tensor:
+    def _moe(self, x: torch.Tensor, gate: nn.Module, experts: nn.Module) -> torch.Tensor:
         weights, chosen = torch.topk(gate(x).softmax(-1), self.k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
         out = torch.zeros_like(x)
-        for e, expert in enumerate(experts):
+        for e, expert in enumerate(experts.children()):
             # every expert runs, on its tokens or on none: an expert no token chose gets a zero
             # gradient rather than none, so every rank's variables stay the same set
             rows, slot = torch.nonzero(chosen == e, as_tuple=True)
