@@ -6,9 +6,7 @@ and hands its work to the modules beside it (prepare, calibrate, measure, run, r
 from __future__ import annotations
 
 import html
-import itertools
 import shutil
-import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +23,7 @@ from distlab.runs import validate as _v
 from distlab.runs.forecast import refit_after_run
 from distlab.runs.prepare import ProfileCache
 from distlab.runs.report import lab_card, runs_frame
-from distlab.runs.route import LabSide, LaunchRequest, Route
+from distlab.runs.route import LabSide, LaunchRequest, Route, next_run_id
 from distlab.runs.run import CANCEL_WITHIN, Run, RunHooks
 from distlab.sched.lab_cluster import ClusterView
 from distlab.sched.lab_scheduler import DEFAULT_INTERVAL, LabScheduler, asked_workers, lab_policy
@@ -33,15 +31,6 @@ from distlab.sched.queue import LabQueue
 from distlab.torch_route import TorchRoute
 
 CLOSED = "this Lab is closed; start a new one: lab = dl.Lab() (or %distlab cluster local N)"
-
-
-_RUN_NUMBERS = itertools.count(1)  # run ids: r1, r2, ... across every Lab of this process
-
-
-def next_run_id() -> str:
-    """A run's id: its number in this process (unique across a notebook's Labs) and a random
-    suffix (its rendezvous keys' prefix)."""
-    return f"r{next(_RUN_NUMBERS)}-{uuid.uuid4().hex[:6]}"
 
 
 ROUTES: dict[str, Route] = {r.name: r for r in (TorchRoute(), NativeRoute())}  # by ``backend=``
@@ -145,6 +134,9 @@ class Lab:
             self._scheduler = LabScheduler(
                 self.cluster, policy, DEFAULT_INTERVAL if interval is None else interval
             )
+        if self.cluster.jobs is not None:  # a worker whose Slurm job ends is replaced, its runs grown back
+            shrinkable = lambda: list(self._runs) if self._scheduler is None else []  # noqa: E731
+            self.cluster.jobs.keep_workers(shrinkable, lambda: self.workers, within=self.cluster.timeout)
 
     # -- cluster ----------------------------------------------------------------------------------
     @property
@@ -407,6 +399,8 @@ class Lab:
         if not busy:
             self.cost_model = cost_model
         self._runs.append(run)
+        if self.cluster.jobs is not None:  # on Slurm: a run predicted to outlast the jobs is warned of
+            self.cluster.jobs.check_run(run)
         if self._scheduler is not None and share:
             self._scheduler.submit(run, *share, resizable=elastic)
         else:

@@ -515,6 +515,12 @@ class SlurmJobs:
             self.keeper = WorkerKeeper(self, runs, workers, within=within)
         return self.keeper
 
+    def check_run(self, run: Any) -> str | None:
+        """Warn (``WalltimeWarning``) when ``run`` is predicted to outlast what is left of these
+        jobs' walltime; its text, or None."""
+        seconds = predicted_run_seconds(run.steps, run.predicted_throughput, run.batch_size * run.world)
+        return check_walltime(self.spec.walltime, self.started_at(), seconds)
+
     def close(self) -> None:
         """Stop replacing workers, close the client and the cluster (``scancel`` of each worker's
         job), cancel any job it submitted that is still queued or running, and wait until squeue

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,6 +34,15 @@ if TYPE_CHECKING:
     from distlab.runs.prepare import ProfileCache
     from distlab.runs.run import Forecast, Run, RunHooks
     from distlab.runtime.job import RankJob
+
+
+_RUN_NUMBERS = itertools.count(1)  # run ids: r1, r2, ... across every Lab of this process
+
+
+def next_run_id() -> str:
+    """A run's id: its number in this process (unique across a notebook's Labs) and a random
+    suffix (its rendezvous keys' prefix)."""
+    return f"r{next(_RUN_NUMBERS)}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclasses.dataclass(frozen=True)
