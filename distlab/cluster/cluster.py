@@ -183,6 +183,16 @@ class Cluster:
             time.sleep(0.2)
         return len(spmd.workers_info(self.client))
 
+    def retiring(self, k: int) -> list[str]:
+        """The addresses of the ``k`` workers ``scale`` would retire to shrink the embedded
+        cluster by ``k``: a LocalCluster (dask's SpecCluster) drops the newest entries of its
+        worker spec first. None when attached (its own tool scales it)."""
+        if self.local is None or k <= 0:
+            return []
+        names = {str(n) for n in list(self.local.worker_spec)[-k:]}
+        workers = spmd.workers_info(self.client)
+        return [addr for addr, info in workers.items() if str(info.get("name")) in names]
+
     @property
     def lost_workers(self) -> int:
         """How many of the embedded cluster's (or the Slurm jobs') workers are not running now (0

@@ -53,17 +53,6 @@ def _gains(spec: JobSpec, now: int) -> bool:
     return bool(after[0] > GAIN * before[0])
 
 
-def retiring(cluster: Any, k: int) -> list[str]:
-    """The addresses of the ``k`` workers an embedded cluster's ``scale`` retires: a LocalCluster
-    (dask's SpecCluster) drops the newest entries of its worker spec first."""
-    local = getattr(cluster, "local", None)
-    if local is None or k <= 0:
-        return []
-    names = [str(n) for n in list(local.worker_spec)[-k:]]
-    workers = cluster.client.scheduler_info(n_workers=-1)["workers"]
-    return [addr for addr, info in workers.items() if str(info.get("name")) in names]
-
-
 def check_adapt(scheduler: Any, minimum: int, maximum: int) -> Any:
     """``lab.adapt``'s checks; the scheduler, its range set."""
     if scheduler is None:

@@ -297,7 +297,7 @@ class LabScheduler:
         that holds a rank has its run paused at a step with a checkpoint first."""
         if self.adapt_range is None:
             return
-        from distlab.sched.lab_adapt import adapt_target, retiring
+        from distlab.sched.lab_adapt import adapt_target
 
         live = [j for j in self.jobs if j.ended is None]
         held = {j.run.id: len(j.workers) for j in live}
@@ -307,7 +307,7 @@ class LabScheduler:
         if target == have:
             return
         if target < have:
-            leaving = set(retiring(self.cluster, have - target))
+            leaving = set(self.cluster.retiring(have - target))
             for job in live:
                 if leaving & set(job.workers) and job.run.pause(self.pause_within):
                     job.workers = ()
