@@ -168,6 +168,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
 
     from distlab.calibration import campaign as calibrate
     from distlab.calibration import measure
+    from distlab.calibration.repeat import LINK_REPEATS
 
     bars: list = []
 
@@ -214,11 +215,11 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     (bar,) = bars
     references = len(calibrate.reference_cases())
     loop_calls = sum(name == "loop_pass_rank" for name, _ in calls) - 2 * measure.MODEL_PASSES
-    # the total known up front: the collectives' call, each reference model's profile, at most
+    # the total known up front: the collectives' calls (LINK_REPEATS), each reference model's profile, at most
     # OVERHEAD_PASSES training-loop calls at each of world sizes 1 and 2, then the model's passes
-    expected = 1 + references + measure.OVERHEAD_PASSES * 2 + measure.MODEL_PASSES * 2
+    expected = LINK_REPEATS + references + measure.OVERHEAD_PASSES * 2 + measure.MODEL_PASSES * 2
     assert bar.total == expected >= 20 and round(bar.n, 6) == bar.total  # no part is > 1/20 of the bar
-    assert loop_calls >= 2 and len(calls) == 1 + loop_calls + 2 * measure.MODEL_PASSES
+    assert loop_calls >= 2 and len(calls) == LINK_REPEATS + loop_calls + 2 * measure.MODEL_PASSES
     parts = [n for _, n, _ in bar.events]
     # inside each call the workers' ticks move the bar by fractions of its part (rank 0's
     # progress.tick per collective size, per local step, per training-loop case)

@@ -65,9 +65,13 @@ def load_ignored():
     measurement disturbed, and a disturbed one is never cached (cluster/load.py). Load detection
     has tests of its own (test_load.py)."""
     from distlab import resources
+    from distlab.calibration import repeat
 
     with pytest.MonkeyPatch.context() as mp:  # its own: a test's monkeypatch.undo() leaves it
         mp.setattr(resources, "DISTURBED_CORES", float("inf"))
+        # nor would its repeats agree within REPEAT_LIMIT: repeatability has tests of its own
+        # (tests/costmodel/test_repeatability.py, test_calibrate_repeat.py)
+        mp.setattr(repeat, "REPEAT_LIMIT", float("inf"))
         yield
 
 

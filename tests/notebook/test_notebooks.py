@@ -139,6 +139,7 @@ SMALL: dict[str, dict] = {
         "samples": 256,
         "calibrate_sizes": [4096, 65536],
         "calibration_cache": True,  # the quickstart's calibration (the same cluster and sizes) serves
+        "calibrations": 1,  # one: a calibration refused under load is not cached, and three would each run
     },
     "bench/cost-model-accuracy": {
         "models": ["gru_lm"],
