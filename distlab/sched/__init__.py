@@ -1,9 +1,12 @@
 """Several jobs on one cluster: Pollux-style allocation policies and a simulator that replays job arrivals.
 
-Pure (no Dask, no torch): ``policy`` the types a policy sees and the check that refuses a bad
-allocation, ``goodput`` Pollux's policy, ``fifo`` the queue baseline, ``simulate`` the replay loop,
-``artifact*`` the Pollux OSDI'21 artifact's job models and traces (datasets/pollux-osdi21) that
-validate the simulator and policy against the published results.
+The policies are pure (no Dask, no torch): ``policy`` the types a policy sees and the check that
+refuses a bad allocation, ``goodput`` Pollux's policy, ``fifo`` the queue baseline, ``speedup`` a
+job's speedup per allocation from the cost model (the best strategy for each) and its runs,
+``restart`` a restart's measured cost, ``simulate`` the replay loop, ``artifact*`` the Pollux
+OSDI'21 artifact's job models and traces (datasets/pollux-osdi21) that validate the simulator and
+policy against the published results. ``lab_cluster``, ``lab_scheduler``, ``lab_adapt`` and
+``queue`` run a shared Lab's runs (they drive Runs; the policies they call stay pure).
 """
 
 from __future__ import annotations
