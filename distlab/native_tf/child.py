@@ -17,6 +17,9 @@ loop (Keras 3's ``fit`` fails with two workers: keras#20585, tensorflow#72388). 
 positions ``[pos + r*b, pos + (r+1)*b)`` of the epoch's order (a NumPy permutation seeded with
 ``seed + epoch`` when shuffling), the data position advancing by ``b * world`` per step; the
 loss is averaged over the global batch.
+
+Long because it is run by path in a process that imports nothing of distlab: the three programs a
+rank runs (a mirrored run, a parameter-server rank, a calibration) and what they share stay here.
 """
 
 from __future__ import annotations
@@ -131,9 +134,6 @@ def serve_ps(job_dir: str) -> int:
     """A parameter-server rank: this process hosts rank r's worker and parameter-server tasks
     (in-process ``tf.distribute.Server``s); rank 0's process is also the chief, whose
     ``ClusterCoordinator`` dispatches the steps. The other ranks serve until their task kills them.
-
-    Long because it is one TensorFlow program run top to bottom: the servers start before anything else,
-    then the chief's coordinator, the partitioned model and its steps.
 
     Long because it is one TensorFlow program run top to bottom: the servers start before anything else,
     then the chief's coordinator, the partitioned model and its steps."""
@@ -273,9 +273,6 @@ def bench(job_dir: str) -> int:
     all-reduce; per model and batch, the median local step (no strategy, every rank stepping at
     once, as in a run); and for the reference model (``model0``) also its mirrored step, whose
     excess over local step plus all-reduce is the strategy's own cost per step.
-
-    Long because it is one TensorFlow program run top to bottom under one strategy, created before any
-    other TensorFlow op: the all-reduce sizes, then each model's steps.
 
     Long because it is one TensorFlow program run top to bottom under one strategy, created before any
     other TensorFlow op: the all-reduce sizes, then each model's steps."""
