@@ -268,10 +268,12 @@ BENCH_AT_ONCE = 2
 
 
 def _bench_in_child(name: str, out_dir: str) -> tuple[str, object]:
-    """(pool process) ``bench.run_bench`` as ``distlab bench`` runs it: ("ok", its result) or
-    ("failed", the traceback), which a test reports."""
+    """(pool process) ``bench.run_bench`` as ``distlab bench`` runs it: ("ok", its result as JSON
+    text) or ("failed", the traceback), which a test reports. As text: a NaN the JSON holds is then
+    json's one NaN in the test's process too, which compares equal to itself in a dict."""
     try:
-        return "ok", bench.run_bench(name, SMALL[f"bench/{name}"], out_dir=out_dir, progress=False)
+        result = bench.run_bench(name, SMALL[f"bench/{name}"], out_dir=out_dir, progress=False)
+        return "ok", json.dumps(result)
     except Exception:  # noqa: BLE001 - the benchmark's test reports it
         return "failed", traceback.format_exc()[-6000:]
 
@@ -304,9 +306,9 @@ def test_benchmark_writes_its_figures(name, benchmarks):
     if name == "live-view" and (why := browser.missing()):
         pytest.skip(why)
     future, tmp_path = benchmarks[name]
-    status, result = future.result()
-    assert status == "ok", f"benchmark {name} failed:\n{result}"
-    assert isinstance(result, dict)
+    status, text = future.result()
+    assert status == "ok", f"benchmark {name} failed:\n{text}"
+    result = json.loads(text)
     if name == "two-hosts" and (why := EmulatedHosts.available()):  # the notebook ran and says why
         assert result["summary"]["skipped"] == why and not result["rows"], result["summary"]
         pytest.skip(f"two-hosts: {why}")
