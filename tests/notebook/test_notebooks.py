@@ -38,6 +38,11 @@ SMALL: dict[str, dict] = {
         "picker_repeats": 1,
     },
     "bench/sweep": {"models": [["mlp", SMALL_MLP]], "strategies": ["AllReduce", "PS"], "steps": 4},
+    "bench/shared-cluster": {  # one round each way, three short runs: the queue, the rounds, the checks
+        "rounds": 1,
+        "interval": 1.0,
+        "jobs": [["small", 16, 32, 1, 120], ["wide", 32, 128, 1, 80], ["deep", 16, 32, 2, 100]],
+    },
     "bench/live-view": {"steps": 300, "rounds": 1, "width": 16},
     "bench/runtime-overhead": {
         "models": {"mlp": SMALL_MLP},
