@@ -136,7 +136,10 @@ def test_stop_during_probe_staleness_cancels_its_run_and_starts_no_other(clean_l
     _trains_next(clean_lab)
 
 
-def test_stop_during_measure_model_ends_its_ranks(clean_lab):
+def test_stop_during_measure_model_ends_its_ranks(clean_lab, tmp_path, monkeypatch):
+    # its own cache: a model with SlowStep's variables (one Linear(8, 4)) measured by any earlier
+    # test into the Lab's cache would be served from it, and nothing would run to be stopped
+    monkeypatch.setattr(clean_lab, "cache_dir", tmp_path)
     x, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
     said = _stopped_in_time(
         clean_lab,
