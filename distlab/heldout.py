@@ -40,6 +40,9 @@ from torch.utils.data import TensorDataset
 
 from distlab.errors import DistlabError, check_positive
 
+# a model set's builder: (generator, samples) -> (model, inputs, targets, where it comes from)
+Builder = Callable[[torch.Generator, int], tuple[nn.Module, torch.Tensor, torch.Tensor, str]]
+
 NAMES: tuple[str, ...] = (
     "gru_lm",
     "resnet_bn",
@@ -321,16 +324,20 @@ _BUILDERS: dict[str, Callable[[torch.Generator, int], tuple[nn.Module, torch.Ten
 }
 
 
-def build(name: str, *, seed: int = 0, n: int = 512) -> HeldOut:
-    """Build held-out model ``name`` (initialised from ``seed``) with ``n`` synthetic samples."""
-    try:
-        builder = _BUILDERS[name]
-    except KeyError:
-        raise DistlabError(f"heldout.build: no model {name!r}; available: {', '.join(NAMES)}") from None
-    check_positive(f"heldout.build({name!r}): n", n)
+def build_from(builders: dict[str, Builder], where: str, name: str, seed: int, n: int) -> HeldOut:
+    """Model ``name`` of ``builders`` (a model set's table), initialised from ``seed``, with ``n``
+    synthetic samples; ``where`` names the set's ``build`` in errors. Every set builds this way."""
+    if name not in builders:
+        raise DistlabError(f"{where}: no model {name!r}; available: {', '.join(builders)}")
+    check_positive(f"{where}({name!r}): n", n)
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model, x, y, source = builder(g, n)
+        model, x, y, source = builders[name](g, n)
     model.train()
     return HeldOut(name=name, model=model, data=TensorDataset(x, y), loss=None, source=source)
+
+
+def build(name: str, *, seed: int = 0, n: int = 512) -> HeldOut:
+    """Build held-out model ``name`` (initialised from ``seed``) with ``n`` synthetic samples."""
+    return build_from(_BUILDERS, "heldout.build", name, seed, n)

@@ -30,10 +30,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
 
-from distlab.errors import DistlabError, check_positive
-from distlab.heldout import HeldOut
+from distlab.heldout import HeldOut, build_from
 
 NAMES: tuple[str, ...] = ("patch_attention", "dlrm_mix", "mixer", "sepconv")
 
@@ -187,12 +185,4 @@ _BUILDERS: dict[str, Callable[[torch.Generator, int], tuple[nn.Module, torch.Ten
 
 def build(name: str, *, seed: int = 0, n: int = 512) -> HeldOut:
     """Held-out model ``name`` (initialised from ``seed``) with ``n`` synthetic samples."""
-    if name not in _BUILDERS:
-        raise DistlabError(f"holdout.build: no model {name!r}; available: {', '.join(NAMES)}")
-    check_positive(f"holdout.build({name!r}): n", n)
-    g = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model, x, y, source = _BUILDERS[name](g, n)
-    model.train()
-    return HeldOut(name=name, model=model, data=TensorDataset(x, y), loss=None, source=source)
+    return build_from(_BUILDERS, "holdout.build", name, seed, n)

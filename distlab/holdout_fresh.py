@@ -33,10 +33,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
 
-from distlab.errors import DistlabError, check_positive
-from distlab.heldout import ATTN_IMPLEMENTATION, HeldOut, HFLogits, library_version, require
+from distlab.heldout import ATTN_IMPLEMENTATION, HeldOut, HFLogits, build_from, library_version, require
 
 NAMES: tuple[str, ...] = ("tcn", "graph_sage", "moe_mlp", "vit")
 
@@ -236,12 +234,4 @@ _BUILDERS: dict[str, Callable[[torch.Generator, int], Built]] = {
 
 def build(name: str, *, seed: int = 0, n: int = 512) -> HeldOut:
     """Fresh held-out model ``name`` (initialised from ``seed``) with ``n`` synthetic samples."""
-    if name not in _BUILDERS:
-        raise DistlabError(f"holdout_fresh.build: no model {name!r}; available: {', '.join(NAMES)}")
-    check_positive(f"holdout_fresh.build({name!r}): n", n)
-    g = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model, x, y, source = _BUILDERS[name](g, n)
-    model.train()
-    return HeldOut(name=name, model=model, data=TensorDataset(x, y), loss=None, source=source)
+    return build_from(_BUILDERS, "holdout_fresh.build", name, seed, n)
