@@ -64,11 +64,13 @@ def heap_cache() -> Iterator[bool]:
     A training step allocates the same tensors every step. glibc serves each one above 32 MiB
     (the most ``M_MMAP_THRESHOLD`` may be) with its own ``mmap``, unmapped when freed, so every
     step faults its pages in and zeroes them again: on a 42 MB MLP (a 36 MB weight gradient)
-    about 9,400 page faults a step, 15-20 ms of its 33-40 ms of kernel time (115 ms of CPU), as much for torch's
-    DDP as for distlab (getrusage around 50-step runs in a scratch script, not kept; the
-    throughput it moved: datasets/measurements/ddp-2026-11-28b.json). With ``M_MMAP_MAX`` at 0
+    about 9,400 page faults a step, 15-20 ms of its 33-40 ms of kernel time (115 ms of CPU), as
+    much for torch's DDP as for distlab (getrusage around 50-step runs in a scratch script, not
+    kept; the throughput it moved: datasets/measurements/ddp-2026-11-28b.json). With
+    ``M_MMAP_MAX`` at 0
     (and no trimming of the heap's top) every allocation comes from the heap and a freed one is
-    reused by the next step; at the end ``malloc_trim(0)`` returns the free pages, so a worker's memory after a run is what it was.
+    reused by the next step; at the end ``malloc_trim(0)`` returns the free pages, so a worker's
+    memory after a run is what it was.
     Off the main thread (a Dask task's rank) a block above 64 MiB, the most a thread's heap
     holds, is still mapped and unmapped each time: a 400 MB layer's gradient gains nothing.
     """
