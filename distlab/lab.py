@@ -21,11 +21,11 @@ from distlab.resources import ResourceSpec
 from distlab.runs import ckpt_dirs, prepare
 from distlab.runs import validate as _v
 from distlab.runs.forecast import refit_after_run
-from distlab.runs.prepare import ProfileCache
 from distlab.runs.report import lab_card, runs_frame
 from distlab.runs.route import LabSide, LaunchRequest, Route, next_run_id
 from distlab.runs.run import CANCEL_WITHIN, Run, RunHooks
 from distlab.sched.lab_cluster import ClusterView
+from distlab.sched.lab_pricing import ProfileTap, chosen_strategy
 from distlab.sched.lab_scheduler import DEFAULT_INTERVAL, LabScheduler, asked_workers, lab_policy
 from distlab.sched.queue import LabQueue
 from distlab.torch_route import TorchRoute
@@ -115,7 +115,7 @@ class Lab:
             weakref.finalize(self, shutil.rmtree, str(self.checkpoint_dir), True) if self._own_ckpt else None
         )
         self._runs: list[Run] = []
-        self._profiles: ProfileCache = {}
+        self._profiles = ProfileTap()  # a ProfileCache; a shared Lab's scheduler prices runs with them
         self.cluster = Cluster(
             workers,
             address=address,
@@ -131,8 +131,9 @@ class Lab:
         )
         self._scheduler: LabScheduler | None = None
         if policy is not None:
+            every, cm = DEFAULT_INTERVAL if interval is None else interval, lambda: self.cost_model
             self._scheduler = LabScheduler(
-                self.cluster, policy, DEFAULT_INTERVAL if interval is None else interval
+                self.cluster, policy, every, cost_model=cm, checkpoint_dir=self.checkpoint_dir
             )
         if self.cluster.jobs is not None:  # a worker whose Slurm job ends is replaced, its runs grown back
             shrinkable = lambda: list(self._runs) if self._scheduler is None else []  # noqa: E731
@@ -343,6 +344,7 @@ class Lab:
         for ``workers`` (or ``min_workers..max_workers``, default 1..all) while other runs train,
         waits "queued" for workers of its own and may be resized among them (re-planned each
         time); it is not predicted while others train (measuring its model would share their workers).
+        There ``strategy="auto"`` lets the scheduler choose it per allocation (docs/shared-cluster.md).
         """
         # Long because its signature and docstring are the launch's reference; the body is the
         # checks every route shares, then the route's launch (runs/route.py)
@@ -359,6 +361,7 @@ class Lab:
             raise LaunchError(
                 "trace=True: native TensorFlow runs are not traced; trace the torch route (backend='torch')"
             )
+        strategy, chooses = chosen_strategy(strategy, self._scheduler is not None)
         share = self._share(strategy, workers, min_workers, max_workers)
         request = LaunchRequest(
             model,
@@ -379,7 +382,7 @@ class Lab:
             stragglers,
             jitter,
         )
-        return self._start(lambda side: route.launch(side, request), share, elastic, block)
+        return self._start(lambda side: route.launch(side, request), share, elastic, block, chooses)
 
     def _share(self, strategy: Any, *counts: int | None) -> tuple[ClusterView, int, int] | None:
         """Open and whole (idle too, one run at a time); the run's view (planned on its first ``most``
@@ -392,17 +395,20 @@ class Lab:
             self.heal()
         return (ClusterView(self.cluster, self.cluster.first(asked[1])), *asked) if asked else None
 
-    def _start(self, make: Callable[[LabSide], Any], share: Any, elastic: bool, block: bool) -> Run:
-        """The run its route ``make`` s on the Lab (or its share of it): started, or queued."""
+    def _start(
+        self, make: Callable[[LabSide], Any], share: Any, elastic: bool, block: bool, auto=False
+    ) -> Run:
+        """The run ``make`` s on the Lab (or its share): started, or queued (``auto``: strategy="auto")."""
         busy = any(not r.done for r in self._runs)
         run, cost_model = make(self._side(share[0] if share else None, measure=not busy))
+        profiles = self._profiles.taken()
         if not busy:
             self.cost_model = cost_model
         self._runs.append(run)
         if self.cluster.jobs is not None:  # on Slurm: a run predicted to outlast the jobs is warned of
             self.cluster.jobs.check_run(run)
         if self._scheduler is not None and share:
-            self._scheduler.submit(run, *share, resizable=elastic)
+            self._scheduler.submit(run, *share, resizable=elastic, chooses=auto, profiles=profiles)
         else:
             run.start()
         if block:
@@ -443,6 +449,7 @@ class Lab:
 
         # one run at a time: launch_own takes the first ``workers``; a share holds the ones asked for
         counts = (workers, min_workers, max_workers)
+        strategy, chooses = chosen_strategy(strategy, self._scheduler is not None)
         share = self._share(strategy, *counts) if self._scheduler else self._check_idle()
         every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
         count = None if share else workers
@@ -451,7 +458,7 @@ class Lab:
             run = launch_own(side, train, strategy, count, timeout, seed, elastic, trace, every)
             return run, self.cost_model
 
-        return self._start(make, share, elastic, block)
+        return self._start(make, share, elastic, block, chooses)
 
     def probe_staleness(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from distlab.errors import LaunchError
@@ -46,12 +47,28 @@ class Resizable:
         """(a shared Lab) The run waits for workers: ``start_on`` starts it, ``cancel`` removes it."""
         self._status = "queued"
 
-    def start_on(self, workers: list[str]) -> bool:
+    def plan_with(self, plan: Callable[[list[str]], Any]) -> None:
+        """Every re-plan from now (a resume, a queued start, a lost worker's) builds ``plan(workers)``,
+        not the launch's strategy: the run changes strategy at its next resume. The checkpoint it
+        resumes from is strategy-independent (runtime/optim_state.py: one full-shape optimizer state
+        per variable), so it continues at the exact step under the new one."""
+        launched = self._replan
+
+        def replan(workers: list[str]) -> tuple[Any, list[int], dict[str, Any]]:
+            _, threads, options = launched(workers)
+            return plan(list(workers)), threads, options
+
+        self._replan = replan
+
+    def start_on(self, workers: list[str], plan: Callable[[list[str]], Any] | None = None) -> bool:
         """(a shared Lab's scheduler) Start a queued run on ``workers``, re-planned for them (its
-        route's re-plan reads them from the run's cluster view); False when it was cancelled."""
+        route's re-plan reads them from the run's cluster view; ``plan``: under the strategy
+        ``plan(workers)`` builds instead, as ``plan_with``); False when it was cancelled."""
         with self._lock:
             if self._cancel:
                 return False
+            if plan is not None:
+                self.plan_with(plan)
             strategy, threads, options = self._replan(list(workers))
             self.strategy = strategy
             self._job = dataclasses.replace(
@@ -113,7 +130,10 @@ class Resizable:
                 return False
         raise LaunchError(f"run {self.id}: ranks did not stop within {timeout:g} s for the resize")
 
-    def resume_on(self, workers: list[str]) -> None:
-        """Continue a paused run on ``workers`` from its checkpoint (the data position exact)."""
+    def resume_on(self, workers: list[str], plan: Callable[[list[str]], Any] | None = None) -> None:
+        """Continue a paused run on ``workers`` from its checkpoint (the data position exact);
+        ``plan``: under the strategy ``plan(workers)`` builds (``plan_with``), else its own re-planned."""
+        if plan is not None:
+            self.plan_with(plan)
         self._resume_with = list(workers)
         self._resume.set()

@@ -1,14 +1,16 @@
 """A shared Lab's scheduler: every ``interval`` seconds a policy re-allocates the runs' workers.
 
-A round (``LabScheduler.step``) turns the Lab's live runs into ``JobSpec`` s (each run's speedup from
-its own measured throughput at each world it has run at; linear, as Pollux starts, where it has
-not), asks the policy (``distlab.sched``) for an allocation and checks it (``check_allocation``).
-A refused allocation (over capacity, an unknown run or worker, a run that cannot be resized moved,
-the policy raising) is logged in ``notes`` and the previous one kept. An accepted one is applied
-through the runs' pause-checkpoint-resize-resume path: every run that loses or changes workers
-pauses at a step with a checkpoint first, then queued runs start and paused runs resume on their
-new workers (re-planned for them). A round also runs as soon as a run is submitted or ends, and
-with ``lab.adapt`` it ends by resizing the cluster to the runs' target (sched/lab_adapt.py).
+A round (``LabScheduler.step``) turns the Lab's live runs into ``JobSpec`` s (each run's speedup
+from the Lab's cost model and its own measured segments, and its restart's measured cost:
+sched/lab_pricing.py), asks the policy (``distlab.sched``) for an allocation and checks it
+(``check_allocation``). A refused allocation (over capacity, an unknown run or worker, a run that
+cannot be resized moved, the policy raising) is logged in ``notes`` and the previous one kept. An
+accepted one is applied through the runs' pause-checkpoint-resize-resume path: every run that loses
+or changes workers pauses at a step with a checkpoint first, then queued runs start and paused runs
+resume on their new workers (re-planned for them; a run launched with ``strategy="auto"`` under the
+strategy the policy chose for its new allocation, when that beats its own by ``SWITCH_MARGIN``). A
+round also runs as soon as a run is submitted or ends, and with ``lab.adapt`` it ends by resizing
+the cluster to the runs' target (sched/lab_adapt.py).
 """
 
 from __future__ import annotations
@@ -20,21 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from distlab.errors import LaunchError, SchedulerError
 from distlab.sched import get_policy
 from distlab.sched.goodput import GoodputPolicy
 from distlab.sched.lab_cluster import ClusterView
-from distlab.sched.policy import Allocation, JobSpec, Policy, SpeedupFn, check_allocation
+from distlab.sched.lab_pricing import (
+    RestartPricer,
+    plan_as,
+    run_speedup,
+    switch_to,
+)
+from distlab.sched.policy import Allocated, Allocation, JobSpec, Policy, check_allocation
+from distlab.sched.restart import RELAUNCH_GUESS
 
 log = logging.getLogger("distlab.sched")
 
 DEFAULT_INTERVAL = 30.0  # seconds between rounds (AdaptDL's scheduler re-optimises every 30-60 s)
-# seconds a resize costs a run on warm workers (pause at a step with a checkpoint, new ranks, first
-# steps): Pollux's restart penalty prices it (its simulator assumes 30 s for a cluster's jobs)
-LAB_RESTART_DELAY = 5.0
-WARMUP_STEPS = 3  # a segment's first steps after a (re)start are warm-up, not its throughput
+# the goodput policy's restart penalty for a job without a restart cost of its own; a Lab's
+# scheduler gives every run its measured one (sched/lab_pricing.py), so this prices none of them
+LAB_RESTART_DELAY = RELAUNCH_GUESS
 
 
 @dataclass
@@ -53,6 +59,16 @@ class LabJob:
     restarts: int = 0
     attained: float = 0.0  # worker-seconds held so far
     counted: float = 0.0  # when ``attained`` was last brought up to date
+    profile: Any = None  # its model's profile at its per-replica batch (None: priced by measurements)
+    optimizer: str | None = None  # what its optimizer's state costs like: "sgd", "momentum", "adam"
+    chooses: bool = False  # launched with strategy="auto": the scheduler picks its strategy
+    plans: list[tuple[float, str, int]] = field(default_factory=list)  # (wall time, strategy, hosts)
+    priced: Any = None  # (key, speedup, basis): this round's speedup, kept while nothing changed
+    speedup_basis: str = "linear"  # where its speedup came from: linear, measured, cost model (+ measured)
+    pending: tuple[float, int, bool] | None = None  # a (re)launch under way: (since, restart before, resumed)
+    start_s: float | None = None  # seconds from its start to its first step
+    relaunches: list[float] = field(default_factory=list)  # measured relaunches, checkpoint I/O excluded
+    restart_cost: float = float("nan")  # seconds a restart costs it, as the policy last priced it
 
     @property
     def state(self) -> str:
@@ -61,43 +77,6 @@ class LabJob:
         if status == "paused" and not self.workers:
             return "waiting (paused)"
         return status
-
-
-def segment_throughputs(metrics: Any) -> dict[int, float]:
-    """Samples per second at each world size a run has trained at (its latest segment at each),
-    from rank 0's records after each (re)start's warm-up: the data position over the wall clock."""
-    if metrics is None or len(metrics) == 0 or "world" not in metrics:
-        return {}
-    r0 = metrics[metrics["rank"] == 0]
-    out: dict[int, float] = {}
-    for (_, world), seg in r0.groupby(["restart", "world"], sort=True):
-        seg = seg.sort_values("step").iloc[WARMUP_STEPS:]
-        if len(seg) < 3:
-            continue
-        dt = float(seg["wall_time"].iloc[-1] - seg["wall_time"].iloc[0])
-        if dt > 0:
-            out[int(world)] = float(seg["samples"].iloc[-1] - seg["samples"].iloc[0]) / dt
-    return out
-
-
-def measured_speedup(throughputs: dict[int, float]) -> SpeedupFn | None:
-    """A run's speedup at r replicas from its measured throughputs: exact where measured, linear
-    beyond the nearest measured world below r (Pollux's start, speedup = replicas, where nothing is
-    measured: None)."""
-    if not throughputs:
-        return None
-    worlds = sorted(throughputs)
-    one = throughputs[1] if 1 in throughputs else throughputs[worlds[0]] / worlds[0]
-
-    def speedup(nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
-        out = []
-        for r in np.asarray(replicas, dtype=int).ravel():
-            below = [w for w in worlds if w <= r]
-            w = below[-1] if below else worlds[0]
-            out.append(throughputs[w] / one * r / w)
-        return np.asarray(out, dtype=float).reshape(np.shape(replicas))
-
-    return speedup
 
 
 @dataclass
@@ -116,9 +95,12 @@ class LabScheduler:
     adapt_range: tuple[int, int] | None = None  # lab.adapt(minimum, maximum): the cluster follows the runs
     idle_rounds: int = 0  # rounds in a row with a worker no run held
     sizes: list[dict[str, Any]] = field(default_factory=list)  # lab.adapt's resizes of the cluster
+    cost_model: Callable[[], Any] | None = None  # the Lab's cost model now (None: priced by measurements)
+    checkpoint_dir: Any = None  # where the storage rate a restart is priced at is measured
 
     def __post_init__(self) -> None:
         self.policy = get_policy(self.policy)
+        self.pricer = RestartPricer(self.checkpoint_dir)
         if not (isinstance(self.interval, (int, float)) and self.interval > 0):
             raise SchedulerError(f"interval={self.interval!r}: give the seconds between rounds, above 0")
         self.t0 = time.monotonic()
@@ -130,10 +112,23 @@ class LabScheduler:
 
     # -- submissions ----------------------------------------------------------------------------
     def submit(
-        self, run: Any, view: ClusterView, min_workers: int, max_workers: int, resizable: bool
+        self,
+        run: Any,
+        view: ClusterView,
+        min_workers: int,
+        max_workers: int,
+        resizable: bool,
+        *,
+        chooses: bool = False,
+        profiles: dict[int, Any] | None = None,
+        optimizer: str | None = None,
     ) -> LabJob:
-        """Queue ``run`` (not started) for ``min_workers..max_workers`` workers; a round runs now."""
+        """Queue ``run`` (not started) for ``min_workers..max_workers`` workers; a round runs now.
+        ``chooses``: the scheduler picks its strategy per allocation; ``profiles``: its model's
+        profiles by per-replica batch (the launch's), which the cost model prices it with."""
         job = LabJob(run, view, min_workers, max_workers, resizable, time.monotonic())
+        job.chooses, job.optimizer = chooses, optimizer or getattr(run.forecast, "optimizer", None)
+        job.profile = (profiles or {}).get(int(run.batch_size)) or getattr(run.forecast, "profile", None)
         self.jobs.append(job)  # not under the round's lock: a launch never waits for a resize
         run.mark_queued()
         run.on_done.append(lambda _run: self.wake())
@@ -175,7 +170,9 @@ class LabScheduler:
                 return {}
             res = self.cluster.resources
             hosts = {a: r.host for a, r in zip(res.addresses, res.ranks)}
-            specs = [self._spec(j, now, len(hosts)) for j in live]
+            for j in live:
+                self.pricer.settle(j)
+            specs = [self._spec(j, now, len(hosts), res) for j in live]
             try:
                 alloc = check_allocation(self.policy.allocate(specs, hosts, previous), specs, hosts)
                 self._check_fixed(alloc, live)
@@ -186,17 +183,23 @@ class LabScheduler:
                 what = f"{type(exc).__name__}: {exc}"
                 self._note(f"round {self.rounds}: the policy raised {what}; previous allocation kept")
                 return previous
-            self._apply(alloc, live, now)
-            self._adapt([self._spec(j, now, len(hosts)) for j in live], now)
+            self._apply(alloc, live, now, hosts)
+            self._adapt([self._spec(j, now, len(hosts), res) for j in live], now)
             return {j.run.id: j.workers for j in live if j.workers}
 
-    def _spec(self, job: LabJob, now: float, capacity: int) -> JobSpec:
+    def _spec(self, job: LabJob, now: float, capacity: int, res: Any) -> JobSpec:
         fixed = job.started is not None and not job.resizable
         low = len(job.workers) if fixed else min(job.min_workers, capacity)
         high = len(job.workers) if fixed else min(job.max_workers, capacity)
+        cm = self.cost_model() if self.cost_model is not None else None
+        speedup, job.speedup_basis = run_speedup(job, cm, res)
+        others = [t for j in self.jobs for t in j.relaunches]
+        job.restart_cost = self.pricer.cost(job, others)
         return JobSpec(
             name=job.run.id,
-            speedup=measured_speedup(segment_throughputs(job.run.metrics)),
+            speedup=speedup,
+            restart_cost=job.restart_cost,
+            strategy=job.run.strategy.name,
             min_replicas=low,
             max_replicas=max(high, 1),
             submitted=job.submitted - self.t0,
@@ -231,12 +234,13 @@ class LabScheduler:
                     job.workers = ()
                     self._event(now, job)
 
-    def _apply(self, alloc: Allocation, live: list[LabJob], now: float) -> None:
+    def _apply(self, alloc: Allocation, live: list[LabJob], now: float, hosts: dict[str, str]) -> None:
         changed = [
             (j, tuple(alloc.get(j.run.id, ())))
             for j in live
             if set(alloc.get(j.run.id, ())) != set(j.workers)
         ]
+        named = alloc.strategies if isinstance(alloc, Allocated) else {}
         moving: list[tuple[LabJob, tuple[str, ...]]] = []
         for job, new in changed:  # first every run that changes stops at a step with a checkpoint
             if job.started is None:
@@ -245,23 +249,29 @@ class LabScheduler:
             if not job.workers:  # paused with none: it resumes below
                 moving.append((job, new))
                 continue
+            self.pricer.mark(job, resumed=True)  # its relaunch runs from this pause to its next step
             try:
                 paused = job.run.pause(self.pause_within)
             except LaunchError as exc:
+                job.pending = None
                 self._note(f"round {self.rounds}: run {job.run.id} was not resized: {exc}")
                 continue
             if paused:
                 moving.append((job, new))
             else:  # it ended first: its workers are free anyway
-                job.ended, job.workers = now, ()
+                job.ended, job.workers, job.pending = now, (), None
                 self._event(now, job)
         for job, new in moving:  # then the queued start and the paused resume on their workers
+            spread = len({hosts.get(w, w) for w in new})
+            chosen = switch_to(job, named.get(job.run.id), new, spread) if new else None
+            plan = plan_as(chosen, job.profile, self.cluster, job.run.strategy.batch) if chosen else None
             if not new:
-                job.workers = ()
+                job.workers, job.pending = (), None  # waits: its relaunch is timed from its resume
             elif job.started is None:
                 job.view.move_to(new)
+                self.pricer.mark(job, resumed=False)
                 try:
-                    if not job.run.start_on(list(new)):
+                    if not job.run.start_on(list(new), plan):
                         continue
                 except Exception as exc:  # noqa: BLE001 - e.g. its strategy does not fit this world
                     why = f"{type(exc).__name__}: {exc}"
@@ -270,13 +280,25 @@ class LabScheduler:
                     self._note(f"round {self.rounds}: {what}")
                     continue
                 job.started, job.workers = time.monotonic(), new
+                self._planned(job, spread)
             else:
+                if job.pending is None:
+                    self.pricer.mark(job, resumed=True)
                 job.view.move_to(new)
-                job.run.resume_on(list(new))
+                job.run.resume_on(list(new), plan)
                 job.workers = new
                 job.restarts += 1
                 self.reallocations += 1
+                self._planned(job, spread, chosen.name if chosen is not None else None)
             self._event(now, job)
+
+    def _planned(self, job: LabJob, hosts: int, name: str | None = None) -> None:
+        """What the run trains under from now (its segments' strategy when its steps are priced)."""
+        if name is not None and name != job.run.strategy.name:
+            self._note(
+                f"round {self.rounds}: run {job.run.id} resumes as {name} (was {job.run.strategy.name})"
+            )
+        job.plans.append((time.time(), name or job.run.strategy.name, hosts))
 
     def rescale(self, resize: Callable[[], int], within: float) -> int:
         """(lab.scale) Pause every run holding workers, ``resize()`` the cluster, then a round
@@ -331,7 +353,8 @@ class LabScheduler:
 
 def lab_policy(scheduler: Any, interval: float | None) -> Policy | None:
     """``Lab(scheduler=...)``'s policy, checked before the Lab starts its cluster: None (one run at a
-    time), ``"fifo"``, ``"goodput"`` (priced with a Lab's restart, ``LAB_RESTART_DELAY``) or a Policy."""
+    time), ``"fifo"``, ``"goodput"`` (each run's restart priced as measured: sched/lab_pricing.py) or a
+    Policy."""
     if scheduler is None:
         if interval is not None:
             raise SchedulerError("interval= needs a scheduler: Lab(scheduler='goodput', interval=...)")

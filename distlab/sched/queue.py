@@ -4,8 +4,12 @@ Columns of ``frame()``: ``run``, ``model``, ``state`` (queued, running, paused, 
 finished, failed, cancelled), ``workers`` (how many it holds now), ``allocation`` (their
 addresses), ``range`` (the ``min..max`` workers it asked for), ``goodput`` (samples/s of its latest
 segment; an adaptive run's own goodput, throughput times statistical efficiency), ``steps_done``,
-``restarts`` (allocation changes after its start), ``waited_s`` (seconds from submission to start)
-and ``jct_s`` (submission to end, once ended).
+``restarts`` (allocation changes after its start), ``waited_s`` (seconds from submission to start),
+``jct_s`` (submission to end, once ended), ``strategy`` (what it trains under now: a run launched
+with ``strategy="auto"`` is re-chosen per allocation), ``speedup`` (what the scheduler priced its
+allocations with: ``linear``, ``measured``, ``cost model`` or ``cost model + measured``) and
+``restart_s`` (the seconds the scheduler last priced one restart of it at: its checkpoint's bytes at
+the measured storage rate plus its measured relaunch; sched/lab_pricing.py).
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ QUEUE_COLUMNS = (
     "restarts",
     "waited_s",
     "jct_s",
+    "strategy",
+    "speedup",
+    "restart_s",
 )
 
 
 def latest_goodput(run: Any) -> float:
     """An adaptive run's last reported goodput, else samples/s over its latest segment."""
-    from distlab.sched.lab_scheduler import segment_throughputs
+    from distlab.sched.lab_pricing import segment_throughputs
 
     m = run.metrics
     if len(m) and "goodput" in m and m["goodput"].notna().any():
@@ -81,6 +88,9 @@ class LabQueue:
                     "restarts": run.restarts,
                     "waited_s": waited,
                     "jct_s": jct,
+                    "strategy": run.strategy.name + (" (auto)" if job is not None and job.chooses else ""),
+                    "speedup": job.speedup_basis if job is not None else "",
+                    "restart_s": job.restart_cost if job is not None else float("nan"),
                 }
             )
         return pd.DataFrame(rows, columns=list(QUEUE_COLUMNS))

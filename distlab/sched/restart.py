@@ -9,8 +9,10 @@ checkpoint's own time); the checkpoint's time is its size over the storage's mea
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,10 @@ from distlab.errors import SchedulerError
 
 if TYPE_CHECKING:
     from distlab.profiling.model_profile import ModelProfile
+
+# seconds a warm relaunch takes before any was measured on this Lab: the pause, new ranks and
+# their first step on the 2-core development machine (a shared Lab measures its own from then on)
+RELAUNCH_GUESS = 5.0
 
 
 def checkpoint_bytes(profile: ModelProfile, optimizer_states: int = 2) -> int:
@@ -64,3 +70,14 @@ def measure_storage(directory: str | Path | None = None, nbytes: int = 32 << 20)
                 pass
         read = nbytes / (time.perf_counter() - start)
     return write, read
+
+
+def estimate_relaunch(own: Sequence[float], start: float | None, others: Sequence[float]) -> float:
+    """A run's warm relaunch (s): the median of its own measured relaunches; before any, its own
+    measured first start (a relaunch ships the same job to ranks started the same way); before that,
+    the median of the other runs' relaunches on this Lab; before any, ``RELAUNCH_GUESS``."""
+    if own:
+        return float(statistics.median(own))
+    if start is not None:
+        return float(start)
+    return float(statistics.median(others)) if others else RELAUNCH_GUESS

@@ -9,6 +9,9 @@ distlab's step model fitted to them (``costmodel.fit``); its compute and the res
 (exposed communication, optimizer) are compared with the cost model's, and each part's factor
 corrects the same part of every other candidate (as ``CostModel.refit`` does per model), so the
 choice moves towards strategies that communicate less when communication was under-predicted.
+With fewer measured allocations than the fit needs (a small Lab's one or two worlds), every
+candidate is scaled by the cost model's mean error on them, and the strategy that ran is priced at
+its measured rate where it ran (as ``lab_pricing.measured_speedup`` does without a cost model).
 
 Only synchronous plans are candidates unless ``staleness_cost`` is given: a stale PS's or
 gossip's throughput is not progress per second until its convergence is measured
@@ -199,8 +202,12 @@ class StrategySpeedup:
         if self._fit is not None:
             ran, theta = self._fit
             mine = np.flatnonzero(t["strategy"] == ran)
-            if theta is None:  # too few steps for the structure: the cost model's mean error on them
+            if theta is None:  # too few steps for the structure: the cost model's mean error on them,
                 rate = rate * self._mean_ratio(ran)
+                seen = self._measured_rate(ran, nodes, replicas) if len(mine) else None
+                if seen is not None and self.noise_scale is None and self.staleness_cost is None:
+                    # and, where it ran, its measured rate (samples/s: not a goodput)
+                    rate[mine[0]] = seen
             elif len(mine):
                 step = _corrected_steps(
                     t, int(mine[0]), theta, nodes, replicas, float(self.profile.batch_size)
@@ -209,6 +216,14 @@ class StrategySpeedup:
                 rate = rate * t["step_time"] / step
             basis[mine] = MEASURED
         return [str(n) for n in t["strategy"]], rate, basis
+
+    def _measured_rate(self, ran: str, nodes: int, replicas: int) -> float | None:
+        """Samples/s ``ran`` measured at this allocation (the mean of its rows there), or None."""
+        df = self.measured
+        here = df[(df["strategy"] == ran) & (df["num_nodes"] == nodes) & (df["num_replicas"] == replicas)]
+        if not len(here):
+            return None
+        return float((here["num_replicas"] * here["local_bsz"] / here["step_time"]).mean())
 
     def _mean_ratio(self, ran: str) -> float:
         """Measured over predicted throughput of ``ran``, averaged over the measured rows."""
