@@ -175,7 +175,8 @@ class KeywordModel(torch.nn.Module):
         self._keys = keys
 
     def forward(self, *tensors: Any) -> Any:
-        out = self._inner(**dict(zip(self._keys, tensors)))
+        inner: Any = self._inner
+        out = inner(**dict(zip(self._keys, tensors)))
         for name in ("loss", "logits"):
             value = getattr(out, name, None)
             if value is None and isinstance(out, dict):
@@ -195,8 +196,14 @@ def launch_own(
     elastic: bool,
     trace: bool,
     checkpoint_every: int | None,
+    slowdown: Any = None,
+    jitter: Any = None,
+    metrics: Any = None,
 ) -> Any:
-    """The ``Run`` of ``train`` on ``lab`` (a ``LabSide``): planned, predicted, not started."""
+    """The ``Run`` of ``train`` on ``lab`` (a ``LabSide``): planned, predicted, not started.
+    ``slowdown``, ``jitter``: as ``lab.launch``'s (a slowed run is not predicted); ``metrics``:
+    names of ``distlab.step_metrics.METRICS``, each a ``run.metrics`` column measured on every
+    step's output and target before the update (``own_metrics``)."""
     # Long because it is lab.launch's torch route for a loop that is the user's: the plan from the
     # kernel's run up to prepare, the strategy and prediction for it, then the same Run
     from distlab.conventions import optimizer_kind
@@ -215,6 +222,12 @@ def launch_own(
                 f"workers: {workers}, but the Lab has {res.world}; pass workers={res.world} or fewer"
             )
         res = res.first(workers)
+    stragglers, jitter = _v.check_slowdown(slowdown), _v.check_jitter(jitter)
+    if bad := [rank for rank, _ in stragglers if rank >= res.world]:
+        raise LaunchError(
+            f"slowdown: rank {bad[0]} does not exist (the run has {res.world} ranks: 0-{res.world - 1})"
+        )
+    step_metrics = own_metrics(metrics)
     plan = plan_loop(train, res.world)
     model, loader = plan.model, plan.loader
     b = int(loader.batch_size)
@@ -230,7 +243,7 @@ def launch_own(
             "variables"
         )
         profile_fn = lambda n=None: profile  # noqa: E731
-    user_opt = plan.optimizer
+    user_opt: Any = plan.optimizer
     # the defaults as a group, not keywords: they hold keys the class's __init__ does not take
     # (AdamW's decoupled_weight_decay)
     opt_factory = lambda params: type(user_opt)([{"params": list(params), **user_opt.defaults}])  # noqa: E731
@@ -239,7 +252,9 @@ def launch_own(
     _v.check_global_batch(len(loader.dataset), b, st.batch.accumulation, st.world)
     kind = optimizer_kind(opt_factory)
     cost_model = lab.cost_model()
-    forecast = None if why else forecast_run(cost_model, profile, res, st, kind)
+    # a slowed run is not predicted (nor refitted on: its slowness was asked for), as lab.launch's
+    slowed = bool(stragglers or jitter)
+    forecast = None if why or slowed else forecast_run(cost_model, profile, res, st, kind)
     run_id = lab.hooks.new_id()
     every, budget = checkpoint_every, None
     if elastic and every is None:
@@ -265,6 +280,9 @@ def launch_own(
             # profile saw one (or could not run the model), distlab's buckets, which take any
             ddp=not why and not profile.meta.get("no_gradient"),
             trace=bool(trace),
+            slowdown=stragglers,
+            jitter=jitter,
+            metrics=step_metrics,
             **({} if why else adaptive_run_options(cost_model, profile, res, st, b, kind)),
         ),
         train_fn=train,
@@ -288,3 +306,27 @@ def launch_own(
     )
     run.optimizer_info = f"{type(user_opt).__name__} (your loop's)"
     return run
+
+
+def own_metrics(metrics: Any) -> tuple[Any, ...]:
+    """``lab.run(metrics=[...])``: names of the metrics distlab computes per step
+    (``distlab.step_metrics.METRICS``: ``"accuracy"``, ``"mean_absolute_error"`` ...) or
+    ``StepMetric`` objects, as ``StepMetric``s; one error naming an unknown one."""
+    from distlab.step_metrics import METRICS, StepMetric
+
+    if metrics is None:
+        return ()
+    if isinstance(metrics, (str, StepMetric)):
+        metrics = [metrics]
+    out: list[StepMetric] = []
+    for m in metrics:
+        if isinstance(m, str) and m.lower() in METRICS:
+            m = StepMetric(m.lower())
+        if not isinstance(m, StepMetric):
+            raise LaunchError(
+                f"metrics: {m!r} is not one distlab computes per step; name them from {', '.join(METRICS)}, "
+                "or ctx.report(name=value) your own"
+            )
+        if m not in out:
+            out.append(m)
+    return tuple(out)

@@ -287,6 +287,7 @@ def make_optimizer_like(
     # a stale or asynchronous PS server steps copies of its variables, made in its units' order
     # (runtime/stale_ps.py _Server): they are known by their place, checked by their shapes
     served = [u for u in stale_units(units) if u.sync.server == rank]
+    cls: Any = type(user)  # the user's class, built as they built it: its groups, not keywords
     links: list[tuple[Any, int, int]] = []
 
     def make(targets: list) -> Any:
@@ -303,9 +304,9 @@ def make_optimizer_like(
             # its settings as a group, not keywords: a group holds keys its class's __init__ does
             # not take (AdamW's decoupled_weight_decay)
             empty = {"params": [torch.zeros(0, requires_grad=True)], **hyperparameters(user.param_groups[0])}
-            return type(user)([empty])
+            return cls([empty])
         order = sorted(groups)
-        opt = type(user)([{"params": groups[gi], **hyperparameters(user.param_groups[gi])} for gi in order])
+        opt = cls([{"params": groups[gi], **hyperparameters(user.param_groups[gi])} for gi in order])
         links.extend((opt, i, gi) for i, gi in enumerate(order))
         return opt
 

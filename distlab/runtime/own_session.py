@@ -17,6 +17,7 @@ from distlab.runtime import own_loop
 from distlab.runtime.data import to_device
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
 from distlab.runtime.own_checks import check_loader, check_optimizer
+from distlab.runtime.own_timing import ComputeHooks, batch_target
 
 
 def run_own(
@@ -55,10 +56,12 @@ class OwnSession:
         self.job, self.store, self.emit, self.should_stop = job, store, emit, should_stop
         self.progress, self.wait = progress, wait
         self.world = job.world
-        self.tracer = Tracer() if job.options.trace else OFF
-        if self.tracer.enabled:
+        self.tracer: Any = OFF
+        if job.options.trace:
+            self.tracer = Tracer()
             align(self.tracer, job.rank, job.world, job.device)
         self.sync: Any = None
+        self.hooks: Any = None  # the forward and backward's timing (runtime/own_timing.py), at prepare
         self.batches: Any = None
         self.model: Any = None
         self.units: list = []
@@ -133,7 +136,10 @@ class OwnSession:
         job = self.job = dataclasses.replace(
             job, data=loader.dataset, batch_size=int(loader.batch_size), shuffle=shuffle
         )
-        make_opt, self._links = own_loop.make_optimizer_like(optimizer, units, job.rank)
+        if job.optimizer is not None:  # lab.launch's factory (runtime/builtin_loop.py) makes them
+            make_opt, self._links = job.optimizer, []
+        else:  # made like the user's optimizer, kept in step with its groups
+            make_opt, self._links = own_loop.make_optimizer_like(optimizer, units, job.rank)
         sync = make_sync(job, model, units, make_opt, self.wait, self.tracer)
         noise = getattr(sync, "noise", None)
         opts = [sync.local_opt, sync.server_opt]
@@ -166,6 +172,7 @@ class OwnSession:
                 if p.requires_grad
             ]
             self._grad_hooks.append(model.register_forward_pre_hook(self._on_forward))
+        self.hooks = ComputeHooks(job, model, sync, self.tracer)
         model.train()
         self.optimizer = own_loop.DistributedOptimizer(self, optimizer)
         return getattr(sync, "wrapped", model), self.optimizer, own_loop.PreparedLoader(self, loader)
@@ -202,8 +209,7 @@ class OwnSession:
             if self.stop.stop_before(self.step):
                 self.stopped = True
                 self.ckpts.at_stop(self.step, self.pos)
-            self.sync.new_step()
-            self._t0 = time.perf_counter()
+            self._new_step()
         if self.stopped:
             return None
         b = self.batches
@@ -215,7 +221,9 @@ class OwnSession:
         self.micro = (self.micro + 1) % b.accum
         if self.micro == 0:  # the step's last micro-batch fetched: the position is past the step
             self.pos = self._step_pos + b.global_batch
-        return to_device(batch, self.job.device)
+        batch = to_device(batch, self.job.device)
+        self.hooks.target = batch_target(batch)
+        return batch
 
     def _on_forward(self, module: Any, args: Any) -> None:
         """Whether the backward of this forward syncs (``_on_grad``); an evaluation's does not count."""
@@ -287,9 +295,11 @@ class OwnSession:
         t1 = time.perf_counter()
         seconds = t1 - self._t0
         job = self.job
-        values = (job.run_id, self.step, job.rank, math.nan, self.pos, seconds, sync.comm_time)
-        rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
-        rec.update(b.after_step(self._step_pos, self.pos, seconds, gains))
+        timed = self.hooks.record()
+        comm = timed.pop("exposed") + sync.comm_time  # as distlab's loop counts it
+        values = (job.run_id, self.step, job.rank, math.nan, self.pos, seconds, comm)
+        rec: dict[str, Any] = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
+        rec.update(b.after_step(self._step_pos, self.pos, seconds, gains), **timed)
         from distlab.runtime.trainer import consistency_record
 
         rec.update(consistency_record(sync))
@@ -323,8 +333,15 @@ class OwnSession:
         if self.stop.stop_before(self.step):
             self.stopped = True
             self.ckpts.at_stop(self.step, self.pos)
-        self.sync.new_step()
+        self._new_step()
+
+    def _new_step(self) -> None:
+        """A step begins (as distlab's loop begins one): gradient tasks reset, and an AWC gossip's
+        parameters sent now, to be hidden behind forward and backward."""
         self._t0 = time.perf_counter()
+        self.sync.new_step()
+        if not self.stopped:
+            self.sync.begin(self.step)
 
     def finish(self) -> dict[str, Any]:
         """After ``train`` returned: the last record, the checkpoints joined, the run's end."""
@@ -353,6 +370,8 @@ class OwnSession:
     def close(self) -> None:
         for h in self._grad_hooks:
             h.remove()
+        if self.hooks is not None:
+            self.hooks.close()
         if self.sync is not None:
             self.ckpts.close()
             self.sync.close()

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from distlab.allocator import heap_cache, tune_allocator
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime.adaptive import BatchState
+from distlab.runtime.builtin_loop import default_loss, default_optimizer
 from distlab.runtime.cut import EndRendezvous
 from distlab.runtime.data import call_model, to_device
 from distlab.runtime.ddp import DDPSynchronizer
@@ -38,17 +38,6 @@ from distlab.runtime.trace import OFF, Tracer, align
 from distlab.strategy.execution import ddp_applies
 
 
-def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Integer targets: cross-entropy over the last dimension (classification and language models
-    alike). Floating-point targets: mean-squared error (regression; an output of one value per
-    sample meets a target of none)."""
-    if target.is_floating_point():
-        if output.shape != target.shape and output.numel() == target.numel():
-            output = output.reshape(target.shape)
-        return F.mse_loss(output, target)
-    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
-
-
 def loss_name(loss: object, target: torch.Tensor | None = None) -> str:
     """What a run minimises, in words: the user's callable by name, or the default for its targets."""
     if loss is not None:
@@ -56,10 +45,6 @@ def loss_name(loss: object, target: torch.Tensor | None = None) -> str:
     if target is not None and target.is_floating_point():
         return "mean-squared error (the default for float targets)"
     return "cross-entropy (the default for integer targets)"
-
-
-def default_optimizer(params: list) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.01)
 
 
 def run_rank(
@@ -286,9 +271,10 @@ def _train(
     # one loop: each piece is a call, the order between them is the design.
     make_opt = job.optimizer or default_optimizer
     loss_fn = job.loss or default_loss
-    tracer = Tracer() if job.options.trace else OFF
+    tracer: Any = OFF
     slow = Straggler.for_job(job)
-    if tracer.enabled:
+    if job.options.trace:
+        tracer = Tracer()
         align(tracer, job.rank, job.world, job.device)
     sync = make_sync(job, model, units, make_opt, wait, tracer)
     forward = getattr(sync, "wrapped", model)
@@ -328,7 +314,7 @@ def _train(
             t1 = time.perf_counter()
             pos_before, pos = pos, pos + batches.global_batch
             values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
-            rec = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
+            rec: dict[str, Any] = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
             rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values, **slow.record())
             rec.update(consistency_record(sync))
             if tracer.enabled:

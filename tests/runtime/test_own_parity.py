@@ -1,0 +1,95 @@
+"""A user's own loop records and traces what distlab's loop does (issue 56, one runtime): the same job
+run by distlab's loop and as a ``train(ctx)`` in one process group ends at the same weights, and its
+records carry the same straggler and jitter waits, metrics, exposed communication and trace spans."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from own_parity_bodies import PARITY_STEPS, parity_body
+
+from distlab.runtime.spawn import spawn_local
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+WORLD = 2
+CASES = [
+    "watched",  # DDP, metrics, trace, a straggler (own_parity_bodies.parity_job)
+    "jitter",  # distlab's buckets, every rank's compute varied
+    "builder:AllReduce+ddp+acc2",  # the strategy's own accumulation under DDP's no_sync
+    "builder:PS:servers=all+acc2",
+    "gossip:ring:awc",  # gossip that sends before forward (Synchronizer.begin)
+]
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    # one spawn for every case: a spawn costs each rank a torch import on 2 cores
+    return spawn_local(WORLD, parity_body, CASES, timeout=240, threads=1)
+
+
+def _records(ranks: list[dict], case: str, path: str, rank: int) -> list[dict]:
+    return sorted(ranks[rank][(case, path)]["records"], key=lambda r: r["step"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_loop_as_a_train_function_ends_where_distlabs_loop_ends(ranks, case):
+    for rank in range(WORLD):
+        ref, own = ranks[rank][(case, "builtin")], ranks[rank][(case, "own")]
+        diff = max(float((ref["weights"][k] - own["weights"][k]).abs().max()) for k in ref["weights"])
+        assert diff <= 1e-5, (case, rank, diff)
+        losses = [r["loss"] for r in _records(ranks, case, "own", rank)]
+        assert len(losses) == PARITY_STEPS
+        ref_losses = [r["loss"] for r in _records(ranks, case, "builtin", rank)]
+        # the record's loss is the mean over the step's micro-batches, as distlab's loop records it
+        assert losses == pytest.approx(ref_losses, abs=1e-5), case
+
+
+def test_a_slowed_rank_waits_before_each_backward_and_records_it(ranks):
+    slowed, other = _records(ranks, "watched", "own", 1), _records(ranks, "watched", "own", 0)
+    assert all(r["compute"] > 0 for r in slowed + other)
+    assert all(r["delay"] == 0.0 for r in other)
+    # factor 3: each step waits 2x its forward and the previous backward; the first step has no
+    # previous backward, and a sleep overshoots by tens of microseconds on a loaded machine
+    ratios = [r["delay"] / r["compute"] for r in slowed[1:]]
+    assert 1.0 <= statistics.median(ratios) <= 4.0, ratios
+
+
+def test_jitter_varies_every_ranks_compute_and_records_the_waits(ranks):
+    for rank in range(WORLD):
+        recs = _records(ranks, "jitter", "own", rank)
+        assert all(r["delay"] > 0 for r in recs), rank  # an exponential draw is never 0
+        # jitter 1.0: a wait of one forward and backward on average; six draws of an exponential
+        # spread widely around it
+        ratios = [r["delay"] / r["compute"] for r in recs[1:]]
+        assert 0.1 <= statistics.median(ratios) <= 5.0, ratios
+
+
+def test_metrics_are_measured_on_each_steps_batch_as_distlabs_loop_measures_them(ranks):
+    for rank in range(WORLD):
+        own = [r["accuracy"] for r in _records(ranks, "watched", "own", rank)]
+        ref = [r["accuracy"] for r in _records(ranks, "watched", "builtin", rank)]
+        assert own == pytest.approx(ref, abs=1e-6)
+        assert all(0.0 <= a <= 1.0 for a in own)
+
+
+def test_a_users_loop_is_traced_with_its_forward_backward_and_communication(ranks):
+    for rank in range(WORLD):
+        for rec in _records(ranks, "watched", "own", rank):
+            spans = rec["trace"]
+            fwd = [s for s in spans if s["cat"] == "forward"]
+            bwd = [s for s in spans if s["cat"] == "backward"]
+            assert len(fwd) == len(bwd) == 1, [s["name"] for s in spans]
+            assert fwd[0]["end"] <= bwd[0]["start"] + 1e-6
+            assert bwd[0]["args"]["ready"], "the backward span lists when each gradient was ready"
+            assert any(s["cat"] == "allreduce" and s["track"] == "comm" for s in spans)
+            assert any(s["cat"] == "slowdown" for s in spans) == (rank == 1)
+
+
+def test_the_communication_backward_did_not_hide_is_recorded(ranks):
+    # DDP's reducer waits for its last buckets at the end of backward: distlab's loop counts that
+    # wait as the step's communication, and so must a user's loop
+    for rank in range(WORLD):
+        own = _records(ranks, "watched", "own", rank)
+        assert all(r["comm_time"] > 0 for r in own), [r["comm_time"] for r in own]
