@@ -219,3 +219,71 @@ def test_without_a_scheduler_a_lab_runs_one_run_at_a_time_on_the_workers_asked_f
             lab.launch(Net(), steps=10, data=Blobs(), batch_size=10, workers=1)
     finally:
         a.cancel()
+
+
+class PSFaster:
+    """The default cost model, except that it predicts PS twice as fast on more than one replica."""
+
+    def __init__(self) -> None:
+        from distlab.costmodel import CostModel
+
+        self.base = CostModel.default()
+
+    def rank(self, profile, resources, plans, **kw):
+        df = self.base.rank(profile, resources, plans, **kw)
+        ps = (df["strategy"] == "PS") & (df["world"] > 1)
+        for column, factor in (("throughput", 2.0), ("step_time", 0.5), ("compute", 0.5)):
+            df.loc[ps, column] *= factor
+        return df.sort_values("throughput", ascending=False).reset_index(drop=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_run_that_lets_the_scheduler_choose_resumes_under_the_cost_models_best_and_a_named_one_keeps_its(
+    lab, policy
+):
+    scripted = Scripted()
+    policy(scripted)
+    lab.scheduler.cost_model = PSFaster
+    try:
+        auto = lab.launch(
+            Net(), "auto", steps=100_000, data=Blobs(n=100), batch_size=10, min_workers=1, max_workers=2
+        )
+        scripted.counts[auto.id] = 1
+        lab.scheduler.step()
+        poll_for(lambda: auto.steps_done >= 20, 60, "20 steps on one worker")
+        assert auto.strategy.builder == "AllReduce"  # one replica: every strategy alike, none chosen
+        scripted.counts[auto.id] = 2
+        lab.scheduler.step()
+        poll_for(lambda: (auto.metrics["restart"] == 1).sum() >= 40, 60, "20 steps on two workers")
+        assert auto.strategy.builder == "PS"  # predicted twice as fast on two: it resumed as PS
+        frame = lab.queue.frame().set_index("run")
+        assert frame.loc[auto.id, "strategy"] == "PS (auto)"
+        assert frame.loc[auto.id, "speedup"] == "cost model + measured"
+        assert 0 < frame.loc[auto.id, "restart_s"] < 60  # measured: its relaunch and checkpoint
+        assert any(f"run {auto.id} resumes as PS (was AllReduce)" in n for n in lab.scheduler.notes)
+        auto.cancel()
+        m = auto.metrics
+        r0 = m[m["rank"] == 0].sort_values("step")
+        assert list(r0["step"]) == list(range(len(r0)))  # resumed at the step it paused at
+        assert (r0["samples"].to_numpy() == (r0["world"].to_numpy() * 10).cumsum()).all()
+        first, last = first_last(auto)
+        assert last < 0.5 * first  # it kept learning across the change of strategy
+
+        named = lab.launch(
+            Net(), "AllReduce", steps=100_000, data=Blobs(n=100), batch_size=10, min_workers=1, max_workers=2
+        )
+        scripted.counts[named.id] = 1
+        lab.scheduler.step()
+        poll_for(lambda: named.steps_done >= 10, 60, "10 steps on one worker")
+        scripted.counts[named.id] = 2
+        lab.scheduler.step()
+        poll_for(lambda: (named.metrics["restart"] == 1).sum() >= 20, 60, "10 steps on two workers")
+        named.cancel()
+        assert named.strategy.builder == "AllReduce" and named.restarts == 1  # the user's choice kept
+    finally:
+        lab.scheduler.cost_model = None
+
+
+def test_auto_on_a_lab_without_a_scheduler_is_one_error_naming_the_fix(session_lab):
+    with pytest.raises(LaunchError, match="strategy='auto': only a shared Lab's scheduler chooses"):
+        session_lab.launch(Net(), "auto", steps=10, data=Blobs())
