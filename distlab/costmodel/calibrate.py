@@ -141,6 +141,18 @@ def fit_microbenchmarks(
     return params, info
 
 
+def fit_optimizer_tensors(rows: Sequence[CollectiveRow | Mapping[str, Any]]) -> dict[str, float]:
+    """``CostParams`` per-tensor optimizer costs (``sgd_tensor``, ``momentum_tensor``,
+    ``adam_tensor``) from ``optimizer_tensor:<kind>`` rows (seconds per tensor, each the median of
+    its repeats): the median per kind; kinds not measured are left out."""
+    found: dict[str, list[float]] = {}
+    for r in as_rows(CollectiveRow, rows):
+        kind = r.collective.removeprefix("optimizer_tensor:")
+        if r.collective.startswith("optimizer_tensor:") and kind in ("sgd", "momentum", "adam"):
+            found.setdefault(f"{kind}_tensor", []).append(max(float(r.seconds), 0.0))
+    return {k: float(np.median(v)) for k, v in found.items()}
+
+
 # a link is measured when sending this many bytes over it costs mostly bandwidth, not only latency
 LINK_PROBE_BYTES, LINK_BYTES_SHARE = 16 << 20, 0.1
 
@@ -199,6 +211,12 @@ class Term:
     column: Callable[[Any], float]
     lower: float = 0.0
     combine: Literal["set", "add", "scale"] = "set"
+    prior: int = 0
+    """Reference runs a prior toward the value before the fit is worth (``add`` and ``scale``
+    terms: their coefficient 0): that many runs that saw the term's effect, at the run it moves
+    most, as nothing. A term the rows barely pin then stays near the microbenchmark's figure
+    instead of taking up whatever the noise of one calibration leaves (``contention`` came out
+    0.08-0.47 in four calibrations of one day without one)."""
 
     @property
     def coefficient(self) -> str:
@@ -232,13 +250,16 @@ def bounds(terms: Sequence[Term]) -> str:
     return f"every coefficient >= 0 but {', '.join(free)}" if free else "every coefficient >= 0"
 
 
-def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[float]) -> np.ndarray:
+def _bounded_fit(
+    X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[float], prior: Sequence[int] = ()
+) -> np.ndarray:
     """Weighted linear least squares with lower bounds, robust to a few outlying runs.
 
     Starts from the plain bounded solution (``lsq_linear``) and refines it with a soft-L1 loss
     (``least_squares``, residuals beyond 10% of a step count linearly, not squared): one
     reference run hit by a slow moment of a shared machine then moves the fit much less. A term
-    no row exercises (an all-zero column) is left at 0.
+    no row exercises (an all-zero column) is left at 0. ``prior[j]`` pseudo-rows per term pull
+    its coefficient toward 0, each weighing as the row the term moves most (``Term.prior``).
     """
     from scipy.optimize import least_squares, lsq_linear
 
@@ -247,9 +268,24 @@ def _bounded_fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, lower: Sequence[fl
     coef = np.zeros(X.shape[1])
     if used.any():
         A, b = (X[:, used] / scale[used]) * w[:, None], y * w
+        # each prior a row per pseudo-run: the term's largest effect on any row, toward none; in squares
+        # (outside the robust loss, which would make it a constant pull)
+        pulls = np.asarray(list(prior) or [0] * X.shape[1], dtype=float)[used]
+        P = np.diag(np.sqrt(pulls) * np.abs(A).max(axis=0))[pulls > 0]
         lb = np.asarray(lower, dtype=float)[used] * scale[used]
-        x0 = np.maximum(lsq_linear(A, b, bounds=(lb, np.inf)).x, lb + 1e-12)
-        res = least_squares(lambda x: A @ x - b, x0, bounds=(lb, np.inf), loss="soft_l1", f_scale=0.1)
+        start = lsq_linear(np.vstack([A, P]), np.concatenate([b, np.zeros(len(P))]), bounds=(lb, np.inf))
+        x0 = np.maximum(start.x, lb + 1e-12)
+
+        def residuals(x: np.ndarray) -> np.ndarray:
+            r = (A @ x - b) / _ROBUST
+            # soft-L1 (least_squares' loss="soft_l1"): each residual whose square is its loss
+            robust = np.sign(r) * _ROBUST * np.sqrt(2.0 * (np.sqrt(1.0 + r * r) - 1.0))
+            return np.concatenate([robust, P @ x])
+
+        if len(P):
+            res = least_squares(residuals, x0, bounds=(lb, np.inf))
+        else:  # the same loss, as least_squares applies it
+            res = least_squares(lambda x: A @ x - b, x0, bounds=(lb, np.inf), loss="soft_l1", f_scale=_ROBUST)
         coef[used] = res.x / scale[used]
     return coef
 
@@ -265,8 +301,14 @@ def _fit_terms(
     point weighs ``1 / measured``: small steps as much as large ones)."""
     X = np.array([[t.column(p) for t in terms] for p in points])
     w = np.array([1.0 / max(m, 1e-9) for m in measured])
-    coef = _bounded_fit(X, np.array(y), w, [t.lower for t in terms])
+    coef = _bounded_fit(X, np.array(y), w, [t.lower for t in terms], [t.prior for t in terms])
     return params.with_(**{t.param: t.apply(getattr(params, t.param), float(c)) for t, c in zip(terms, coef)})
+
+
+_ROBUST = 0.1  # residuals beyond 10% of a step count linearly in the fits over named terms
+# what a prior on a loop-fitted term weighs, in reference runs (Term.prior): a few of the stage's
+# 20-70 rows, so a term the rows pin follows them and one they do not stays near the microbenchmarks'
+PRIOR_RUNS = 4
 
 
 class _StepPoint(NamedTuple):
@@ -290,6 +332,7 @@ COMPUTE_TERMS: tuple[Term, ...] = (
         "(m - 1) base / (1 + contention (m - 1))",
         lambda p: (p.m - 1) * p.base / (1.0 + p.contention * (p.m - 1)),
         combine="add",
+        prior=PRIOR_RUNS,
     ),
     Term("oversubscription", "(n t / c - 1) base", lambda p: (p.sliced - 1.0) * p.base),
 )
@@ -343,7 +386,17 @@ OVERHEAD_TERMS: tuple[Term, ...] = (
     Term("rank_overhead", "(world - 1)", lambda p: p.peers),
     Term("hook_overhead", "tensors", lambda p: float(p.run.tensors)),
     # a wire faster in training than measured: comm_scale and alpha_scale down to 0.1
-    Term("comm_scale", "(comm - comm_alpha)", lambda p: p.comm - p.comm_alpha, lower=-0.9, combine="add"),
+    Term(
+        "comm_scale",
+        "(comm - comm_alpha)",
+        lambda p: p.comm - p.comm_alpha,
+        lower=-0.9,
+        combine="add",
+        prior=PRIOR_RUNS,
+    ),
+    # a CPU host's reductions take backward's cores: pinned by the reference whose buckets overlap
+    # a long backward (calibration/campaign.py, OVERLAP)
+    Term("overlap_loss", "hidden", lambda p: p.run.hidden, combine="add"),
     Term("comm_oversubscription", "(s - 1) comm", lambda p: p.comm * (p.sliced - 1.0), combine="add"),
     Term("call_overhead", "calls", lambda p: float(p.run.calls or 0.0)),
     Term(
@@ -357,7 +410,7 @@ OVERHEAD_TERMS: tuple[Term, ...] = (
     ),
     Term("gossip_tensor_overhead", "gossip_tensors", lambda p: float(p.run.gossip_tensors or 0.0)),
     Term("gossip_per_byte", "gossip_bytes", lambda p: float(p.run.gossip_bytes or 0.0)),
-    Term("alpha_scale", "comm_alpha", lambda p: p.comm_alpha, lower=-0.9, combine="add"),
+    Term("alpha_scale", "comm_alpha", lambda p: p.comm_alpha, lower=-0.9, combine="add", prior=PRIOR_RUNS),
     Term("ps_unit_overhead", "ps_units", lambda p: float(p.run.ps_units or 0.0)),
 )
 

@@ -94,6 +94,8 @@ class CompiledStrategy:
     gossip_awc: bool
     gossip_degree: float  # in-neighbours per step on the strategy's own ranks
     opt_bytes: float  # parameter bytes the busiest rank updates itself
+    # parameter tensors the busiest rank's optimizers step (its own variables', and a server's shards)
+    opt_tensors: float
     # the same and the sparse PS broadcast under a stateful optimizer (momentum, Adam), whose every row
     # with state changes each step: in a steady state every row of a sparse table
     opt_bytes_state: float
@@ -187,6 +189,8 @@ class _Tally:
     gossip_tensors: int = 0
     sparse_units: int = 0
     ps_units: int = 0
+    local_vars: set[str] = field(default_factory=set)  # variables the rank's own optimizer steps
+    server_units: dict[int, int] = field(default_factory=dict)  # tensors each server's optimizer steps
     gather_dtypes: set[str] = field(default_factory=set)  # sparse all-gather: one packed exchange per dtype
     # sparse PS: one packed gather and broadcast per (server, dtype)
     sparse_servers: set[tuple[int, str]] = field(default_factory=set)
@@ -243,6 +247,8 @@ def _tally(
     ag_bytes = sps_gather = sps_bcast = gossip_bytes = local_opt = 0.0
     gossip_msgs = gossip_tensors = sparse_units = ps_units = 0
     ps_copy = 0.0
+    local_vars: set[str] = set()  # variables the rank's own optimizer steps (one tensor each)
+    server_units: dict[int, int] = {}  # server -> tensors (variables or shards) its optimizer steps
     gather_dtypes: set[str] = set()  # sparse all-gather: one packed exchange per value dtype
     sparse_servers: set[tuple[int, str]] = set()  # sparse PS: one packed gather and broadcast per server
     ps_load: dict[int, list[float]] = {}  # server -> [bytes, msgs, raw bytes, raw bytes with state]
@@ -272,8 +278,10 @@ def _tally(
             b[8] += 1.0  # units in the bucket
             b[9] = b[9] or float(frac < 1.0)  # a shard is copied out of its variable even alone
             local_opt += raw
+            local_vars.add(v.name)
         elif sync.kind == "ps":
             s = ps_load.setdefault(int(sync.server or 0), [0.0, 0.0, 0.0, 0.0])
+            server_units[int(sync.server or 0)] = server_units.get(int(sync.server or 0), 0) + 1
             if sparse:  # gather rows to the server after backward; broadcast changed rows after its step
                 sparse_units += 1
                 rows = estimate_touched_rows(v, profile, per_replica) * frac
@@ -311,12 +319,14 @@ def _tally(
             gather_dtypes.add(v.dtype)
             held = min(rows * p, (v.shape[0] if v.shape else 1) * frac) * v.row_bytes  # rows it holds
             local_opt += held
+            local_vars.add(v.name)
             local_opt_state += raw - held  # momentum or Adam: the rows with state, in a steady state all
         elif sync.kind == "gossip":
             gossip_bytes += raw
             gossip_tensors += 1
             gossip_msgs = 1  # the runtime flattens every gossip variable into one message per neighbour
             local_opt += raw
+            local_vars.add(v.name)
     return _Tally(
         tasks=tasks,
         ag_bytes=ag_bytes,
@@ -329,6 +339,8 @@ def _tally(
         sparse_units=sparse_units,
         ps_units=ps_units,
         ps_copy=ps_copy,
+        local_vars=local_vars,
+        server_units=server_units,
         gather_dtypes=gather_dtypes,
         sparse_servers=sparse_servers,
         ps_load=ps_load,
@@ -430,6 +442,7 @@ def compile_strategy(
         gossip_awc=bool(g and g.mode == "awc"),
         gossip_degree=degree,
         opt_bytes=tally.local_opt + max((v[2] for v in tally.ps_load.values()), default=0.0),
+        opt_tensors=float(len(tally.local_vars) + max(tally.server_units.values(), default=0)),
         opt_bytes_state=tally.local_opt
         + tally.local_opt_state
         + max((v[3] for v in tally.ps_load.values()), default=0.0),

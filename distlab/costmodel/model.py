@@ -45,7 +45,8 @@ _CACHE_PRUNE = 50_000
 _BATCHES_KEPT = 8
 
 
-DETAIL = ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total")  # Prediction.detail
+# Prediction.detail; hidden: the backward tasks' time that hid behind backward (overlap_loss prices it)
+DETAIL = ("backward", "sparse", "broadcast", "gossip", "calls", "backward_total", "hidden")
 
 
 class CostModel:
@@ -241,10 +242,10 @@ class CostModel:
             env = self._env(batch, resources)
             ref = weakref.ref(resources) if resources is not None else None
             batch.env_cache = {id(resources): (sig, ref, env)}
-        work = self.params.optimizer_work(optimizer)
+        work, per_tensor = self.params.optimizer_work(optimizer), self.params.optimizer_tensor(optimizer)
         stateful = optimizer_kind(optimizer) != "sgd"
-        if work != env.optimizer_work or stateful != env.stateful:
-            env = replace(env, optimizer_work=work, stateful=stateful)
+        if (work, per_tensor, stateful) != (env.optimizer_work, env.optimizer_tensor, env.stateful):
+            env = replace(env, optimizer_work=work, optimizer_tensor=per_tensor, stateful=stateful)
         out = {k: v[:, 0] for k, v in evaluate(batch, env).items()}
         if self.refits:
             fixes = [self.refits.get(c.model_key) for c in items]

@@ -14,6 +14,8 @@ from distlab.resources import ResourceSpec
 from distlab.strategy.execution import BUCKET_BYTES
 
 PARAMS_VERSION = 1
+# terms added after files were first saved: a file without them is read with 0 (CostParams.from_dict)
+_LATER_TERMS = ("copy_per_byte", "sgd_tensor", "momentum_tensor", "adam_tensor", "overlap_loss")
 # optimizer names -> what their update costs like (the state tensors it keeps); None: the launch's
 # default optimizer (Adam at 1e-3, distlab.conventions)
 OPTIMIZER_KINDS = {
@@ -61,6 +63,15 @@ class CostParams:
     plain SGD (calibration times it; 2: the textbook passes over memory)."""
     adam_work: float = 4.0
     """An Adam-family update (two state tensors) per byte, relative to plain SGD."""
+    sgd_tensor: float = 0.0
+    """Seconds per parameter tensor of one plain-SGD update beside its bytes (a step of Python and
+    a kernel launch per tensor): the runtime's own SGD, timed by calibration over many small tensors
+    (0 until calibrated, as the loop's other per-tensor costs)."""
+    momentum_tensor: float = 0.0
+    """``sgd_tensor`` for an update with one state tensor (the launch's momentum SGD)."""
+    adam_tensor: float = 0.0
+    """``sgd_tensor`` for an Adam-family update (the launch's default Adam: Keras's update rule, eight
+    in-place operations and a step counter per tensor)."""
     copy_per_byte: float = 1.5e-10
     """Seconds per byte of the runtime's copies: gradients flattened into one all-reduce message,
     the PS path's divided gradients and shard write-backs, gossip's passes over its bytes (those,
@@ -119,6 +130,11 @@ class CostParams:
     alone, per flow beyond the first: ``k`` flows of ``n`` bytes take ``k n beta (1 + incast (k - 1))``
     (beta: ``send/inter``, the link's one-way rate). Calibration measures 2 and 3 senders on other hosts
     into one rank (links.py prices every phase that shares a host's link with it)."""
+    overlap_loss: float = 0.0
+    """The share of the communication hidden behind backward that the step pays all the same: on a
+    CPU host gloo's reductions and copies run on the cores backward computes on, so an all-reduce
+    bucket overlapping backward slows it (0 on a GPU, whose collectives have their own engines).
+    Fitted by the training-loop stage to a reference whose buckets overlap a long backward."""
     outcast: float = 0.0
     """``incast`` for ``k`` concurrent flows out of one host's link (one rank sending to several)."""
     bucket_bytes: int = BUCKET_BYTES
@@ -168,6 +184,12 @@ class CostParams:
         kind = optimizer_kind(optimizer)
         return {"sgd": 1.0, "momentum": self.momentum_work, "adam": self.adam_work}[kind]
 
+    def optimizer_tensor(self, optimizer: str | None) -> float:
+        """Seconds per parameter tensor of an update of ``optimizer`` beside its bytes (as
+        ``optimizer_work`` takes it)."""
+        kind = optimizer_kind(optimizer)
+        return {"sgd": self.sgd_tensor, "momentum": self.momentum_tensor, "adam": self.adam_tensor}[kind]
+
     def with_(self, **changes: Any) -> CostParams:
         return replace(self, **changes)
 
@@ -184,14 +206,16 @@ class CostParams:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostParams:
         """Fields missing from ``d`` (a file from an older distlab) keep their defaults, except
-        ``copy_per_byte`` (0: that file's model had no such term, and predicts as it did)."""
+        the terms that file's model did not have (``copy_per_byte``, the optimizers' per-tensor
+        costs, ``overlap_loss``): 0, so it predicts as it did."""
         try:
             kwargs: dict[str, Any] = {
                 "alpha_beta": {
                     k: (float(v[0]), float(v[1])) for k, v in dict(d.get("alpha_beta") or {}).items()
                 }
             }
-            kwargs["copy_per_byte"] = 0.0  # a file from before the term: its model charged no copies
+            # a file from before these terms: its model charged none of them
+            kwargs.update(dict.fromkeys(_LATER_TERMS, 0.0))
             for f in fields(cls):
                 if f.name != "alpha_beta" and f.name in d:
                     kwargs[f.name] = {"float": float, "int": int, "bool": bool}[str(f.type)](d[f.name])

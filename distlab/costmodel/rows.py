@@ -64,7 +64,8 @@ class CollectiveRow(_Row):
     collective: str
     """allreduce, reduce, broadcast, allgather, sendrecv, send; incast, outcast (one host's link
     shared by concurrent flows); or compute, optimizer (plain SGD), optimizer:momentum,
-    optimizer:adam, copy."""
+    optimizer:adam, copy; optimizer_tensor:sgd, optimizer_tensor:momentum, optimizer_tensor:adam
+    (seconds per parameter tensor of that update beside its bytes)."""
     world: int
     """Ranks taking part."""
     nbytes: int = 0
@@ -176,6 +177,8 @@ class LoopRun(_Row):
     """Predicted communication on the wire, exposed."""
     comm_alpha: float = 0.0
     """The part of ``comm`` that latencies make (``comm`` predicted with every beta at 0)."""
+    hidden: float = 0.0
+    """Predicted backward-task seconds hidden behind backward (what ``overlap_loss`` prices)."""
     ranks_on_host: int | None = None
     cores: int | None = None
 
@@ -206,6 +209,7 @@ def overhead_features(
         "compute": pred.breakdown["compute"],
         "comm": pred.breakdown["comm"] - pred.detail["calls"],  # on the wire, exposed
         "comm_alpha": lat.breakdown["comm"] - lat.detail["calls"],  # of which latencies
+        "hidden": pred.detail["hidden"],
         "ranks_on_host": len(resources.ranks_on(host)),
         "cores": resources.cores.get(host),
     }

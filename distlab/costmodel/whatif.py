@@ -85,6 +85,7 @@ def sweep_frame(
         optimizer_slowdown=opt_slow,
         params=cm.params,
         optimizer_work=cm.params.optimizer_work(optimizer),
+        optimizer_tensor=cm.params.optimizer_tensor(optimizer),
         stateful=optimizer_kind(optimizer) != "sgd",
         intra_exchange=table["intra"]["sendrecv"],
     )

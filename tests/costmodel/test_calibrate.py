@@ -180,9 +180,9 @@ def overhead_terms(p) -> tuple[float, ...]:
     )
 
 
-def test_the_runtimes_overhead_is_recovered_from_reference_runs():
-    from distlab.costmodel import CostParams
-    from distlab.costmodel.calibrate import fit_overhead
+def overhead_rows() -> tuple[tuple[float, ...], list[dict]]:
+    """Reference runs whose loop costs follow ``true`` (fit_overhead's terms in column order, the
+    overlap term left at 0) exactly, with each row's regressors in ``x``."""
 
     # per step, per extra rank, per tensor, wire scale - 1, wire scale per rank per core beyond one,
     # per collective call, per call and peer (x time-slicing), per sparse table or shard, per
@@ -230,17 +230,34 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
                     "x": x,
                 }
             )
-    p = fit_overhead(CostParams(), rows)
+    return true, rows
+
+
+def without_priors(terms):
+    from dataclasses import replace
+
+    return tuple(replace(t, prior=0) for t in terms)
+
+
+def test_the_runtimes_overhead_is_recovered_from_reference_runs():
+    from distlab.costmodel import CostParams
+    from distlab.costmodel.calibrate import OVERHEAD_TERMS, fit_overhead
+
+    true, rows = overhead_rows()
+    # without its priors the fit recovers every term exactly; with them it trades the wire scales'
+    # exactness for agreement between calibrations (the next test)
+    p = fit_overhead(CostParams(), rows, without_priors(OVERHEAD_TERMS))
     assert overhead_terms(p) == pytest.approx(true, rel=1e-5)
     assert p.compute_scale == 1.0 and p.step_overhead == 0.0  # the loop's own figures come from local steps
     model = CostModel(CostParams()).with_overhead(rows)
-    assert model.params.hook_overhead == pytest.approx(true[2]) and model.fingerprint["overhead_runs"] == rows
+    assert model.params.hook_overhead == pytest.approx(true[2], rel=0.05)
+    assert model.fingerprint["overhead_runs"] == rows
     # one run hit by a slow moment of the machine (3x its step): the robust fit still predicts
     # every other run within 5% (plain least squares: 10-19% off for the worst of them)
     for k in range(3, len(rows), 3):
         hit = [dict(r) for r in rows]
         hit[k]["measured"] *= 3
-        terms = overhead_terms(fit_overhead(CostParams(), hit))
+        terms = overhead_terms(fit_overhead(CostParams(), hit, without_priors(OVERHEAD_TERMS)))
         for r in rows[:k] + rows[k + 1 :]:
             predicted = r["predicted"] + float(np.dot(terms, r["x"]))
             assert predicted == pytest.approx(r["measured"], rel=0.05), k
@@ -249,6 +266,31 @@ def test_the_runtimes_overhead_is_recovered_from_reference_runs():
     assert fit_overhead(CostParams(), idle).comm_scale == 1.0
     with pytest.raises(CalibrationError, match=r"overhead runs\[0\]: missing \['tensors'\]"):
         fit_overhead(CostParams(), [{"world": 1, "measured": 1.0, "predicted": 0.5}])
+
+
+def test_priors_keep_the_wire_scales_of_repeated_noisy_calibrations_together():
+    """Six calibrations of one machine whose runs each lie 5% (sd) off: without priors the wire
+    scales the rows barely pin wander (comm_scale 1.3-1.9, alpha_scale 0.1-0.8 on this design,
+    as the issue saw 1.0-1.63 in one day), with them they stay near the microbenchmarks' 1, and
+    the noise-free runs are predicted no worse."""
+    from distlab.costmodel import CostParams
+    from distlab.costmodel.calibrate import OVERHEAD_TERMS, fit_overhead
+
+    _, rows = overhead_rows()
+    rng = np.random.default_rng(0)
+    spread, worst = {}, {}
+    for name, terms in (("free", without_priors(OVERHEAD_TERMS)), ("priors", OVERHEAD_TERMS)):
+        scales, errors = [], []
+        for _ in range(6):
+            noisy = [dict(r, measured=r["measured"] * (1 + 0.05 * rng.standard_normal())) for r in rows]
+            p = fit_overhead(CostParams(), noisy, terms)
+            scales.append((p.comm_scale, p.alpha_scale))
+            got = np.array(overhead_terms(p))
+            errors += [abs(r["predicted"] + got @ r["x"] - r["measured"]) / r["measured"] for r in rows]
+        spread[name] = np.ptp(np.array(scales), axis=0)
+        worst[name] = max(errors)
+    assert (spread["free"] > 0.4).all() and (spread["priors"] < 0.2).all(), spread
+    assert worst["priors"] <= worst["free"] + 0.01, worst
 
 
 def test_params_round_trip_name_a_bad_field_and_read_older_files():
@@ -295,3 +337,33 @@ def test_a_link_whose_time_does_not_grow_with_size_is_one_error():
         CostModel.from_microbenchmarks(synthetic_rows(), _two_hosts()).params.alpha_beta["sendrecv/inter"][1]
         > 0
     )
+
+
+def test_the_optimizers_per_tensor_costs_are_read_from_their_rows():
+    from distlab.costmodel.calibrate import fit_optimizer_tensors
+
+    rows = [
+        {"collective": f"optimizer_tensor:{kind}", "world": 1, "seconds": s}
+        for kind, s in (("sgd", 2e-6), ("adam", 40e-6), ("adam", 44e-6), ("adam", 90e-6))
+    ]
+    assert fit_optimizer_tensors(rows) == {"sgd_tensor": 2e-6, "adam_tensor": pytest.approx(44e-6)}
+    assert fit_optimizer_tensors([{"collective": "optimizer", "world": 1, "seconds": 1e-3}]) == {}
+
+
+def test_the_overlap_loss_is_recovered_from_runs_whose_buckets_hide_behind_backward():
+    from distlab.costmodel import CostParams
+    from distlab.costmodel.calibrate import OVERHEAD_TERMS, fit_overhead
+
+    _, rows = overhead_rows()
+    # the same runs, and the reference whose buckets hide 4-12 ms behind backward at 2-4 ranks, which
+    # measures 35% of that hidden time on top of its terms
+    rows = rows + [
+        dict(r, hidden=h, measured=r["measured"] + 0.35 * h)
+        for r, h in zip(rows[6::9][1:], (4e-3, 8e-3, 12e-3))
+    ]
+    exact = fit_overhead(CostParams(), rows, without_priors(OVERHEAD_TERMS))
+    assert exact.overlap_loss == pytest.approx(0.35, rel=1e-3)
+    # the wire scales' priors hold comm_scale nearer 1 than the rows' 1.5, and the overlap term takes
+    # up a little of what that leaves on these rows
+    assert fit_overhead(CostParams(), rows).overlap_loss == pytest.approx(0.35, abs=0.05)
+    assert fit_overhead(CostParams(), overhead_rows()[1]).overlap_loss == 0.0  # nothing hidden: no term

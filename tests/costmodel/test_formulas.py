@@ -483,3 +483,29 @@ def test_wire_time_in_training_scales_bytes_and_latency_apart_and_grows_when_ran
     scaled = exact_model(comm_scale=1.5, alpha_scale=0.5, comm_oversubscription=0.4)
     got = scaled.predict(prof, res, s).breakdown["comm"]
     assert got == pytest.approx((0.5 + turns) * latency + (1.5 + turns) * (base - latency))
+
+
+def test_an_optimizer_step_costs_per_tensor_as_well_as_per_byte():
+    # three tensors, Adam's per-tensor cost 50 us: an all-reduce rank steps all three, a PS server
+    # its own (server 0 holds two of them), one process all three; SGD at its own figure
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    res = toy_resources(2)
+    cm = exact_model(optimizer_per_byte=1e-9, adam_work=3.5, adam_tensor=50e-6, sgd_tensor=2e-6)
+    free = exact_model(optimizer_per_byte=1e-9, adam_work=3.5)
+    ar = plan(prof, allreduce(0, 0, 0), res)
+    ps = plan(prof, [Sync("ps", server=0), Sync("ps", server=0), Sync("ps", server=1)], res)
+    for st, tensors in ((ar, 3), (ps, 2)):
+        per_byte = free.predict(prof, res, st, optimizer="adam").breakdown["optimizer"]
+        got = cm.predict(prof, res, st, optimizer="adam").breakdown["optimizer"]
+        assert got == pytest.approx(per_byte + tensors * 50e-6)
+    assert cm.predict(prof, res, ar, optimizer="sgd").breakdown["optimizer"] == pytest.approx(
+        16000 * 1e-9 + 3 * 2e-6
+    )
+    # ranks taking turns on the cores take turns on the per-tensor work too
+    four = toy_resources(4, cores=2)
+    st4 = plan(prof, allreduce(0, 0, 0), four)
+    gap = (
+        cm.predict(prof, four, st4).breakdown["optimizer"]
+        - free.predict(prof, four, st4).breakdown["optimizer"]
+    )
+    assert gap == pytest.approx(2 * 3 * 50e-6)

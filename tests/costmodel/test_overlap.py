@@ -115,3 +115,22 @@ def test_ranks_splitting_the_profiles_threads_run_slower_per_rank():
         prof, toy_resources(2, cores=2), plan(prof, allreduce(0, 0, 0), toy_resources(2, cores=2))
     )
     assert two.breakdown["compute"] == pytest.approx(2 * one.breakdown["compute"])
+
+
+def test_on_a_cpu_host_what_hides_behind_backward_still_costs_its_overlap_loss():
+    # the three buckets of the first test: all but v0's hide behind backward on a GPU (overlap_loss 0);
+    # with overlap_loss 0.4 the step pays 40% of the hidden ones' time too
+    prof = toy_profile(sizes=(1000, 1000, 2000))
+    res = toy_resources(2)
+    st = plan(prof, allreduce(0, 1, 2), res)
+    gpu = exact_model(beta=1e-8).predict(prof, res, st)
+    cpu = exact_model(beta=1e-8, overlap_loss=0.4).predict(prof, res, st)
+    hidden = gpu.detail["backward_total"] - gpu.breakdown["comm"]
+    assert hidden > 0 and gpu.detail["hidden"] == pytest.approx(hidden)
+    assert cpu.breakdown["comm"] == pytest.approx(gpu.breakdown["comm"] + 0.4 * hidden)
+    assert cpu.step_time == pytest.approx(gpu.step_time + 0.4 * hidden)
+    # one bucket for everything hides nothing: nothing more to pay
+    one = plan(prof, allreduce(0, 0, 0), res)
+    assert exact_model(beta=1e-8, overlap_loss=0.4).predict(prof, res, one).step_time == pytest.approx(
+        exact_model(beta=1e-8).predict(prof, res, one).step_time
+    )
