@@ -144,6 +144,41 @@ def measured_rows(metrics: Any, plans: Sequence[tuple[float, str, int]], batch: 
     return rows
 
 
+class Guarded:
+    """A speedup the policy can always call: ``priced``'s, or ``fallback``'s (measured, else linear)
+    at an allocation it cannot price (a strategy the candidates lack there, a plan the cost model
+    refuses), so one run's pricing never stops a round."""
+
+    def __init__(self, priced: SpeedupFn, fallback: SpeedupFn | None) -> None:
+        self.priced, self.fallback = priced, fallback
+
+    def __call__(self, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        try:
+            out = np.asarray(self.priced(nodes, replicas), dtype=float)
+            if np.isfinite(out).all():
+                return out
+        except Exception:  # noqa: BLE001 - priced otherwise below
+            pass
+        if self.fallback is not None:
+            return self.fallback(nodes, replicas)
+        return np.asarray(replicas, dtype=float)
+
+
+class GuardedChoice(Guarded):
+    """``Guarded`` for a run whose strategy the scheduler chooses: it also names the best strategy
+    per allocation (``strategy_at``; the one it runs where the cost model cannot say)."""
+
+    def __init__(self, priced: StrategySpeedup, fallback: SpeedupFn | None, current: str) -> None:
+        super().__init__(priced, fallback)
+        self.current = current
+
+    def strategy_at(self, nodes: int, replicas: int) -> str:
+        try:
+            return self.priced.strategy_at(nodes, replicas)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - keep what it runs
+            return self.current
+
+
 class OwnStrategySpeedup:
     """The speedup of the one strategy a run was launched with, from a ``StrategySpeedup``'s rates
     (the run's own measurements applied): a run whose user named its strategy keeps it."""
@@ -174,15 +209,24 @@ def run_speedup(job: Any, cost_model: Any, base: Any) -> tuple[SpeedupFn | None,
     key = (id(cost_model), len(rows), tuple(r["step_time"] for r in rows))
     if job.priced is not None and job.priced[0] == key:
         return job.priced[1], job.priced[2]
+    raw: StrategySpeedup | None = None
     try:
-        priced = StrategySpeedup(cost_model, job.profile, base, optimizer=job.optimizer)
-        if rows:
-            priced = priced.with_measurements(rows)
-        fn: SpeedupFn = priced if job.chooses else OwnStrategySpeedup(priced, job.run.strategy.name)
+        kept = job.priced[3] if job.priced is not None else None
+        if kept is not None and kept.cm is cost_model:  # its tables (cm.rank per allocation) kept
+            raw = kept.with_measurements(rows or None)
+        else:
+            raw = StrategySpeedup(cost_model, job.profile, base, optimizer=job.optimizer)
+            raw = raw.with_measurements(rows) if rows else raw
+        current = job.run.strategy.name
+        fn: SpeedupFn = (
+            GuardedChoice(raw, measured, current)
+            if job.chooses
+            else Guarded(OwnStrategySpeedup(raw, current), measured)
+        )
         basis = "cost model" + (" + measured" if rows else "")
     except Exception:  # noqa: BLE001 - a strategy the candidates lack, a profile the model cannot price
         fn, basis = measured, "measured" if measured is not None else "linear"  # type: ignore[assignment]
-    job.priced = (key, fn, basis)
+    job.priced = (key, fn, basis, raw)
     return fn, basis
 
 
@@ -190,17 +234,20 @@ def switch_to(job: Any, name: str | None, workers: Sequence[str], hosts: int) ->
     """The Strategy (a candidate) a choosing run resumes under on ``workers``, or None to keep its
     own: the policy's pick (``name``; the cost model's best when the policy names none) beats the
     one it runs by more than ``SWITCH_MARGIN`` there."""
-    fn = job.priced[1] if job.priced is not None else None
-    if not job.chooses or not isinstance(fn, StrategySpeedup):
+    fn = job.priced[3] if job.priced is not None else None
+    if not job.chooses or fn is None:
         return None
     current = job.run.strategy.name
-    name = name or fn.strategy_at(hosts, len(workers))
-    if name == current:
+    try:
+        name = name or fn.strategy_at(hosts, len(workers))
+        if name == current:
+            return None
+        rates = fn.rates(hosts, len(workers))
+        if not rates.get(name, -math.inf) > rates.get(current, 0.0) * (1 + SWITCH_MARGIN):
+            return None
+        plans = {s.name: s for s in fn.plans(allocation_resources(fn.base, hosts, len(workers)))}
+    except Exception:  # noqa: BLE001 - the cost model cannot say here: it keeps what it runs
         return None
-    rates = fn.rates(hosts, len(workers))
-    if not rates.get(name, -math.inf) > rates.get(current, 0.0) * (1 + SWITCH_MARGIN):
-        return None
-    plans = {s.name: s for s in fn.plans(allocation_resources(fn.base, hosts, len(workers)))}
     return plans.get(name)
 
 

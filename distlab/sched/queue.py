@@ -65,7 +65,8 @@ class LabQueue:
         rows = []
         for run in self._runs:
             job = self._scheduler.job_of(run) if self._scheduler is not None else None
-            workers = tuple(job.workers) if job is not None else (() if run.done else tuple(run.workers))
+            # a run that ended holds none, though the round that frees its workers may not have run yet
+            workers = () if run.done else tuple(job.workers) if job is not None else tuple(run.workers)
             state = job.state if job is not None else run.status
             waited = jct = float("nan")
             if job is not None:

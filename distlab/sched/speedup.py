@@ -111,7 +111,7 @@ class StrategySpeedup:
     def with_measurements(self, rows: Any) -> StrategySpeedup:
         """This job's speedup refitted to its measured steps: a table (or list of dicts) with
         ``strategy``, ``num_nodes``, ``num_replicas``, ``local_bsz`` and ``step_time`` (s)."""
-        return StrategySpeedup(
+        out = StrategySpeedup(
             self.cm,
             self.profile,
             self.base,
@@ -121,6 +121,8 @@ class StrategySpeedup:
             staleness_cost=self.staleness_cost,
             measured=rows,
         )
+        out._tables = self._tables  # the cost model's figures do not depend on the measurements
+        return out
 
     def plans(self, resources: ResourceSpec) -> list[Strategy]:
         """The candidate strategies for one allocation's resources."""
