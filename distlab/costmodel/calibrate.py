@@ -308,7 +308,7 @@ def _fit_terms(
 _ROBUST = 0.1  # residuals beyond 10% of a step count linearly in the fits over named terms
 # what a prior on a loop-fitted term weighs, in reference runs (Term.prior): a few of the stage's
 # 20-70 rows, so a term the rows pin follows them and one they do not stays near the microbenchmarks'
-PRIOR_RUNS = 4
+PRIOR_RUNS = 2
 
 
 class _StepPoint(NamedTuple):
