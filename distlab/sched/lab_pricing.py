@@ -168,7 +168,7 @@ class GuardedChoice(Guarded):
     """``Guarded`` for a run whose strategy the scheduler chooses: it also names the best strategy
     per allocation (``strategy_at``; the one it runs where the cost model cannot say)."""
 
-    def __init__(self, priced: StrategySpeedup, fallback: SpeedupFn | None, current: str) -> None:
+    def __init__(self, priced: Any, fallback: SpeedupFn | None, current: str) -> None:
         super().__init__(priced, fallback)
         self.current = current
 
@@ -213,15 +213,15 @@ def run_speedup(job: Any, cost_model: Any, base: Any) -> tuple[SpeedupFn | None,
     try:
         kept = job.priced[3] if job.priced is not None else None
         if kept is not None and kept.cm is cost_model:  # its tables (cm.rank per allocation) kept
-            raw = kept.with_measurements(rows or None)
+            priced = kept.with_measurements(rows or None)
         else:
-            raw = StrategySpeedup(cost_model, job.profile, base, optimizer=job.optimizer)
-            raw = raw.with_measurements(rows) if rows else raw
-        current = job.run.strategy.name
+            priced = StrategySpeedup(cost_model, job.profile, base, optimizer=job.optimizer)
+            priced = priced.with_measurements(rows) if rows else priced
+        raw, current = priced, job.run.strategy.name
         fn: SpeedupFn = (
-            GuardedChoice(raw, measured, current)
+            GuardedChoice(priced, measured, current)
             if job.chooses
-            else Guarded(OwnStrategySpeedup(raw, current), measured)
+            else Guarded(OwnStrategySpeedup(priced, current), measured)
         )
         basis = "cost model" + (" + measured" if rows else "")
     except Exception:  # noqa: BLE001 - a strategy the candidates lack, a profile the model cannot price

@@ -123,15 +123,16 @@ def test_without_a_cost_model_a_run_is_priced_by_its_measurements_as_before(prof
     fn, basis = run_speedup(_job(), None, None)
     assert fn is None and basis == "linear"  # Pollux's start: speedup = replicas
     fn, basis = run_speedup(_job(_records([(0, 1, 0.1), (1, 2, 0.125)])), None, None)
-    assert basis == "measured"
+    assert fn is not None and basis == "measured"
     assert fn(np.array([1]), np.array([2]))[0] == pytest.approx(2 * 0.1 / 0.125, rel=1e-6)
 
 
 def test_before_it_ran_the_cost_model_prices_the_run_at_its_own_strategy_or_the_best(profile):
     base = dl.ResourceSpec.local(2)
     own, basis = run_speedup(_job(profile=profile, strategy="PS"), PSFaster(), base)
-    assert isinstance(own.priced, OwnStrategySpeedup) and basis == "cost model"
+    assert isinstance(own, Guarded) and isinstance(own.priced, OwnStrategySpeedup) and basis == "cost model"
     best, _ = run_speedup(_job(profile=profile, chooses=True, strategy="PS"), PSFaster(), base)
+    assert isinstance(best, GuardedChoice)
     assert best.strategy_at(1, 2) == "PS"  # a run that lets the scheduler choose: the best there
     plain = StrategySpeedup(CostModel.default(), profile, base)
     # a run that named PS is priced at PS's rates (here twice the plain model's at 2 replicas), not
@@ -144,6 +145,7 @@ def test_before_it_ran_the_cost_model_prices_the_run_at_its_own_strategy_or_the_
 def test_after_it_ran_its_measured_steps_correct_the_cost_models_speedup(profile):
     base = dl.ResourceSpec.local(2)
     before, _ = run_speedup(_job(profile=profile), CostModel.default(), base)
+    assert before is not None
     slow_two = _records([(0, 1, 0.01), (1, 2, 0.05)])  # two replicas measured 5x slower a step
     job = _job(slow_two, profile=profile)
     job.plans = [(0.0, "AllReduce", 1)]
@@ -152,7 +154,7 @@ def test_after_it_ran_its_measured_steps_correct_the_cost_models_speedup(profile
         2: "AllReduce",
     }
     after, basis = run_speedup(job, CostModel.default(), base)
-    assert basis == "cost model + measured"
+    assert after is not None and basis == "cost model + measured"
     s_before, s_after = before(np.array([1]), np.array([2]))[0], after(np.array([1]), np.array([2]))[0]
     assert s_after == pytest.approx(2 * 0.01 / 0.05, rel=0.05) and s_after < 0.5 * s_before
 
