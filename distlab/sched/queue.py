@@ -98,7 +98,8 @@ class LabQueue:
 
     @property
     def notes(self) -> list[str]:
-        """What the scheduler refused and why (a policy's bad allocation, a run it could not resize)."""
+        """What the scheduler refused and why (a policy's bad allocation, a run it could not resize),
+        and each change of strategy it made (a run launched with ``strategy="auto"``)."""
         return list(self._scheduler.notes) if self._scheduler is not None else []
 
     def plot(self, runs: Any = None) -> Any:
@@ -149,7 +150,7 @@ class LabQueue:
         return (
             head
             + frame.to_html(index=False, na_rep="", float_format=lambda x: f"{x:.3g}")
-            + (f"<p>Refused allocations (newest last):</p><ul>{notes}</ul>" if notes else "")
+            + (f"<p>Scheduler notes (newest last):</p><ul>{notes}</ul>" if notes else "")
         )
 
 
