@@ -26,12 +26,7 @@ from distlab.errors import LaunchError, SchedulerError
 from distlab.sched import get_policy
 from distlab.sched.goodput import GoodputPolicy
 from distlab.sched.lab_cluster import ClusterView
-from distlab.sched.lab_pricing import (
-    RestartPricer,
-    plan_as,
-    run_speedup,
-    switch_to,
-)
+from distlab.sched.lab_pricing import RestartPricer, plan_as, run_speedup, switch_to
 from distlab.sched.policy import Allocated, Allocation, JobSpec, Policy, check_allocation
 from distlab.sched.restart import RELAUNCH_GUESS
 
