@@ -57,7 +57,7 @@ def first_steps(cases: Sequence[Any], threads: int, gpu: bool = False) -> list[f
 def time_first_steps(cluster: Cluster, cases: Sequence[LocalCase]) -> list[float]:
     """``first_steps`` on the first worker, one task (not a rank: no process group). The
     kernel's interrupt cancels it; the worker finishes the step it is in."""
-    import dask
+    import dask.config
 
     res = cluster.resources
     workers = cluster.first(1, res)
