@@ -22,7 +22,9 @@ from distlab.calibration.measure import (
     measure_training_loop,
     plan_models,
 )
+from distlab.calibration.optimizer_cost import measure_optimizer_tensors
 from distlab.calibration.repeat import LINK_REPEATS
+from distlab.costmodel.calibrate import fit_optimizer_tensors
 from distlab.costmodel.compute import model_key
 from distlab.costmodel.rows import LocalStep
 from distlab.errors import CalibrationError, check_positive
@@ -48,9 +50,12 @@ BUILDERS = ("AllReduce", "PS", "PartitionedPS", "Gossip")
 # cost more a byte than the microbenchmarks' sizes show; evidence: docs/cost-model.md §History)
 WIDE_WIDTHS = (768, 2048)
 HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
+# an MLP of 17 MB of gradients in 4 MiB buckets at a batch whose backward lasts as long as their
+# all-reduce: what the buckets overlapping backward cost on this host pins CostParams.overlap_loss
+OVERLAP_LAYERS, OVERLAP_WIDTH, OVERLAP_BATCH = 4, 1024, 32
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
-CALIBRATION_FORMAT = 22
+CALIBRATION_FORMAT = 23
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 # seconds of the stages before the models' on a LocalCluster: collectives (CALIBRATION_BUDGET), the
 # reference models' profiles and training loop; what an announced estimate adds for them
@@ -262,6 +267,8 @@ def _measure_collectives(
     import distlab as dl
 
     cm = measure_links(cluster, sizes, bar)
+    tensors = measure_optimizer_tensors(cluster)  # about a second: no part of its own
+    cm = cm.with_params(cm.params.with_(**fit_optimizer_tensors(tensors)), optimizer_tensor_rows=tensors)
     profiles = []
     for i, (m, _, b, _) in enumerate(cases):
         bar.start(f"profiling {type(m).__name__} ({i + 1} of {len(cases)} reference models)")
@@ -380,6 +387,12 @@ def reference_cases() -> list[tuple[Any, Any, int, tuple[str, ...]]]:
     for (name, opts, batch), builders in ((HEAVY, BUILDERS[:2]), (SPARSE, BUILDERS)):
         model = dl.zoo.get(name, **opts)
         cases.append((model, dl.data.synthetic(model, n=16 * batch, seed=0), batch, builders))
+    overlap_data = torch.utils.data.TensorDataset(
+        torch.randn(4 * OVERLAP_BATCH, OVERLAP_WIDTH, generator=g),
+        torch.randint(0, 10, (4 * OVERLAP_BATCH,), generator=g),
+    )
+    overlap = _reference(OVERLAP_LAYERS, OVERLAP_WIDTH)
+    cases.append((overlap, overlap_data, OVERLAP_BATCH, ("AllReduce",)))
     return cases
 
 

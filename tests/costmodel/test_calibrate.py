@@ -367,3 +367,16 @@ def test_the_overlap_loss_is_recovered_from_runs_whose_buckets_hide_behind_backw
     # up a little of what that leaves on these rows (0.38 with priors of 2 runs)
     assert fit_overhead(CostParams(), rows).overlap_loss == pytest.approx(0.35, abs=0.05)
     assert fit_overhead(CostParams(), overhead_rows()[1]).overlap_loss == 0.0  # nothing hidden: no term
+
+
+def test_the_optimizers_cost_per_tensor_is_timed_as_the_launch_runs_them():
+    from distlab.calibration.optimizer_cost import time_per_tensor
+
+    rows = time_per_tensor()
+    per = {r["collective"]: r["seconds"] for r in rows}
+    assert set(per) == {f"optimizer_tensor:{k}" for k in ("sgd", "momentum", "adam")}
+    # Keras's Adam: a step counter and eight in-place operations per tensor; torch's plain SGD one
+    assert 0 < per["optimizer_tensor:sgd"] < per["optimizer_tensor:adam"] < 1e-3
+    from distlab.costmodel.calibrate import fit_optimizer_tensors
+
+    assert fit_optimizer_tensors(rows)["adam_tensor"] == per["optimizer_tensor:adam"]
