@@ -21,7 +21,8 @@ def describe(cm: CostModel) -> str:
 
 
 def card_html(cm: CostModel) -> str:
-    """The repr, contention and optimizer cost, each repeated stage's spread (how far another
+    """The repr, contention, optimizer cost, the share of hidden communication a step still pays
+    (``overlap_loss``), each repeated stage's spread (how far another
     calibration of this cluster would move), whether it was cached, and the links' alpha-beta."""
     prm = cm.params
     rows = "".join(
@@ -37,7 +38,8 @@ def card_html(cm: CostModel) -> str:
     bad = cm.fingerprint.get("unrepeatable")
     return (
         f"<p><b>{html.escape(describe(cm))}</b> contention {prm.contention:.3f}, optimizer "
-        f"{prm.optimizer_per_byte * 1e9:.3f} ns/byte</p>"
+        f"{prm.optimizer_per_byte * 1e9:.3f} ns/byte (Adam {prm.adam_tensor * 1e6:.1f} us a tensor), "
+        f"overlap loss {prm.overlap_loss:.2f}</p>"
         + (f"<p>Repeatability (spread of each stage's repeats):</p><ul>{repeat}</ul>" if repeat else "")
         + (
             f"<p><b>Not cached</b>: the {html.escape(bad['stage'])} stage did not repeat.</p>"
