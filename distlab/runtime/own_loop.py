@@ -208,8 +208,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         s = self._s
-        if s.accumulating():
-            return  # a micro-batch of the strategy's accumulation: gradients add up
+        if s.batches.accum > 1 and s.hooks.backwards:
+            # the strategy's micro-batches: a backward of this step ran, and its gradients add up
+            # until the step (a loop calls zero_grad before each backward, or after each step())
+            return
         s.sync.clear_grads()
 
     def synchronize(self) -> None:
@@ -221,11 +223,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # AdaScale's gain from the noise measured up to the last step, as lab.launch takes it: this
         # step's sync updates the estimate
         s.gains = s.batches.gains()
-        s.sync.sync_grads()
-        if s.batches.accum > 1:  # the strategy's micro-batches summed their gradients: their mean
-            for p in s.model.parameters():
-                if p.grad is not None:
-                    p.grad.div_(s.batches.accum)
+        s.sync.sync_grads()  # the strategy's micro-batches: their mean (own_session.py ``_averaged``)
         self._synced = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

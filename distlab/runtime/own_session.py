@@ -1,6 +1,11 @@
-"""The rank's side of a user's own loop (``Lab.run``): the strategy's synchroniser, batches,
-checkpoints, stop and records of ``runtime/trainer.py``, driven by the user's calls through
-``TrainContext`` (runtime/own_loop.py) instead of distlab's loop."""
+"""One rank's run of a training function, ``train(ctx)``: a user's own loop (``Lab.run``) or distlab's
+(``lab.launch``, runtime/builtin_loop.py). The strategy's synchroniser (runtime/trainer.py
+``make_sync``), batches, checkpoints, stop and records, driven by the loop's calls through
+``TrainContext`` (runtime/own_loop.py).
+
+Long because the session is one state machine over a step (fetch, forward, backward, the
+optimizer's step, the boundary) that every call of the context moves on.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import torch
 
 from distlab.errors import DistlabError, LaunchError
 from distlab.runtime import own_loop
+from distlab.runtime.builtin_loop import BuiltinLoop, default_optimizer
 from distlab.runtime.data import to_device
 from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
 from distlab.runtime.own_checks import check_loader, check_optimizer
@@ -62,6 +68,7 @@ class OwnSession:
             align(self.tracer, job.rank, job.world, job.device)
         self.sync: Any = None
         self.hooks: Any = None  # the forward and backward's timing (runtime/own_timing.py), at prepare
+        self.ckpts: Any = None
         self.batches: Any = None
         self.model: Any = None
         self.units: list = []
@@ -120,7 +127,10 @@ class OwnSession:
         job = self.job
         model = model.to(job.device)
         check_optimizer(model, optimizer)
-        if self.world > 1:  # every rank starts from rank 0's weights, as lab.launch's pickled model does
+        builtin = isinstance(self.job.train_fn, BuiltinLoop)
+        # every rank of a user's loop starts from rank 0's weights, as lab.launch's pickled model
+        # does; distlab's loop trains each rank's own model as given (a test's may differ)
+        if self.world > 1 and not builtin:
             import torch.distributed as dist
 
             for t in model.state_dict().values():
@@ -136,8 +146,8 @@ class OwnSession:
         job = self.job = dataclasses.replace(
             job, data=loader.dataset, batch_size=int(loader.batch_size), shuffle=shuffle
         )
-        if job.optimizer is not None:  # lab.launch's factory (runtime/builtin_loop.py) makes them
-            make_opt, self._links = job.optimizer, []
+        if builtin:  # lab.launch's optimizer factory makes them
+            make_opt, self._links = job.optimizer or default_optimizer, []
         else:  # made like the user's optimizer, kept in step with its groups
             make_opt, self._links = own_loop.make_optimizer_like(optimizer, units, job.rank)
         sync = make_sync(job, model, units, make_opt, self.wait, self.tracer)
@@ -165,8 +175,15 @@ class OwnSession:
         self.end = EndRendezvous(
             self.store, rank, job.world, job.timeout, lambda: failure_of_other(self.store, rank, wait=0.0)
         )
+        if job.strategy.batch.accumulation > 1 or job.options.adaptive is not None:
+            # the strategy's micro-batches: each one's gradient divided by their number as it
+            # arrives, before any sync, noise measure or compressor sees it, as dividing the loss
+            # would (and a loss term on the variables outside the model's output with it)
+            self._grad_hooks += [
+                p.register_hook(self._averaged) for p in model.parameters() if p.requires_grad
+            ]
         if any(u.sync.kind != "gossip" for u in units):  # gossip averages parameters, not gradients
-            self._grad_hooks = [
+            self._grad_hooks += [
                 p.register_post_accumulate_grad_hook(self._on_grad)
                 for p in model.parameters()
                 if p.requires_grad
@@ -176,6 +193,10 @@ class OwnSession:
         model.train()
         self.optimizer = own_loop.DistributedOptimizer(self, optimizer)
         return getattr(sync, "wrapped", model), self.optimizer, own_loop.PreparedLoader(self, loader)
+
+    def _averaged(self, grad: torch.Tensor) -> torch.Tensor | None:
+        k = self.batches.accum
+        return grad / k if k > 1 else None
 
     def register(self, name: str, obj: Any) -> None:
         self._registered[name] = obj
@@ -346,6 +367,11 @@ class OwnSession:
     def finish(self) -> dict[str, Any]:
         """After ``train`` returned: the last record, the checkpoints joined, the run's end."""
         self._flush()
+        if self._stepped:  # the last step's boundary, as every other step's: a checkpoint when due
+            self._stepped = False
+            self.ckpts.after_step(self.step, self.pos)
+            if self.asynchronous:
+                self.end.progress(self.step)
         if not self.stopped:
             self.ckpts.at_end(self.pos, self.step)
         if self.asynchronous:
@@ -372,8 +398,9 @@ class OwnSession:
             h.remove()
         if self.hooks is not None:
             self.hooks.close()
-        if self.sync is not None:
+        if self.ckpts is not None:
             self.ckpts.close()
+        if self.sync is not None:
             self.sync.close()
 
 

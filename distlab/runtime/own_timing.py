@@ -76,7 +76,7 @@ class ComputeHooks:
         self.backward_end = 0.0  # when the step's last backward ended (its exposed communication's end)
         self._t_fwd: float | None = None  # when the forward being timed began
         self._t_bwd = 0.0
-        self._micro = 0  # forwards with a backward in this step
+        self.backwards = 0  # backwards ended in this step (the strategy's micro-batches count each)
         self._values = dict.fromkeys((m.name for m in self.metrics), 0.0)
         self._counted = 0
         self._handles = [
@@ -124,7 +124,7 @@ class ComputeHooks:
     def _backward_begins(self) -> None:
         now = time.perf_counter()
         t0 = self._t_fwd if self._t_fwd is not None else now
-        self.tracer.add("forward", "forward", t0, now, micro=self._micro)
+        self.tracer.add("forward", "forward", t0, now, micro=self.backwards)
         self.slow.wait(now - t0, self.tracer)
         self._t_bwd = time.perf_counter()
         # queued again from the first callback, so it runs after the callbacks queued during
@@ -134,10 +134,10 @@ class ComputeHooks:
     def _backward_ends(self) -> None:
         now = time.perf_counter()
         self.slow.backward_took(now - self._t_bwd)
-        self.tracer.add("backward", "backward", self._t_bwd, now, micro=self._micro)
+        self.tracer.add("backward", "backward", self._t_bwd, now, micro=self.backwards)
         self.backward_end = now
         self._t_fwd = None
-        self._micro += 1
+        self.backwards += 1
 
     def record(self) -> dict[str, float]:
         """The step's ``compute`` and ``delay`` (runtime/straggler.py), its exposed communication
@@ -150,7 +150,7 @@ class ComputeHooks:
             out.update({k: v / n for k, v in self._values.items()})
             self._values = dict.fromkeys(self._values, 0.0)
             self._counted = 0
-        self._micro, self.backward_end = 0, 0.0
+        self.backwards, self.backward_end = 0, 0.0
         return out
 
     def close(self) -> None:

@@ -1,9 +1,12 @@
-"""run_rank: one rank's whole run — validate, rendezvous, train under the strategy, checkpoint, report."""
+"""run_rank: one rank's whole run — validate, rendezvous, then its training function (a user's own
+``train(ctx)``, or distlab's loop as one: runtime/builtin_loop.py) through the one runtime of
+runtime/own_session.py; and the pieces of that runtime a strategy decides (its synchroniser, stop
+margin, records)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -12,17 +15,16 @@ import torch
 
 from distlab.allocator import heap_cache, tune_allocator
 from distlab.errors import DistlabError, LaunchError
-from distlab.runtime.adaptive import BatchState
-from distlab.runtime.builtin_loop import default_loss, default_optimizer
-from distlab.runtime.cut import EndRendezvous
-from distlab.runtime.data import call_model, to_device
+
+# default_loss, default_optimizer: distlab's loop's defaults, read from here by the profilers and benchmarks
+from distlab.runtime.builtin_loop import BuiltinLoop, default_loss, default_optimizer  # noqa: F401
 from distlab.runtime.ddp import DDPSynchronizer
 from distlab.runtime.gossip import resolve_topology
-from distlab.runtime.job import STEP_RECORD_KEYS, RankJob
+from distlab.runtime.job import RankJob
+from distlab.runtime.own_session import run_own
 from distlab.runtime.plan import build_units
 from distlab.runtime.process_group import (
     PeerFailed,
-    StopSignal,
     abort_groups,
     connect_store,
     failure_of_other,
@@ -30,11 +32,9 @@ from distlab.runtime.process_group import (
     report_failure,
     resolve_backend,
 )
-from distlab.runtime.resume import Checkpoints, resume
 from distlab.runtime.sparse import sparse_names
-from distlab.runtime.straggler import Straggler
 from distlab.runtime.sync import Synchronizer
-from distlab.runtime.trace import OFF, Tracer, align
+from distlab.runtime.trace import OFF
 from distlab.strategy.execution import ddp_applies
 
 
@@ -66,24 +66,25 @@ def run_rank(
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed + job.rank)
-    own = job.train_fn is not None  # a user's loop (Lab.run): it prepares its own model and data
-    if job.data is None and not own:
-        raise LaunchError("RankJob.data: None; pass a map-style Dataset of (input, target) pairs")
-    if not own and job.steps <= job.start_step:
-        raise LaunchError(f"RankJob.steps: {job.steps} <= start_step {job.start_step}; nothing to train")
-    model = job.model.to(job.device) if not own else job.model
-    units = build_units(model, job.strategy, job.world)  # StrategyError before any rendezvous
+    own = job.train_fn is not None  # a user's loop (Lab.run); else distlab's, as a train(ctx) too
+    if not own:
+        if job.data is None:
+            raise LaunchError("RankJob.data: None; pass a map-style Dataset of (input, target) pairs")
+        if job.steps <= job.start_step:
+            raise LaunchError(f"RankJob.steps: {job.steps} <= start_step {job.start_step}; nothing to train")
+        job = dataclasses.replace(job, model=job.model.to(job.device))
+        job = dataclasses.replace(job, train_fn=BuiltinLoop.of(job))
+    build_units(job.model, job.strategy, job.world)  # StrategyError before any rendezvous
     backend = resolve_backend(job.strategy.backend, job.device)
     pstore = connect_store(job.master_addr, job.master_port, job.world, job.timeout, job.run_id, store)
     progress = {"step": job.start_step}
     # the run's freed memory is reused by its next step, not unmapped and faulted in again
     with heap_cache(), process_group(pstore, job.rank, job.world, backend, job.timeout, job.device) as waiter:
         try:
-            if own:
-                from distlab.runtime.own_session import run_own
-
-                return run_own(job, pstore, emit, should_stop, progress, waiter.wait)
-            return _train(job, model, units, pstore, emit, should_stop, progress, waiter.wait)
+            out = run_own(job, pstore, emit, should_stop, progress, waiter.wait)
+            if not own:
+                del out["result"]  # the step count distlab's loop returns: the records say it
+            return out
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
             cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -224,126 +225,3 @@ def consistency_record(sync: Any) -> dict[str, int]:
     if getattr(sync.gossip, "asynchronous", False):
         return sync.gossip.record()
     return {} if sync.stale is None else {"clock": sync.stale.clock, "staleness": sync.stale.seen}
-
-
-def _forward_backward(
-    job: RankJob, forward: Any, loss_fn: Any, sync: Any, batches: Any, pos: int, tracer: Any, slow: Any
-) -> tuple[float, dict[str, float]]:
-    """One step's forward and backward over its micro-batches, gradients accumulating (the last
-    micro-batch syncs them); returns the step's mean loss and its metrics' means
-    (``job.options.metrics``: distlab.step_metrics, on each micro-batch before the update).
-    ``slow``: a ``Straggler`` that waits before each backward when this rank is slowed."""
-    loss_value = 0.0
-    accum = batches.accum
-    metrics = job.options.metrics
-    values = dict.fromkeys((m.name for m in metrics), 0.0)
-    for micro in range(accum):
-        x, y = batches.data.get(pos, micro)
-        x, y = to_device(x, job.device), to_device(y, job.device)
-        with sync.micro(micro == accum - 1):
-            with tracer.span("forward", "forward", micro=micro):
-                t0 = time.perf_counter()
-                out = call_model(forward, x)
-                loss = loss_fn(out, y)
-            slow.wait(time.perf_counter() - t0, tracer)
-            with tracer.span("backward", "backward", micro=micro):
-                t0 = time.perf_counter()
-                (loss / accum if accum > 1 else loss).backward()
-                slow.backward_took(time.perf_counter() - t0)
-        loss_value += float(loss.detach()) / accum
-        for m in metrics:
-            values[m.name] += m(out, y) / accum
-    return loss_value, values
-
-
-def _train(
-    job: RankJob,
-    model: torch.nn.Module,
-    units: list,
-    store: Any,
-    emit: Any,
-    should_stop: Any,
-    progress: dict[str, int],
-    wait: Callable,
-) -> dict[str, Any]:
-    # Long because one step's order (a stop, forward and backward, the strategy's step, the
-    # record, a checkpoint) and the run's end (the rendezvous, the last collectives) read best as
-    # one loop: each piece is a call, the order between them is the design.
-    make_opt = job.optimizer or default_optimizer
-    loss_fn = job.loss or default_loss
-    tracer: Any = OFF
-    slow = Straggler.for_job(job)
-    if job.options.trace:
-        tracer = Tracer()
-        align(tracer, job.rank, job.world, job.device)
-    sync = make_sync(job, model, units, make_opt, wait, tracer)
-    forward = getattr(sync, "wrapped", model)
-    noise = getattr(sync, "noise", None)
-    batches = BatchState(job, noise, [sync.local_opt, sync.server_opt], wait, goodput_controller(job))
-    pos = job.sample_offset
-    if job.resume_from:
-        resume(job, model, sync, units, batches)
-    asynchronous = is_asynchronous(sync)
-    stop = StopSignal(store, should_stop, margin=stop_margin(sync, job.world), at_once=asynchronous)
-    ckpts = Checkpoints(job, model, sync, units, batches, store, asynchronous)
-    end = EndRendezvous(
-        store, job.rank, job.world, job.timeout, lambda: failure_of_other(store, job.rank, wait=0.0)
-    )
-    records: list[dict[str, Any]] = []
-    step = job.start_step
-    stopped = False
-    try:
-        model.train()
-        for step in range(job.start_step, job.steps):
-            if stop.stop_before(step):
-                stopped = True
-                ckpts.at_stop(step, pos)
-                break
-            progress["step"] = step
-            t0 = time.perf_counter()
-            sync.zero_grad()
-            sync.begin(step)
-            loss_value, metric_values = _forward_backward(
-                job, forward, loss_fn, sync, batches, pos, tracer, slow
-            )
-            t_bwd = time.perf_counter()
-            gains = batches.gains()
-            with batches.scaled(gains):
-                sync.step(step)
-            exposed = max(0.0, t_bwd - sync.last_ready) if sync.last_ready else 0.0
-            t1 = time.perf_counter()
-            pos_before, pos = pos, pos + batches.global_batch
-            values = (job.run_id, step, job.rank, loss_value, pos, t1 - t0, exposed + sync.comm_time)
-            rec: dict[str, Any] = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
-            rec.update(batches.after_step(pos_before, pos, t1 - t0, gains), **metric_values, **slow.record())
-            rec.update(consistency_record(sync))
-            if tracer.enabled:
-                rec["trace"] = tracer.take()
-            records.append(rec)
-            if emit is not None:
-                emit(rec)
-            ckpts.after_step(step + 1, pos)
-            if asynchronous:
-                end.progress(step + 1)
-        if not stopped:
-            ckpts.at_end(pos)
-        if asynchronous:
-            sync.finish(end.wait)  # the ranks meet through the store: no collective waits for a straggler
-        else:
-            sync.finish()
-        distance = sync.gossip.consensus_distance() if sync.gossip is not None else None
-        last_ckpt = ckpts.wait()  # the last checkpoint reported is on disk
-    finally:
-        ckpts.close()
-        sync.close()
-    return {
-        "rank": job.rank,
-        "steps": len(records),
-        "records": records,
-        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        if job.rank == 0
-        else None,
-        "checkpoint": last_ckpt,
-        "consensus_distance": distance,
-        "stopped": stopped,
-    }

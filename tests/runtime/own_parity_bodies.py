@@ -1,6 +1,6 @@
-"""Importable ranks for test_own_parity.py: one job run twice in one process group, by distlab's own loop
-(``RankJob`` without ``train_fn``) and as a ``train(ctx)`` (``BuiltinLoop``, the loop a user writes
-for it), so every record and weight of the two can be compared."""
+"""Importable ranks for test_own_parity.py: one job run twice in one process group, by distlab's loop
+(``RankJob`` without ``train_fn``: ``lab.launch``'s) and by a loop as a user writes it (``UserLoop``),
+so every record and weight of the two can be compared."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from runtime_bodies import make_job, strategy_for
 from torch.utils.data import TensorDataset
 
-from distlab.runtime.builtin_loop import BuiltinLoop
 from distlab.runtime.job import RankJob, RunOptions
 from distlab.step_metrics import StepMetric
 
@@ -50,6 +50,40 @@ def _wide_job(rank: int, world: int, addr: str, port: int, ddp: bool, tag: str, 
     )
 
 
+@dataclasses.dataclass
+class UserLoop:
+    """A plain user loop over the job's model and data: SGD-style ``zero_grad``, ``backward``, ``step``,
+    the loss reported each step; with ``accuracy``, its own count of right answers reported too
+    (what the ``accuracy`` metric must measure)."""
+
+    model: torch.nn.Module
+    data: Any
+    steps: int
+    batch: int
+    optimizer: Any
+    accuracy: bool = False
+
+    def __call__(self, ctx: Any) -> int:
+        from torch.utils.data import DataLoader
+
+        opt = self.optimizer(list(self.model.parameters()))
+        loader = DataLoader(self.data, batch_size=self.batch, shuffle=True)
+        model, opt, loader = ctx.prepare(self.model, opt, loader)
+        while ctx.step < self.steps:
+            for x, y in loader:
+                out = model(x)
+                loss = F.cross_entropy(out, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                ctx.report(loss=loss.item())
+                if self.accuracy:
+                    ctx.report(own_accuracy=(out.argmax(-1) == y).float().mean().item())
+                if ctx.step >= self.steps:
+                    break
+        return ctx.step
+
+
 def parity_job(rank: int, world: int, addr: str, port: int, case: str, tag: str) -> RankJob:
     """The case's job: ``watched`` (DDP, accuracy, a trace, rank 1 three times slower), ``jitter``
     (distlab's buckets, every rank's compute varied), else a ``runtime_bodies`` case (strategy+flags)."""
@@ -72,7 +106,10 @@ def parity_body(rank: int, world: int, addr: str, port: int, cases: list[str]) -
         for path in PATHS:
             job = parity_job(rank, world, addr, port, case, f"{case}-{path}")
             if path == "own":
-                job = dataclasses.replace(job, train_fn=BuiltinLoop.of(job))
+                b = int(job.batch_size or job.strategy.batch.per_replica)
+                user = UserLoop(job.model, job.data, job.steps, b, job.optimizer, bool(job.options.metrics))
+                # the user's loop builds the strategy's optimizers like its own (lab.run's way)
+                job = dataclasses.replace(job, train_fn=user, optimizer=None)
             res = run_rank(job)
             out[(case, path)] = {
                 "records": res["records"],
