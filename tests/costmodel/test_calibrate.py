@@ -380,3 +380,17 @@ def test_the_optimizers_cost_per_tensor_is_timed_as_the_launch_runs_them():
     from distlab.costmodel.calibrate import fit_optimizer_tensors
 
     assert fit_optimizer_tensors(rows)["adam_tensor"] == per["optimizer_tensor:adam"]
+
+
+def test_the_overlap_loss_is_at_most_what_the_hidden_tasks_take_themselves():
+    from distlab.costmodel import CostParams
+    from distlab.costmodel.calibrate import fit_overhead
+
+    _, rows = overhead_rows()
+    # a loaded moment makes the overlap reference 3x its hidden time slower: no overlap at all is the most
+    # the term says, the rest is the machine's
+    rows = rows + [
+        dict(r, hidden=h, measured=r["measured"] + 3.0 * h)
+        for r, h in zip(rows[6::9][1:], (4e-3, 8e-3, 12e-3))
+    ]
+    assert fit_overhead(CostParams(), rows).overlap_loss == pytest.approx(1.0)
