@@ -150,6 +150,14 @@ class OwnSession:
             make_opt, self._links = job.optimizer or default_optimizer, []
         else:  # made like the user's optimizer, kept in step with its groups
             make_opt, self._links = own_loop.make_optimizer_like(optimizer, units, job.rank)
+        if job.strategy.batch.accumulation > 1 or job.options.adaptive is not None:
+            # the strategy's micro-batches: each one's gradient divided by their number as it
+            # arrives, as dividing the loss would (a loss term on the variables outside the model's
+            # output with it). Registered before the strategy's own hooks, which run after it: the
+            # sync, the noise measure and a compressor see what they saw in distlab's loop
+            self._grad_hooks += [
+                p.register_hook(self._averaged) for p in model.parameters() if p.requires_grad
+            ]
         sync = make_sync(job, model, units, make_opt, self.wait, self.tracer)
         noise = getattr(sync, "noise", None)
         opts = [sync.local_opt, sync.server_opt]
@@ -175,13 +183,6 @@ class OwnSession:
         self.end = EndRendezvous(
             self.store, rank, job.world, job.timeout, lambda: failure_of_other(self.store, rank, wait=0.0)
         )
-        if job.strategy.batch.accumulation > 1 or job.options.adaptive is not None:
-            # the strategy's micro-batches: each one's gradient divided by their number as it
-            # arrives, before any sync, noise measure or compressor sees it, as dividing the loss
-            # would (and a loss term on the variables outside the model's output with it)
-            self._grad_hooks += [
-                p.register_hook(self._averaged) for p in model.parameters() if p.requires_grad
-            ]
         if any(u.sync.kind != "gossip" for u in units):  # gossip averages parameters, not gradients
             self._grad_hooks += [
                 p.register_post_accumulate_grad_hook(self._on_grad)
