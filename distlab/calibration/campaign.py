@@ -1,6 +1,8 @@
 """Lab.calibrate(): microbenchmarks and the training loop on the live cluster -> a fitted, cached CostModel.
 
-The stages and what each fits are described in docs/cost-model.md.
+The stages and what each fits are described in docs/cost-model.md. Long because the calibration's
+reference models, its cache and a user's model's measurement share one cache key and one set of
+cases; the measuring itself is in measure.py and optimizer_cost.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ carries to world sizes not measured. The regressions are robust (soft-L1 loss) a
 outliers a shared machine produces. ``fit_compute`` and ``fit_overhead`` are linear fits over a
 table of named terms (``COMPUTE_TERMS``, ``OVERHEAD_TERMS``): a term's column, lower bound and
 ``CostParams`` field are one entry, and the fits' docstrings are written from the tables.
+
+Long because every fit of the calibration's rows sits here beside the one bounded, robust solver
+(with its priors) they share; each fit is a short function over its own rows.
 """
 
 from __future__ import annotations
