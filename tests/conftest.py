@@ -2,6 +2,7 @@
 across folders are modules of the ``tests`` package (``from tests.polling import poll_for``); a
 folder's own helpers sit beside its tests."""
 
+import signal
 import threading
 import time
 
@@ -16,6 +17,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _stop_button_still_works():
+    """Every test leaves SIGINT's handler as it found it: a handler left installed (one that holds
+    the press, or dask-jobqueue's ``sys.exit()``) is a kernel whose stop button no longer raises
+    KeyboardInterrupt. In one whole-suite run a handler left behind by an earlier test swallowed the
+    interrupts of every test in test_stop_work, which failed far from the cause; this fails the
+    test that left it, and puts the handler back for the tests after it."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if main and after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT's handler as {after!r} (it found {before!r}): stop would not stop")
 
 
 def _run_threads_end(before: set[int], within: float = 10) -> None:
