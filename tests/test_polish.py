@@ -231,7 +231,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     named = " | ".join(p for _, _, p in bar.events)
     for part in (
         "collectives at 2 ranks",
-        "profiling ConvNet (5 of 6 reference models)",
+        "profiling ConvNet (5 of 7 reference models)",
         "training loop at 1 rank, pass 1",
         "training loop at 2 ranks, pass 1",
         "local step of Sequential at 2 ranks, pass 8 of 8",

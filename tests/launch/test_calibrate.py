@@ -24,11 +24,11 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     alpha, beta = cm.params.alpha_beta["allreduce/intra"]
     assert alpha > 0 and beta > 0  # measured here, not the defaults
     # the training-loop stage ran the real loop at world 1 and 2: every reference model under
-    # the runtime's main paths (1 + 4 + 3 + 3 + 2 + 4 runs per world, less gossip on one rank)
+    # the runtime's main paths (1 + 4 + 3 + 3 + 2 + 4 + 1 runs per world, less gossip on one rank)
     from distlab.calibration.campaign import BUILDERS
 
     runs = cm.fingerprint["overhead_runs"]
-    assert len(runs) == 13 + 17 and {r["world"] for r in runs} == {1, 2}
+    assert len(runs) == 14 + 18 and {r["world"] for r in runs} == {1, 2}
     assert {r["world"] for r in runs if r["builder"] == "Gossip"} == {2}
     assert all(r["gossip_bytes"] > 0 for r in runs if r["builder"] == "Gossip")
     assert {r["builder"] for r in runs} == set(BUILDERS)
@@ -45,7 +45,7 @@ def test_calibrate_fits_caches_and_predicts_runs(clean_lab, tiny, blobs, tmp_pat
     # the training-loop stage measured every reference model's local step alone and with both ranks busy; they
     # describe no user's model, so the table the model predicts with is empty
     local = cm.fingerprint["local_steps"]
-    assert {r["ranks"] for r in local} == {1, 2} and len({r["key"] for r in local}) == 6
+    assert {r["ranks"] for r in local} == {1, 2} and len({r["key"] for r in local}) == 7
     assert all(r["seconds"] > 0 for r in local) and len(cm.compute) == 0
     cached = list(tmp_path.glob("calibration-*.json"))
     assert len(cached) == 1
