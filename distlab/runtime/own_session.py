@@ -108,7 +108,13 @@ class OwnSession:
         from distlab.runtime.plan import build_units
         from distlab.runtime.process_group import StopSignal, failure_of_other
         from distlab.runtime.resume import Checkpoints, resume
-        from distlab.runtime.trainer import goodput_controller, is_asynchronous, make_sync, stop_margin
+        from distlab.runtime.trainer import (
+            consistency_record,
+            goodput_controller,
+            is_asynchronous,
+            make_sync,
+            stop_margin,
+        )
 
         if self.sync is not None:
             raise LaunchError(
@@ -183,7 +189,9 @@ class OwnSession:
         self.end = EndRendezvous(
             self.store, rank, job.world, job.timeout, lambda: failure_of_other(self.store, rank, wait=0.0)
         )
-        if any(u.sync.kind != "gossip" for u in units):  # gossip averages parameters, not gradients
+        # a user's mistakes refused as they happen (distlab's loop makes none of them); gossip
+        # averages parameters, not gradients, and a second backward sends nothing
+        if not builtin and any(u.sync.kind != "gossip" for u in units):
             self._grad_hooks += [
                 p.register_post_accumulate_grad_hook(self._on_grad)
                 for p in model.parameters()
@@ -191,6 +199,7 @@ class OwnSession:
             ]
             self._grad_hooks.append(model.register_forward_pre_hook(self._on_forward))
         self.hooks = ComputeHooks(job, model, sync, self.tracer)
+        self._consistency = consistency_record
         model.train()
         self.optimizer = own_loop.DistributedOptimizer(self, optimizer)
         return getattr(sync, "wrapped", model), self.optimizer, own_loop.PreparedLoader(self, loader)
@@ -276,7 +285,7 @@ class OwnSession:
         self._sent.add(id(p))
 
     def check_gradients(self) -> None:
-        if not any(p.grad is not None for p in self.model.parameters()):
+        if not self.hooks.backwards and not any(p.grad is not None for p in self.model.parameters()):
             raise LaunchError(
                 f"optimizer.step() at step {self.step}: no variable has a gradient; call loss.backward() "
                 "before optimizer.step()"
@@ -322,9 +331,7 @@ class OwnSession:
         values = (job.run_id, self.step, job.rank, math.nan, self.pos, seconds, comm)
         rec: dict[str, Any] = dict(zip(STEP_RECORD_KEYS, (*values, time.time())))
         rec.update(b.after_step(self._step_pos, self.pos, seconds, gains), **timed)
-        from distlab.runtime.trainer import consistency_record
-
-        rec.update(consistency_record(sync))
+        rec.update(self._consistency(sync))
         if self.tracer.enabled:
             rec["trace"] = self.tracer.take()
         self._pending = rec

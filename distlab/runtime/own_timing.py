@@ -96,13 +96,17 @@ class ComputeHooks:
             return
         fired = [False]
 
-        def backward_begins(grad: torch.Tensor) -> None:
+        def backward_begins(*grads: Any) -> None:
             if not fired[0]:  # an output of several tensors: the first reached begins backward
                 fired[0] = True
                 self._backward_begins()
 
         for t in tensors:
-            t.register_hook(backward_begins)
+            # the node that made the tensor, before it runs (cheaper than a tensor's own hook)
+            if t.grad_fn is not None:
+                t.grad_fn.register_prehook(backward_begins)
+            else:
+                t.register_hook(backward_begins)
         if self.metrics:
             self._measure(out)
 
