@@ -88,8 +88,13 @@ def run_rank(
         except Exception as exc:  # noqa: BLE001 - every failure leaves through one DistlabError
             other = failure_of_other(pstore, job.rank, wait=2.0 if _is_comm_error(exc) else 0.0)
             cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            if other is None:
-                report_failure(pstore, job.rank, cause)  # before the abort: a woken peer reads it
+            where = _user_line(exc, job.train_fn) if own else ""
+            said = f"rank {job.rank} failed at step {progress['step']}{where}: {cause}"
+            if other is None:  # before the abort: a woken peer reads it, and its PeerFailed names
+                # this rank in the words of this rank's own error (step and line included), which
+                # the driver shows when the peer's error reaches it first
+                own_words = cause if isinstance(exc, DistlabError) else f"LaunchError: {said}"
+                report_failure(pstore, job.rank, own_words)
             # the peers leave their collectives now (one blocked in DDP's reducer sees no store),
             # not when the garbage collector frees this group (0.5 s of gc.collect here)
             aborted = abort_groups()
@@ -98,8 +103,7 @@ def run_rank(
                 raise PeerFailed(job.rank, other[0], other[1]) from exc
             if isinstance(exc, DistlabError):
                 raise
-            where = _user_line(exc, job.train_fn) if own else ""
-            raise LaunchError(f"rank {job.rank} failed at step {progress['step']}{where}: {cause}") from exc
+            raise LaunchError(said) from exc
 
 
 def _user_line(exc: BaseException, fn: Any) -> str:
