@@ -429,6 +429,7 @@ class Lab:
         block: bool = False,
         min_workers: int | None = None,
         max_workers: int | None = None,
+        **options: Any,
     ) -> Run:
         """Run your own training loop ``train(ctx)`` on every rank (or the first ``workers``) under
         ``strategy``; returns the same live ``Run`` as ``launch`` (card, view, ``run.metrics``,
@@ -442,20 +443,19 @@ class Lab:
         card predicts that (basis "profile") when the Lab has a cost model. ``elastic``: the loop
         checkpoints (model, optimizer, scheduler, ``ctx.state`` objects, data position; as
         ``launch`` times them) and resumes at the exact step after a lost worker or ``scale``.
-        On a Lab with a scheduler, ``workers`` (or ``min_workers..max_workers``) is what the run
-        asks for, as ``launch`` documents.
-        """
-        from distlab.own_route import launch_own
+        With a scheduler, ``workers`` (or ``min_workers..max_workers``) is what the run asks for, as
+        ``launch`` documents; ``options``: ``slowdown=``, ``jitter=``, ``metrics=`` as it takes them."""
+        from distlab.own_route import launch_own, own_options
 
         # one run at a time: launch_own takes the first ``workers``; a share holds the ones asked for
         counts = (workers, min_workers, max_workers)
         strategy, chooses = chosen_strategy(strategy, self._scheduler is not None)
         share = self._share(strategy, *counts) if self._scheduler else self._check_idle()
         every = _v.check_positive("checkpoint_every", checkpoint_every, optional=True)
-        count = None if share else workers
+        count, extra = None if share else workers, own_options(options)
 
         def make(side: LabSide) -> tuple[Run, Any]:
-            run = launch_own(side, train, strategy, count, timeout, seed, elastic, trace, every)
+            run = launch_own(side, train, strategy, count, timeout, seed, elastic, trace, every, *extra)
             return run, self.cost_model
 
         return self._start(make, share, elastic, block, chooses)

@@ -186,6 +186,18 @@ class KeywordModel(torch.nn.Module):
         return out
 
 
+OWN_OPTIONS = ("slowdown", "jitter", "metrics")  # lab.run's options beyond its named arguments
+
+
+def own_options(options: dict[str, Any]) -> tuple[Any, ...]:
+    """``lab.run``'s ``**options`` as ``launch_own``'s last arguments; one error naming an unknown one."""
+    if unknown := sorted(set(options) - set(OWN_OPTIONS)):
+        raise LaunchError(
+            f"lab.run: unknown option {unknown[0]!r}; it takes {', '.join(OWN_OPTIONS)} (as lab.launch does)"
+        )
+    return tuple(options.get(k) for k in OWN_OPTIONS)
+
+
 def launch_own(
     lab: Any,
     train: Any,

@@ -264,3 +264,20 @@ def test_a_model_with_a_variable_its_step_leaves_without_gradient_trains_under_a
     trained = run.model
     assert torch.equal(trained.unused.weight, before)  # no gradient, no update
     assert not torch.allclose(trained.used.weight, model.used.weight)
+
+
+def test_lab_run_takes_launchs_straggler_and_metrics_options_and_names_an_unknown_one(clean_lab):
+    """``lab.run(train, slowdown=, metrics=)`` as ``lab.launch`` takes them: the slowed rank waits
+    before each backward (``delay``), the metric is a column of every step; any other name is one
+    line listing the ones it takes, before anything runs."""
+    from distlab.errors import LaunchError
+
+    run = clean_lab.run(loop(steps=4), strategy="AllReduce", slowdown={1: 2.0}, metrics=["accuracy"])
+    m = run.wait(120).metrics
+    assert run.status == "finished" and "accuracy" in m and m["accuracy"].between(0, 1).all()
+    delay = m.groupby("rank")["delay"].sum()
+    assert delay[1] > 0 and delay[0] == 0, delay
+    before = len(clean_lab.history)
+    with pytest.raises(LaunchError, match=r"lab.run: unknown option 'slowdwon'; it takes slowdown, jitter"):
+        clean_lab.run(loop(), slowdwon={1: 2.0})
+    assert len(clean_lab.history) == before
