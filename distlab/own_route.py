@@ -255,6 +255,9 @@ def launch_own(
             "variables"
         )
         profile_fn = lambda n=None: profile  # noqa: E731
+    record = getattr(lab.profiles, "record", None)  # the Lab's ProfileTap (sched/lab_pricing.py)
+    if record is not None and not why:  # as a launch's: a shared Lab's scheduler prices the run with it
+        record(b, profile)  # (without it a loop was priced by its measurements alone)
     user_opt: Any = plan.optimizer
     # the defaults as a group, not keywords: they hold keys the class's __init__ does not take
     # (AdamW's decoupled_weight_decay)

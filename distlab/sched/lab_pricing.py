@@ -55,6 +55,10 @@ class ProfileTap(dict):
         super().__setitem__(key, value)
         self.seen[int(key[1])] = value[2]
 
+    def record(self, batch: int, profile: Any) -> None:
+        """A profile a route made outside this cache (``lab.run``'s loop, profiled on its loader)."""
+        self.seen[int(batch)] = profile
+
     def taken(self) -> dict[int, Any]:
         """The profiles looked up or made since the last call, by batch."""
         seen, self.seen = self.seen, {}

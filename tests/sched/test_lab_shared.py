@@ -135,6 +135,35 @@ def test_two_runs_train_at_once_on_a_worker_each_and_a_third_waits_then_runs(lab
 
 
 @pytest.mark.timeout(120)
+def test_a_loop_run_beside_another_run_is_priced_with_its_own_profile(lab, policy):
+    """The scheduler holds a lab.run loop's profile, as a launch's (made on its loader's batch): what
+    a cost model prices it with. It was None unless the run's forecast carried one, so a loop run
+    beside another (no forecast: its step is not measured on workers others train on) was priced by
+    its measurements alone."""
+
+    def train(ctx):
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = torch.utils.data.DataLoader(Blobs(seed=4), batch_size=10, shuffle=True)
+        model, opt, loader = ctx.prepare(model, opt, loader)
+        while ctx.step < 20:
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+    a = lab.launch(Net(), steps=100_000, data=Blobs(seed=1), batch_size=10, workers=1)
+    poll_for(lambda: a.steps_done > 2, 60, "the first run to train")
+    b = lab.run(train, workers=1)
+    job = lab.scheduler.job_of(b)
+    assert job is not None and job.profile is not None and job.profile.batch_size == 10
+    b.wait(60, progress=False)
+    a.cancel()
+    assert b.status == "finished"
+
+
+@pytest.mark.timeout(120)
 def test_a_queued_run_cancelled_leaves_the_queue_without_running(lab, policy):
     a = lab.launch(Net(), steps=100_000, data=Blobs(), batch_size=10, workers=2)
     b = lab.launch(Net(), steps=50, data=Blobs(), batch_size=10, workers=1)
