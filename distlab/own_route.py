@@ -235,10 +235,7 @@ def launch_own(
             )
         res = res.first(workers)
     stragglers, jitter = _v.check_slowdown(slowdown), _v.check_jitter(jitter)
-    if bad := [rank for rank, _ in stragglers if rank >= res.world]:
-        raise LaunchError(
-            f"slowdown: rank {bad[0]} does not exist (the run has {res.world} ranks: 0-{res.world - 1})"
-        )
+    _v.check_slowdown_ranks(stragglers, res.world)
     step_metrics = own_metrics(metrics)
     plan = plan_loop(train, res.world)
     model, loader = plan.model, plan.loader

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from distlab.calibration.campaign import calibrate_cluster, measure_model
 from distlab.conventions import optimizer_kind
-from distlab.errors import LaunchError
 from distlab.runs.forecast import forecast_run
 from distlab.runs.prepare import prepare_launch
 from distlab.runs.replan import replan as replan_strategy
 from distlab.runs.route import LabSide, LaunchRequest, Route
 from distlab.runs.run import Forecast, Run
 from distlab.runs.train import train_rank
+from distlab.runs.validate import check_slowdown_ranks
 
 # a default (elastic) run's checkpoints after its first take at most this share of its time
 CHECKPOINT_BUDGET = 0.01
@@ -64,10 +64,7 @@ class TorchRoute(Route):
             r.model, r.strategy, r.data, r.loss, r.optimizer, r.batch_size, r.seed, res, lab.profiles
         )
         model, data, st, b, profile = prep.model, prep.data, prep.strategy, prep.batch, prep.profile
-        if bad := [rank for rank, _ in r.slowdown if rank >= st.world]:
-            raise LaunchError(
-                f"slowdown: rank {bad[0]} does not exist (the run has {st.world} ranks: 0-{st.world - 1})"
-            )
+        check_slowdown_ranks(r.slowdown, st.world)
         cost_model = lab.cost_model()
         if cost_model is not None:  # predict with the model's own step on these workers
             cost_model = measure_model(lab.cluster, lab.cache_dir, cost_model, model, data, r.loss, b)

@@ -280,3 +280,12 @@ def check_slowdown(slowdown: Any) -> tuple[tuple[int, float], ...]:
             )
         out.append((rank, float(factor)))
     return tuple(out)
+
+
+def check_slowdown_ranks(stragglers: Any, world: int) -> None:
+    """Every slowed rank (``check_slowdown``'s pairs) exists in a run of ``world`` ranks, or one
+    ``LaunchError`` naming the first that does not."""
+    if bad := [rank for rank, _ in stragglers if rank >= world]:
+        raise LaunchError(
+            f"slowdown: rank {bad[0]} does not exist (the run has {world} ranks: 0-{world - 1})"
+        )
