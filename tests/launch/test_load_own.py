@@ -4,28 +4,35 @@ and a worker that replaced a lost one while distlab measured, are not "other pro
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
 
 from distlab.cluster.load import LoadMonitor, _pid_info, _proc_ticks
-from tests.polling import poll_for
 
 BURN = 0.6  # CPU seconds a stand-in process spends before it sleeps
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _busy() -> subprocess.Popen:
-    """A process that spends ``BURN`` CPU seconds, then idles until killed."""
+    """A process that waits for a line on stdin, spends ``BURN`` CPU seconds, says so on stdout, then
+    idles until killed. It burns only when told: CPU it spent starting up, before the monitor's
+    first sample, is not in the window (a CI run failed on 0.549 of 0.55 seconds that way)."""
     code = (
-        f"import time\nt = time.process_time()\nwhile time.process_time() - t < {BURN}: pass\ntime.sleep(60)"
+        "import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+        f"while time.process_time() - t < {BURN}: pass\nprint('burned', flush=True)\ntime.sleep(60)"
     )
-    return subprocess.Popen([sys.executable, "-c", code])
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def _burned(proc: subprocess.Popen) -> bool:
-    got = _proc_ticks(proc.pid)
-    return got is not None and got[1] / TICK >= BURN - 0.05
+def _burn(proc: subprocess.Popen) -> None:
+    """Start ``proc`` burning and wait (30 s at most) until it says it has."""
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    assert ready and proc.stdout.readline().strip() == "burned", "the stand-in process did not burn in 30 s"
+    assert _proc_ticks(proc.pid)[1] / TICK >= BURN - 0.05
 
 
 class _Client:
@@ -47,7 +54,7 @@ class _Client:
 
 
 def _check_counted_as_ours(monitor: LoadMonitor, proc: subprocess.Popen) -> None:
-    poll_for(lambda: _burned(proc), 30, "the stand-in process's CPU seconds")
+    _burn(proc)
     (load,) = monitor.stop()
     assert proc.pid not in [pid for pid, _, _ in load.top], load.describe()
     assert load.ours * load.seconds >= BURN - 0.05, load  # its CPU seconds are the cluster's
