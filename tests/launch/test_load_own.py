@@ -23,7 +23,9 @@ def _busy() -> subprocess.Popen:
         "import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
         f"while time.process_time() - t < {BURN}: pass\nprint('burned', flush=True)\ntime.sleep(60)"
     )
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def _burn(proc: subprocess.Popen) -> None:
