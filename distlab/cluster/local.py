@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,7 @@ def start_local_cluster(
     import dask
 
     dask.config.set({"distributed.worker.daemon": False})
+    use_forkserver()
 
     dashboard_address = (
         None if not dashboard else (dashboard if isinstance(dashboard, str) else "127.0.0.1:8787")
@@ -114,6 +117,28 @@ def start_local_cluster(
         from distributed import LocalCluster
 
         return LocalCluster(**_local_kwargs(n, threads_per_worker, dashboard_address, security, config))
+
+
+def use_forkserver() -> None:
+    """Worker processes (and those that replace lost ones) start from a forkserver that imported
+    torch once (runtime/spawn.py ``process_context``), not spawned to import it again: where the
+    platform has one and Dask's ``distributed.worker.multiprocessing-method`` is its default
+    ("spawn"); set it to "fork" before the Lab starts for that instead. Set for good, as
+    ``distributed.worker.daemon`` is: a nanny reads it each time it starts a worker process."""
+    import multiprocessing
+
+    import dask
+
+    key = "distributed.worker.multiprocessing-method"
+    if dask.config.get(key) == "spawn" and "forkserver" in multiprocessing.get_all_start_methods():
+        dask.config.set({key: "forkserver"})
+    if dask.config.get(key) == "forkserver":
+        from distributed.utils import get_mp_context
+
+        from distlab.runtime.spawn import process_context
+
+        get_mp_context()  # Dask's preloads first (once per process), then torch beside them
+        process_context()
 
 
 def _local_kwargs(
@@ -202,6 +227,9 @@ def dask_setup(worker: Any) -> None:  # noqa: ARG001 - Dask's preload hook signa
             os.setsid()
         except OSError:  # already a session leader
             pass
+    # a worker the forkserver started ignored SIGINT until here (runtime/forkserver_preload.py)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:

@@ -5,11 +5,13 @@ as JupyterLab's stop button signals it."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.nn as nn
@@ -70,11 +72,18 @@ class Kernel:
 
     @staticmethod
     def _workers(kernel) -> int:
-        return sum(
-            1
-            for p in kernel.children(recursive=True)
-            if p.is_running() and "spawn_main" in " ".join(p.cmdline())
-        )
+        """The kernel's worker processes: those its forkserver started (forks of the server, whose
+        command line they keep; runtime/spawn.py ``process_context``), or spawned ones."""
+
+        def started(p) -> bool:
+            line = " ".join(p.cmdline())
+            return "spawn_main" in line or ("forkserver" in line and p.ppid() != kernel.pid)
+
+        count = 0
+        for p in kernel.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                count += p.is_running() and started(p)
+        return count
 
     def spawned(self, settle: int | None = None, within: float = 30.0) -> int:
         """How many worker processes the kernel has spawned that still run; with ``settle``, waits
