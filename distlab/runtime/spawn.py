@@ -131,7 +131,10 @@ def spawn_local(
                                 ),
                             )
     finally:
+        failing = len(out) < world  # past the timeout, or interrupted: a rank still running is hung
         for p in procs:
+            if failing and p.is_alive():
+                p.kill()
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()

@@ -163,17 +163,21 @@ def test_stop_during_calibrate_ends_its_ranks(clean_lab, tmp_path, monkeypatch):
 def test_a_model_stage_of_seconds_says_how_long_it_will_take_before_it_starts(
     clean_lab, tmp_path, monkeypatch, capsys
 ):
-    """measure_model of a model whose step is a quarter of a second (minutes at calibrate's
-    passes): one line before it starts, an estimate within a factor 2 of what it took. The step
-    is sleeps, which other programs on this shared machine do not slow (a step of compute
-    sampled once under their load was off by 3x), and which do not slow with two ranks on two
-    cores, as the estimate assumes a model's compute does: it comes out about 1.4x long here."""
+    """measure_model of a model whose step is 0.08 s: one line before it starts, an estimate
+    within a factor 2 of what it took. The step is sleeps, which other programs on this shared
+    machine do not slow (a step of compute sampled once under their load was off by 3x), and
+    which do not slow with two ranks on two cores, as the estimate assumes a model's compute
+    does: it comes out about 1.4x long here. The line's threshold is 5 s here, not 20: a stage
+    of about 7 s says it as one of 20 does (the 0.25 s step this test had took 21 s)."""
     import re
 
+    from distlab.calibration import measure
+
+    monkeypatch.setattr(measure, "ANNOUNCE_AFTER", 5.0)
     monkeypatch.setattr(clean_lab, "cache_dir", tmp_path)
     x, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
     t0 = time.monotonic()
-    clean_lab.measure_model(SlowStep(0.25), data=(x, y), progress=False)
+    clean_lab.measure_model(SlowStep(0.08), data=(x, y), progress=False)
     took = time.monotonic() - t0
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("distlab:")]
     assert len(said) == 1, said
