@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -122,8 +120,8 @@ def start_local_cluster(
 def use_forkserver() -> None:
     """Worker processes (and those that replace lost ones) start from a forkserver that imported
     torch once (runtime/spawn.py ``process_context``), not spawned to import it again: where the
-    platform has one and Dask's ``distributed.worker.multiprocessing-method`` is its default
-    ("spawn"); set it to "fork" before the Lab starts for that instead. Set for good, as
+    platform has one and Dask's ``distributed.worker.multiprocessing-method`` is at its default
+    ("spawn", which is switched); another value set before the Lab starts ("fork") is kept. Set for good, as
     ``distributed.worker.daemon`` is: a nanny reads it each time it starts a worker process."""
     import multiprocessing
 
@@ -227,9 +225,9 @@ def dask_setup(worker: Any) -> None:  # noqa: ARG001 - Dask's preload hook signa
             os.setsid()
         except OSError:  # already a session leader
             pass
-    # a worker the forkserver started ignored SIGINT until here (runtime/forkserver_preload.py)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    from distlab.runtime.forkserver_preload import take_sigint_back
+
+    take_sigint_back()  # a worker the forkserver started ignored SIGINT until here
 
 
 def heal_local_cluster(cluster: Any, client: Any, within: float) -> int:
