@@ -110,5 +110,7 @@ def test_training_loop_stage_passes_go_over_every_world_size_in_turn(lab, monkey
     prm = cm.params
     for r in rows:
         step = next(x["seconds"] for x in local if x["ranks"] == r["world"])
-        loop = prm.step_overhead + prm.tensor_overhead * r["tensors"] + prm.lockstep_overhead * (r["world"] > 1)
+        loop = (
+            prm.step_overhead + prm.tensor_overhead * r["tensors"] + prm.lockstep_overhead * (r["world"] > 1)
+        )
         assert r["compute"] == pytest.approx(max(step - loop, 0.1 * step) + loop), (r, loop)

@@ -79,7 +79,10 @@ def test_step_time_matches_a_plain_training_loop_at_the_same_batch(make, sample)
     per-round ratios 1.53, 0.99, 1.59); a bias (metering inflating the step, a step at another batch)
     is in every round of the profile. So the test compares each side's fastest round: noise falls out
     of both minima, a bias stays in the profile's. A profile too fast in two rounds of three fails,
-    which the earlier rule (any one round in the band) let pass."""
+    which the earlier rule (any one round in the band) let pass. A moment that made one plain round
+    fast fails the minima alone (CI: plain rounds 22.2, 22.3 and 17.1 ms against profiles of 22.7-23.4
+    ms, 1.33), so the median of the per-round ratios (1.05 there) may pass it instead: a bias is in
+    every round, so it moves both figures out of the band; noise in some rounds moves one."""
     model = make().train()
     plain_step_time(model, sample, steps=3)  # warm the process up before either is timed
     profiled, plain = [], []
@@ -89,7 +92,11 @@ def test_step_time_matches_a_plain_training_loop_at_the_same_batch(make, sample)
         plain.append(plain_step_time(model, sample))
     assert prof.meta["time_batch"] == 16 and prof.meta["step_repeats"] >= 3
     ratio = min(profiled) / min(plain)
-    assert 0.75 <= ratio <= 1.33, f"profile / plain loop, fastest rounds: {ratio:.2f} ({profiled}, {plain})"
+    per_round = statistics.median(a / b for a, b in zip(profiled, plain))
+    assert 0.75 <= ratio <= 1.33 or 0.75 <= per_round <= 1.33, (
+        f"profile / plain loop, fastest rounds: {ratio:.2f}, median of rounds {per_round:.2f} "
+        f"({profiled}, {plain})"
+    )
     layers = prof.to_frame()
     assert layers.time_fwd.sum() + layers.time_bwd.sum() == pytest.approx(prof.step_time, rel=1e-6)
 
