@@ -9,8 +9,8 @@ from keras_scripts import NEVER_DEADLINE, TIMEOUT, result
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 60)]  # the first test waits for them all
 
 
-def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs_again(torch_notebook):
-    out = result(torch_notebook, "native_mirrored")
+def test_mirrored_on_two_workers_ends_with_equal_weights_a_falling_loss_and_runs_again(tensorflow_notebook):
+    out = result(tensorflow_notebook, "native_mirrored")
     for r in out["runs"]:
         assert r["status"] == "finished" and r["world"] == 2 and r["backend"] == "tensorflow"
         a, b = r["checksums"]
