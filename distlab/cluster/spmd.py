@@ -50,6 +50,10 @@ STOP_GRACE = 5.0  # seconds ranks get to stop on their own before they are abort
 ABORT_GRACE = 3.0  # seconds aborted ranks get to leave before their workers are restarted
 LIVENESS_EVERY = 0.5  # seconds between a waiting run's looks for workers that left the cluster
 INTERRUPT_GRACE = 1.0  # seconds ranks get to stop on their own after the kernel's interrupt
+# seconds a worker gets to answer the client's stop, abort and "still running?" calls: a rank in C
+# code that holds the GIL (a regular expression's backtracking, an extension without a GIL release)
+# stops the worker's event loop, and an unbounded call made the failed run wait for that code
+UNANSWERED = 5.0
 CANCEL_ABORT_AFTER = 1.0  # seconds a cancelled run's ranks get to stop at a step before the abort
 
 
@@ -319,8 +323,12 @@ class RankGroup:
         alive = [w for w in self.workers if w in self.alive()]
         if not alive:
             return []
-        out = self.client.run(active_ranks, workers=alive, on_error="ignore")
-        return [w for w, v in out.items() if isinstance(v, dict) and v.get(self.run_id)]
+        out = run_on(self.client, active_ranks, (), alive)
+        # a worker that does not answer is stuck as far as this run can tell: its event loop is
+        # blocked, by this run's rank or by something else in its process
+        return [
+            w for w, v in out.items() if v is UNANSWERED_MARK or (isinstance(v, dict) and v.get(self.run_id))
+        ]
 
     def restart_stuck(self) -> None:
         """Last resort: restart the worker processes whose rank outlived its abort (e.g. blocked
@@ -436,10 +444,38 @@ def _broadcast(client: Any, fn: Callable[..., Any], run_id: str, workers: Sequen
     info = workers_info(client)
     alive = [w for w in workers if w in info]
     if alive:
+        run_on(client, fn, (run_id,), alive)
+
+
+UNANSWERED_MARK = object()  # run_on's value for a worker that did not answer within UNANSWERED
+
+
+def run_on(
+    client: Any, fn: Callable[..., Any], args: tuple[Any, ...], workers: Sequence[str]
+) -> dict[str, Any]:
+    """``client.run(fn, *args)`` on each of ``workers`` at once, each answer awaited ``UNANSWERED``
+    seconds at most: ``{worker: its result}``, ``UNANSWERED_MARK`` for a worker that did not answer
+    in time and None for one that failed or left (a worker leaving mid-call must not hide a run's
+    own outcome)."""
+    import asyncio
+
+    async def one(w: str) -> tuple[str, Any]:
         try:
-            client.run(fn, run_id, workers=alive, on_error="ignore")
-        except Exception:  # a worker leaving mid-call must not hide the run's own outcome
-            pass
+            out = await asyncio.wait_for(client._run(fn, *args, workers=[w], on_error="return"), UNANSWERED)
+        except asyncio.TimeoutError:
+            return w, UNANSWERED_MARK
+        except Exception:  # noqa: BLE001 - a worker that left answers nothing
+            return w, None
+        value = out.get(w) if isinstance(out, dict) else None
+        return w, None if isinstance(value, BaseException) else value
+
+    async def every() -> dict[str, Any]:
+        return dict(await asyncio.gather(*(one(w) for w in workers)))
+
+    try:
+        return client.sync(every)
+    except Exception:  # noqa: BLE001 - the client closing mid-call: nothing answered
+        return dict.fromkeys(workers)
 
 
 def start_ranks(

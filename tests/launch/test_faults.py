@@ -465,3 +465,33 @@ def test_a_fast_rank_waits_out_a_far_behind_server_longer_than_the_timeout(clean
     df = run.metrics
     ends = df.groupby("rank")["wall_time"].max()
     assert ends[0] - ends[1] > 2.0, ends  # rank 1 waited past the timeout, and the run lived
+
+
+def _holds_the_gil_or_raises(rank: int, world: int, addr: str, port: int, seconds: float) -> str:
+    """Rank 1 raises; rank 0 runs C code that holds the GIL for up to ``seconds`` (a regular
+    expression backtracking on ever longer strings): its worker's event loop cannot answer."""
+    import re
+
+    if rank == 1:
+        time.sleep(1.0)
+        raise ValueError("rank 1 fails")
+    t0, n = time.time(), 20
+    while time.time() - t0 < seconds:
+        re.match(r"(a+)+$", "a" * n + "b")
+        n += 1
+    return "done"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_failure_beside_a_rank_holding_the_gil_is_reported_without_waiting_for_it(clean_lab, monkeypatch):
+    """The run's stop and abort go to a worker whose event loop is blocked: each call waits
+    spmd.UNANSWERED seconds (1 s here; 5 s by default: 34 s to the error in all), the worker is
+    restarted, and the raising rank's error comes back (before: after the blocking code ended, 150 s
+    with the code bounded at 120 s, never for code that does not end). The Lab serves the next call."""
+    monkeypatch.setattr(spmd, "UNANSWERED", 1.0)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 1 raised ValueError: rank 1 fails"):
+        clean_lab.run_ranks(_holds_the_gil_or_raises, 120.0, timeout=200)
+    assert time.monotonic() - t0 < 90
+    assert clean_lab.run_ranks(lambda r, w, a, p: r, timeout=60) == [0, 1]
