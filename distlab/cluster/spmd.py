@@ -273,15 +273,16 @@ class RankGroup:
     aborted_at: float | None = None
     restarted: set[str] = field(default_factory=set)
 
-    def stop(self, abort_after: float | None = None) -> None:
+    def stop(self, abort_after: float | None = None) -> list[str]:
         """Ask every rank to stop; they agree on a step through the store and return normally.
         Ranks still executing ``abort_after`` seconds later (default ``STOP_GRACE``) are aborted:
-        a cancel passes a short one, a pause (which needs the agreed step's checkpoint) none."""
+        a cancel passes a short one, a pause (which needs the agreed step's checkpoint) none.
+        Returns the workers that did not answer within ``UNANSWERED`` (their event loop blocked)."""
         if self.stop_requested_at is None:
             self.stop_requested_at = time.monotonic()
         if abort_after is not None:
             self.abort_after = abort_after if self.abort_after is None else min(self.abort_after, abort_after)
-        _broadcast(self.client, request_stop, self.run_id, self.workers)
+        return _broadcast(self.client, request_stop, self.run_id, self.workers)
 
     def abort(self) -> None:
         """Raise ``RankAborted`` in every rank of the run still executing (``abort_ranks``)."""
@@ -330,11 +331,11 @@ class RankGroup:
             w for w, v in out.items() if v is UNANSWERED_MARK or (isinstance(v, dict) and v.get(self.run_id))
         ]
 
-    def restart_stuck(self) -> None:
+    def restart_stuck(self, stuck: Sequence[str] | None = None) -> None:
         """Last resort: restart the worker processes whose rank outlived its abort (e.g. blocked
-        in C code whose peers are all blocked too). The Lab stays usable; those workers come
-        back cold."""
-        stuck = self.stuck()
+        in C code whose peers are all blocked too), or ``stuck`` ones. The Lab stays usable; those
+        workers come back cold."""
+        stuck = self.stuck() if stuck is None else list(stuck)
         if stuck:
             self.restarted.update(stuck)
             try:
@@ -344,8 +345,12 @@ class RankGroup:
 
     def settle(self, timeout: float) -> None:
         """After a failure: stop the other ranks, wait ``timeout`` s, abort any still executing,
-        and restart the workers of those that outlive ``ABORT_GRACE`` more."""
-        self.stop()
+        and restart the workers of those that outlive ``ABORT_GRACE`` more. A worker that did not
+        answer the stop is restarted at once: nothing reaches a rank whose worker's event loop is
+        blocked (C code holding the GIL), neither the stop nor the abort."""
+        silent = self.stop()
+        if silent:
+            self.restart_stuck(silent)
         if self._settled_within(timeout):  # ranks that never started are not waited for
             return
         self.abort()
@@ -440,11 +445,12 @@ class WorkerLost(Exception):
         self.workers = list(workers)
 
 
-def _broadcast(client: Any, fn: Callable[..., Any], run_id: str, workers: Sequence[str]) -> None:
+def _broadcast(client: Any, fn: Callable[..., Any], run_id: str, workers: Sequence[str]) -> list[str]:
+    """``fn(run_id)`` on the live ones of ``workers``; the workers that did not answer in time."""
     info = workers_info(client)
     alive = [w for w in workers if w in info]
-    if alive:
-        run_on(client, fn, (run_id,), alive)
+    out = run_on(client, fn, (run_id,), alive) if alive else {}
+    return [w for w, v in out.items() if v is UNANSWERED_MARK]
 
 
 UNANSWERED_MARK = object()  # run_on's value for a worker that did not answer within UNANSWERED
