@@ -460,14 +460,16 @@ def run_on(
     client: Any, fn: Callable[..., Any], args: tuple[Any, ...], workers: Sequence[str]
 ) -> dict[str, Any]:
     """``client.run(fn, *args)`` on each of ``workers`` at once, each answer awaited ``UNANSWERED``
-    seconds at most: ``{worker: its result}``, ``UNANSWERED_MARK`` for a worker that did not answer
-    in time and None for one that failed or left (a worker leaving mid-call must not hide a run's
-    own outcome)."""
+    seconds at most (Dask's ``callback_timeout``): ``{worker: its result}``, ``UNANSWERED_MARK`` for
+    a worker that did not answer in time and None for one that failed or left (a worker leaving
+    mid-call must not hide a run's own outcome)."""
     import asyncio
 
     async def one(w: str) -> tuple[str, Any]:
         try:
-            out = await asyncio.wait_for(client._run(fn, *args, workers=[w], on_error="return"), UNANSWERED)
+            out = await client.run(
+                fn, *args, workers=[w], on_error="return", asynchronous=True, callback_timeout=UNANSWERED
+            )
         except asyncio.TimeoutError:
             return w, UNANSWERED_MARK
         except Exception:  # noqa: BLE001 - a worker that left answers nothing
