@@ -486,10 +486,10 @@ def _holds_the_gil_or_raises(rank: int, world: int, addr: str, port: int, second
 @pytest.mark.timeout(240)
 def test_a_failure_beside_a_rank_holding_the_gil_is_reported_without_waiting_for_it(clean_lab, monkeypatch):
     """The run's stop and abort go to a worker whose event loop is blocked: each call waits
-    spmd.UNANSWERED seconds (1 s here; 5 s by default: 10.5-34 s to the error in all, by whether the stop got through), the worker
-    that did not answer the stop is restarted, and the raising rank's error comes back (before:
-    after the blocking code ended, 150 s with the code bounded at 120 s, never for code that does
-    not end). The Lab serves the next call."""
+    spmd.UNANSWERED seconds (1 s here; 5 s by default: 10.5-34 s to the error in all, by whether
+    the stop got through), the worker that did not answer the stop is restarted, and the raising
+    rank's error comes back (before: after the blocking code ended, 150 s with the code bounded at
+    120 s, never for code that does not end). The Lab serves the next call."""
     monkeypatch.setattr(spmd, "UNANSWERED", 1.0)
     t0 = time.monotonic()
     with pytest.raises(LaunchError, match="rank 1 raised ValueError: rank 1 fails"):
