@@ -152,16 +152,22 @@ def run_all(page: Any, url: str, token: str, name: str, wait: bool = True) -> bo
 
 
 def wait_done(page: Any, timeout_ms: int = 600_000) -> None:
-    """Until every code cell has an execution count and the kernel is idle, or a cell failed."""
+    """Until every code cell has an execution count and the kernel is idle, or a cell raised (an
+    ``error`` output: run-all stops there). A warning on stderr is not an end: the kernel goes idle
+    for a moment between the cells of a run-all, and a check that took any stderr output for a
+    failure returned before the rest had run."""
     page.wait_for_function(
         """() => {
           const nb = window.jupyterapp.shell.currentWidget;
           if (!nb || !nb.content || !nb.sessionContext.session) return false;
           const cells = [...nb.content.widgets].filter(c => c.model.type === 'code');
-          const stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']";
-          const failed = document.querySelector(stderr);
+          const raised = cells.some(c => {
+            const outs = c.model.outputs;
+            for (let i = 0; i < outs.length; i++) if (outs.get(i).type === 'error') return true;
+            return false;
+          });
           const idle = nb.sessionContext.session.kernel.status === 'idle';
-          return idle && (cells.every(c => c.model.executionCount !== null) || failed !== null);
+          return idle && (cells.every(c => c.model.executionCount !== null) || raised);
         }""",
         timeout=timeout_ms,
         polling=2000,

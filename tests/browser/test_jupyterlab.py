@@ -68,9 +68,10 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
     out, errors = _place(nb, root / "quickstart.ipynb"), []
     with _chromium(errors) as (browser, page):
         opened_changed = _run_notebook(page, url, token, "quickstart.ipynb")
-        tracebacks = page.locator(
+        raised = page.locator(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
-        ).count()
+        ).all_inner_texts()
+        assert not raised, f"a cell raised in JupyterLab: {raised[0][-1500:]}"
         plots = page.locator(".js-plotly-plot").count()
         widgets = page.locator(".jupyter-widgets .widget-dropdown select, .jupyter-widgets select").count()
         page.screenshot(path=str(out / "browser-quickstart.png"), full_page=False)
@@ -109,7 +110,6 @@ def test_quickstart_renders_picker_and_charts(jupyterlab):
         rows = timeline.locator(".ytick text").all_text_contents()
         browser.close()
     assert not opened_changed, "JupyterLab marked the quickstart changed as it opened it"
-    assert tracebacks == 0, "a cell raised in JupyterLab"
     assert plots >= 2, f"expected plotly charts to render, found {plots}"
     assert widgets >= 1, "the strategy picker's controls did not render"
     assert "4 hosts like this one" in what_if and scaling == 2, what_if[-500:]
