@@ -291,15 +291,10 @@ class RankGroup:
         _broadcast(self.client, abort_ranks, self.run_id, self.workers)
 
     def interrupt(self) -> None:
-        """The kernel's interrupt while the client waits: the ranks get ``INTERRUPT_GRACE``
-        seconds to stop on their own, then are aborted; a worker is restarted only when one of
-        its ranks outlives ``ABORT_GRACE`` more."""
-        self.stop()
-        if self._settled_within(INTERRUPT_GRACE):
-            return
-        self.abort()
-        if not self._settled_within(ABORT_GRACE):
-            self.restart_stuck()
+        """The kernel's interrupt while the client waits: ``settle`` with ``INTERRUPT_GRACE``
+        seconds for the ranks to stop on their own before they are aborted; a worker is restarted
+        when it did not answer the stop, or when one of its ranks outlives ``ABORT_GRACE`` more."""
+        self.settle(INTERRUPT_GRACE)
 
     def _settled_within(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds

@@ -496,3 +496,40 @@ def test_a_failure_beside_a_rank_holding_the_gil_is_reported_without_waiting_for
         clean_lab.run_ranks(_holds_the_gil_or_raises, 120.0, timeout=200)
     assert time.monotonic() - t0 < 90
     assert clean_lab.run_ranks(lambda r, w, a, p: r, timeout=60) == [0, 1]
+
+
+def _holds_the_gil(rank: int, world: int, addr: str, port: int, seconds: int) -> str:
+    """C code that holds the GIL throughout: libc's ``sleep`` called through ``ctypes.PyDLL``
+    (which keeps the GIL), so the rank's worker cannot answer anything for ``seconds``."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(seconds)
+    return "slept"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_stop_button_beside_ranks_holding_the_gil_restarts_their_workers_at_once(clean_lab):
+    """The kernel's interrupt while both ranks hold the GIL: the stop goes unanswered for
+    spmd.UNANSWERED (5 s), the workers are restarted then (``interrupt`` settles as a failure
+    does), and the wait raises KeyboardInterrupt. Before, the interrupt waited out the stop, the
+    grace, the abort and two more unanswered checks before restarting (29.3 s from the interrupt
+    here, against 9.3 s now)."""
+    import _thread
+    import threading
+
+    pids = clean_lab.client.run(os.getpid)
+    sent: list[float] = []
+
+    def press() -> None:
+        time.sleep(3.0)
+        sent.append(time.monotonic())
+        _thread.interrupt_main()
+
+    threading.Thread(target=press, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        clean_lab.run_ranks(_holds_the_gil, 60, timeout=120)
+    took = time.monotonic() - sent[0]
+    assert took < 18.0, f"the interrupt returned after {took:.1f} s"
+    assert set(clean_lab.client.run(os.getpid).values()).isdisjoint(pids.values()), "not restarted"
+    assert clean_lab.run_ranks(lambda r, w, a, p: r, timeout=60) == [0, 1]
