@@ -33,4 +33,4 @@ if __name__ == "__main__":
         print("==", n)
         for k in rows[0]["parts"][n]:
             print(f"   {k:24s} {['%.3f' % r['parts'][n].get(k, float('nan')) for r in rows]}")
-    json.dump(rows, open("/tmp/ol/calparams.json", "w"), indent=1)
+    json.dump({"calibrations": rows}, open("three-calibrations-params.json", "w"), indent=1)

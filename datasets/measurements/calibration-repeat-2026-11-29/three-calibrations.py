@@ -39,4 +39,4 @@ if __name__ == "__main__":
     for k in keys:
         print(f"{k:32s} {[round(o['preds'][k]) for o in out]} spread {spreads[k]:.1%}")
     print("median spread", f"{statistics.median(spreads.values()):.1%}", "max", f"{max(spreads.values()):.1%}")
-    json.dump({"calibrations": out, "spreads": spreads}, open(sys.argv[2] if len(sys.argv) > 2 else "/tmp/ol/calpred.json", "w"), indent=1)
+    json.dump({"calibrations": out, "spreads": spreads}, open(sys.argv[2] if len(sys.argv) > 2 else "three-calibrations.json", "w"), indent=1)
