@@ -339,10 +339,11 @@ class RankGroup:
                 pass
 
     def settle(self, timeout: float) -> None:
-        """After a failure: stop the other ranks, wait ``timeout`` s, abort any still executing,
-        and restart the workers of those that outlive ``ABORT_GRACE`` more. A worker that did not
-        answer the stop is restarted at once: nothing reaches a rank whose worker's event loop is
-        blocked (C code holding the GIL), neither the stop nor the abort."""
+        """After a failure (or the kernel's interrupt: ``interrupt``): stop the other ranks, wait
+        ``timeout`` s, abort any still executing, and restart the workers of those that outlive
+        ``ABORT_GRACE`` more. A worker that did not answer the stop is restarted at once: nothing
+        reaches a rank whose worker's event loop is blocked (C code holding the GIL), neither the
+        stop nor the abort."""
         silent = self.stop()
         if silent:
             self.restart_stuck(silent)
