@@ -6,10 +6,10 @@ without waiting for anyone:
 
 - ``push_sum`` (Kempe et al. 2003; Assran et al. 2019, SGP): the rank holds a numerator z and a
   weight p, its parameters are z / p. Each step its optimizer's step goes onto the numerator
-  (z <- z + x' - x, SGP's local step), it keeps 1/(d+1) of (z, p) and adds 1/(d+1) into each of
-  its d out-neighbours' buffers, then collects every buffer in. Nothing is lost or
-  counted twice, so without gradients every rank's z / p reaches the exact average, however
-  unequal the ranks' speeds.
+  (z <- z + x' - x, SGP's local step), it keeps a share of (z, p), 1/(d+1) or more so that
+  ``MASS_FLOOR`` of weight stays (``keep_share``), adds the rest in equal parts into its d
+  out-neighbours' buffers, then collects every buffer in. Nothing is lost or counted twice, so without
+  gradients every rank's z / p reaches the exact average, however unequal the ranks' speeds.
 - ``average``: the rank puts its parameters into its out-neighbours' buffers (overwriting), then
   averages its own with the buffers that are new since its last update, equally.
 
@@ -32,7 +32,7 @@ from distlab.runtime.window import Windows
 
 ONE_THREAD = True  # the exchange's arithmetic on one torch thread (``one_thread``)
 MEASURE_EVERY = 8  # clocks between two measurements of the disagreement (each costs passes over the model)
-MASS_FLOOR = 0.5  # push-sum's weight below which a rank sends only after it has heard
+MASS_FLOOR = 0.5  # push-sum's least weight after a send (its local steps grow as 1 / p)
 
 
 def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
@@ -41,6 +41,21 @@ def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
     ins = sorted({j for g in graphs for j in g.in_neighbors(rank) if j != rank})
     outs = sorted({j for g in graphs for j in g.out_neighbors(rank) if j != rank})
     return ins, outs
+
+
+def keep_share(p: float, out_degree: int) -> float:
+    """The share of its (z, p) a push-sum rank of weight ``p`` keeps when it sends to
+    ``out_degree`` neighbours: the larger of 1/(d+1) and ``MASS_FLOOR`` / p, so that at least
+    ``MASS_FLOOR`` of weight stays (1.0: it sends nothing this step; at p = 1 it keeps half).
+
+    The rank's parameters are z / p, so the optimizer's step on z moves them by the step / p: a
+    fast rank that kept 1/3 of its mass each step while little came back (its in-neighbours
+    slower, not started, or finished) fell to p = 0.08 on digits and took steps 12x the
+    optimizer's, and a run's loss stalled (tests/runtime/test_window.py); with the floor a step
+    is at most 1 / MASS_FLOOR = 2x the optimizer's."""
+    if out_degree == 0 or p <= MASS_FLOOR:
+        return 1.0
+    return max(1.0 / (out_degree + 1), MASS_FLOOR / p)
 
 
 @contextmanager
@@ -78,7 +93,6 @@ class AsyncGossip:
         self.disagreement: float | None = None  # mean squared distance to the neighbours heard
         self.heard = 0  # neighbours heard from this step
         self._handle: Any = None
-        self._landed_at_send = 0  # messages landed when push-sum last sent (``_mass_came_back``)
 
     def graph(self, step: int) -> Any:
         return self.topology.at(step) if hasattr(self.topology, "at") else self.topology
@@ -110,8 +124,6 @@ class AsyncGossip:
         outs = [
             j for j in self.graph(self.clock).out_neighbors(self.rank) if j != self.rank and j not in done
         ]
-        if self.mode == "push_sum" and not self._mass_came_back():
-            outs = []
         flat = self._flat()
         self._measure(flat, every=MEASURE_EVERY)
         if self.mode == "push_sum":
@@ -121,8 +133,10 @@ class AsyncGossip:
             with w.lock:
                 z = w.tensor
             w.set(z + (flat - self._x), adopt=True)
-            share = 1.0 / (len(outs) + 1)
-            self._handle = w.accumulate(self_weight=share, dst_weights=dict.fromkeys(outs, share))
+            keep = keep_share(w.p, len(outs))
+            outs = outs if keep < 1.0 else []
+            sent = dict.fromkeys(outs, (1.0 - keep) / len(outs)) if outs else {}
+            self._handle = w.accumulate(self_weight=keep, dst_weights=sent)
             time.sleep(0)  # the GIL to the receiver threads: what has landed is taken in now
             w.update_then_collect()
         else:
@@ -135,18 +149,6 @@ class AsyncGossip:
         self._x = w.value(copy=False)
         self._write(self._x)
         self.clock += 1
-
-    def _mass_came_back(self) -> bool:
-        """Push-sum sends this step: its weight p is at least ``MASS_FLOOR``, or mass has landed
-        since its last send. A rank that sent 2/3 of its mass each step while nothing came in
-        (its in-neighbours not started yet, slower, or finished) would see p dwindle
-        geometrically and its steps (x' - x on z) grow as 1/p; below the floor it sends only as
-        often as it hears."""
-        landed = sum(self.window.applied.values())
-        if self.window.p < MASS_FLOOR and landed == self._landed_at_send:
-            return False
-        self._landed_at_send = landed
-        return True
 
     def _measure(self, flat: torch.Tensor, every: int = 1) -> None:
         """The step's neighbours heard from since the last step, and every ``every`` clocks the

@@ -33,6 +33,15 @@ class Kernel:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
+        self.timers: list[threading.Timer] = []  # stop-button presses still to come
+        self.closed = False
+
+    def press_stop(self, after: float) -> None:
+        """Presses the stop button ``after`` seconds from now, unless the kernel is closed first
+        (a press after the shutdown raised in the timer's thread, under a later test's name)."""
+        timer = threading.Timer(after, self.km.interrupt_kernel)
+        self.timers.append(timer)
+        timer.start()
 
     def cell(
         self, code: str, timeout: float = 180, interrupt_after: str | None = None
@@ -55,7 +64,7 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 return "".join(out), "".join(err), error
             if interrupt_after is not None and interrupt_after in "".join(out):
-                threading.Timer(1.0, self.km.interrupt_kernel).start()
+                self.press_stop(1.0)
                 interrupt_after = None
 
     def pids(self) -> list[int]:
@@ -104,7 +113,7 @@ class Kernel:
 
         def watch() -> None:
             deadline = time.time() + within
-            while time.time() < deadline:
+            while time.time() < deadline and not self.closed:
                 if self._workers(kernel) > beyond:
                     self.km.interrupt_kernel()
                     return
@@ -120,6 +129,9 @@ class Kernel:
         self.kc.wait_for_ready(timeout=60)
 
     def close(self) -> None:
+        self.closed = True
+        for timer in self.timers:
+            timer.cancel()
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
 
@@ -205,7 +217,7 @@ def test_the_stop_button_leaves_the_workers_and_a_lost_worker_is_one_line():
 
         # the stop button while a cluster stops: it stops all the same, no worker left behind
         kernel.cell("%distlab cluster local 1")
-        threading.Timer(0.3, kernel.km.interrupt_kernel).start()
+        kernel.press_stop(0.3)
         out, err, error = kernel.cell("%distlab cluster stop")
         assert not error and "Traceback" not in out + err and "cluster stopped" in out, (out, err, error)
         assert kernel.spawned(settle=0) == 0
