@@ -331,8 +331,8 @@ class Lab:
         an estimate of its cost (its bytes), then each next from the last one's measured cost, at
         least every 5 minutes and never closer than those first steps (runtime/cut.py
         ``TimedCadence``; a run too short to afford one checkpoints only when resized; an
-        asynchronous run checkpoints every ``max(10, steps // 10)`` steps); a given
-        ``checkpoint_every`` is a fixed count. The run keeps its newest checkpoint only, and
+        asynchronous run's cuts alike, each rank's clock timing the next by its last cut's cost:
+        ``TimedCutCadence``); a given ``checkpoint_every`` is a fixed count. The run keeps its newest checkpoint only, and
         none once it ended (``run.last_checkpoint`` says when it was taken). ``trace=True``: every
         rank records a timeline of its compute and communication (``run.timeline()``,
         ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes

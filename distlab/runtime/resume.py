@@ -11,7 +11,7 @@ import torch
 
 from distlab.errors import LaunchError
 from distlab.runtime import checkpoint as ckpt
-from distlab.runtime.cut import TimedCadence, checkpoint_cadence
+from distlab.runtime.cut import TimedCadence, TimedCutCadence, checkpoint_cadence
 from distlab.runtime.job import RankJob
 from distlab.runtime.optim_state import gather_state, restore_state
 
@@ -64,6 +64,9 @@ class Checkpoints:
             cost = time.perf_counter() - t0 + WRITE_SECONDS + self._state_bytes() * WRITE_SECONDS_PER_BYTE
             self.cadence.measured(step, cost, (t0 - self._since[0]) / (step - self._since[1]))
             self._since = (time.perf_counter(), step)
+        elif isinstance(self.cadence, TimedCutCadence):  # its wait for the cut, its snapshot, the writer's
+            cost = time.perf_counter() - t0 + WRITE_SECONDS + self._state_bytes() * WRITE_SECONDS_PER_BYTE
+            self.cadence.measured(step, cost)
 
     def _state_bytes(self) -> int:
         """What a checkpoint holds: the model's state and this rank's optimizer state."""

@@ -426,7 +426,10 @@ def _data(n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("plan", ["async gossip", "async PS"])
-def test_a_default_asynchronous_launch_keeps_the_fast_rank_at_its_own_pace(clean_lab, plan):
+def test_an_asynchronous_launch_that_checkpoints_keeps_the_fast_rank_at_its_own_pace(clean_lab, plan):
+    """Cuts every 10 steps (``checkpoint_every=10``), the count that was the default: the default
+    now times an asynchronous run's cuts by their cost (runtime/cut.py ``TimedCutCadence``,
+    tests/runtime/test_cut.py), and this run of a few seconds cannot afford one within its 1%."""
     model = WideMLP()
     prof = variables_profile(model)
     if plan == "async gossip":
@@ -434,7 +437,9 @@ def test_a_default_asynchronous_launch_keeps_the_fast_rank_at_its_own_pace(clean
     else:
         s = dl.strategy.build("PS", prof, clean_lab.resources, sync=False, batch_size=64)
     steps = 60
-    run = clean_lab.launch(model, strategy=s, steps=steps, data=_data(), slowdown={1: 4.0})  # elastic default
+    run = clean_lab.launch(
+        model, strategy=s, steps=steps, data=_data(), slowdown={1: 4.0}, checkpoint_every=10
+    )
     run.wait(180)
     assert run.status == "finished", run.error
     df = run.metrics
@@ -447,6 +452,24 @@ def test_a_default_asynchronous_launch_keeps_the_fast_rank_at_its_own_pace(clean
     assert run.last_checkpoint is not None and run.last_checkpoint["step"] > 0  # checkpoints were taken
     losses = df[df["rank"] == 0].sort_values("step")["loss"].to_numpy()
     assert losses[-10:].mean() < 0.8 * losses[:10].mean(), losses  # and it trained
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_default_asynchronous_launch_of_a_small_model_takes_its_timed_cuts(clean_lab):
+    """The default cadence (``TimedCutCadence``) in a real run: a small model's cut costs
+    milliseconds, so the first comes after a tenth of the steps and half a second, each cut's
+    measured cost plans the next, and the run ends with one kept. (That the default is timed and
+    not a count is tests/runtime/test_cut.py's; a count would pass here too.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    s = dl.strategy.build("Gossip", variables_profile(model), clean_lab.resources, asynchronous=True)
+    run = clean_lab.launch(model, strategy=s, steps=1500, data=_data(), batch_size=64)
+    run.wait(180)
+    assert run.status == "finished", run.error
+    wall = run.metrics.groupby("rank")["wall_time"]
+    assert (wall.max() - wall.min()).min() > 1.0  # long enough for the first cut's half second
+    assert run.last_checkpoint is not None and run.last_checkpoint["step"] >= 150, run.last_checkpoint
 
 
 @pytest.mark.slow

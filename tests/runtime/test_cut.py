@@ -12,7 +12,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from distlab.runtime.cut import CutCadence, StepCadence, checkpoint_cadence
+from distlab.runtime.cut import CutCadence, StepCadence, TimedCutCadence, checkpoint_cadence
 
 
 @pytest.fixture
@@ -123,3 +123,41 @@ def test_ranks_at_their_own_pace_join_the_same_cuts_and_never_wait_for_a_step(st
     assert len(counts) == 1 and counts.pop() >= 2, joined  # the same cuts on every rank
     # at each cut the fastest rank stood well ahead of the slow one: no one waited for a step
     assert any(joined[0][i] >= 2 * joined[-1][i] for i in range(len(joined[0]))), joined
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_asynchronous_run_s_default_cuts_are_timed_by_their_cost(store):
+    clock = Clock()
+    fast = TimedCutCadence(store, 4, 0.01, interval=0, estimate=lambda: 0.02, clock=clock)
+    slow = TimedCutCadence(store, 4, 0.01, interval=0, estimate=lambda: 0.02, clock=clock)
+    clock.now = 1.0
+    assert not fast.due(4)  # its steps are there, but 0.02 s at 1% of the run's time needs 2 s
+    clock.now = 2.0
+    assert not fast.due(3) and fast.due(4)  # 4 steps and 2 s: cut 1
+    assert slow.due(1)  # the slow rank joins it where it stands, whatever its own clock says
+    fast.served(), slow.served()
+    fast.measured(4, 0.5), slow.measured(1, 0.5)  # a cut of 0.5 s: the next 50 s later
+    clock.now = 40.0
+    assert not fast.due(20) and not slow.due(10)
+    clock.now = 52.0
+    assert not fast.due(7)  # the time has passed, not 4 steps since its cut
+    assert fast.due(8)
+    fast.served(), slow.due(11), slow.served()
+    fast.measured(8, 10.0)  # a costly cut: the next at most `longest` (300 s) later
+    clock.now = 52.0 + 299.0
+    assert not fast.due(100)
+    clock.now = 52.0 + 301.0
+    assert fast.due(101)
+
+
+def test_the_default_cadence_of_an_asynchronous_run_is_timed_and_a_given_count_is_kept(store):
+    assert isinstance(checkpoint_cadence(store, 10, True, budget=0.01), TimedCutCadence)
+    fixed = checkpoint_cadence(store, 10, True)  # checkpoint_every=10: every tenth step, as asked
+    assert type(fixed) is CutCadence
