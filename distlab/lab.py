@@ -334,8 +334,8 @@ class Lab:
         asynchronous run's cuts alike, each rank's clock timing the next by its last cut's cost:
         ``TimedCutCadence``); a given ``checkpoint_every`` is a fixed count. The run keeps its
         newest checkpoint only, and none once it ended (``run.last_checkpoint`` says when it was
-        taken). ``trace=True``: every rank records a timeline of its compute and communication (``run.timeline()``,
-        ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
+        taken). ``trace=True``: every rank records a timeline of its compute and communication
+        (``run.timeline()``, ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
         ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``);
         ``jitter=σ``: every rank's compute varies step to step by σ of its forward+backward (an exponential
         extra wait, RunOptions.jitter), the noise a busy or shared machine adds.
