@@ -327,18 +327,18 @@ class Lab:
         refits ``lab.cost_model``.
 
         When ``elastic`` and ``checkpoint_every`` is not given, a synchronous run's checkpoints take
-        at most 1% of its time: after ``max(10, steps // 10)`` steps its ranks plan the first from
-        an estimate of its cost (its bytes), then each next from the last one's measured cost, at
-        least every 5 minutes and never closer than those first steps (runtime/cut.py
-        ``TimedCadence``; a run too short to afford one checkpoints only when resized; an
-        asynchronous run's cuts alike, each rank's clock timing the next by its last cut's cost:
-        ``TimedCutCadence``); a given ``checkpoint_every`` is a fixed count. The run keeps its
-        newest checkpoint only, and none once it ended (``run.last_checkpoint`` says when it was
-        taken). ``trace=True``: every rank records a timeline of its compute and communication
-        (``run.timeline()``, ``run.save_trace(path)``; runtime/trace.py). ``slowdown={rank: factor}``: that rank computes
-        ``factor`` (>= 1) times slower, a straggler to measure (each step's record gains ``delay``);
-        ``jitter=σ``: every rank's compute varies step to step by σ of its forward+backward (an exponential
-        extra wait, RunOptions.jitter), the noise a busy or shared machine adds.
+        at most 1% of its time: after ``max(10, steps // 10)`` steps its ranks plan the first from an
+        estimate of its cost (its bytes), then each next from the last one's measured cost, at least
+        every 5 minutes and never closer than those first steps (runtime/cut.py ``TimedCadence``; a
+        run too short to afford one checkpoints only when resized; an asynchronous run's cuts alike,
+        each rank's clock timing the next by its last cut's cost: ``TimedCutCadence``); a given
+        ``checkpoint_every`` is a fixed count. The run keeps its newest checkpoint only, and none once
+        it ended (``run.last_checkpoint`` says when it was taken). ``trace=True``: every rank records
+        a timeline of its compute and communication (``run.timeline()``, ``run.save_trace(path)``;
+        runtime/trace.py). ``slowdown={rank: factor}``: that rank computes ``factor`` (>= 1) times
+        slower, a straggler to measure (each step's record gains ``delay``); ``jitter=σ``: every
+        rank's compute varies step to step by σ of its forward+backward (an exponential extra wait,
+        RunOptions.jitter), the noise a busy or shared machine adds.
 
         ``workers=N``: the run takes N workers (default: all). On a Lab with a scheduler it asks
         for ``workers`` (or ``min_workers..max_workers``, default 1..all) while other runs train,
