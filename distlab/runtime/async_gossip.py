@@ -6,9 +6,9 @@ without waiting for anyone:
 
 - ``push_sum`` (Kempe et al. 2003; Assran et al. 2019, SGP): the rank holds a numerator z and a
   weight p, its parameters are z / p. Each step its optimizer's step goes onto the numerator
-  (z <- z + x' - x, SGP's local step), it keeps a share of (z, p), 1/(d+1) or more so that
-  ``MASS_FLOOR`` of weight stays (``keep_share``), adds the rest in equal parts into its d
-  out-neighbours' buffers, then collects every buffer in. Nothing is lost or counted twice, so without
+  (z <- z + x' - x, SGP's local step; scaled by p / ``MASS_FLOOR`` below the floor:
+  ``step_scale``), it keeps 1/(d+1) of (z, p) and adds 1/(d+1) into each of its d out-neighbours'
+  buffers, then collects every buffer in. Nothing is lost or counted twice, so without
   gradients every rank's z / p reaches the exact average, however unequal the ranks' speeds.
 - ``average``: the rank puts its parameters into its out-neighbours' buffers (overwriting), then
   averages its own with the buffers that are new since its last update, equally.
@@ -32,7 +32,7 @@ from distlab.runtime.window import Windows
 
 ONE_THREAD = True  # the exchange's arithmetic on one torch thread (``one_thread``)
 MEASURE_EVERY = 8  # clocks between two measurements of the disagreement (each costs passes over the model)
-MASS_FLOOR = 0.5  # push-sum's least weight after a send (its local steps grow as 1 / p)
+MASS_FLOOR = 0.5  # push-sum's weight below which a rank sends only after it has heard and scales its steps
 
 
 def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
@@ -43,19 +43,15 @@ def neighbours(topology: Any, rank: int) -> tuple[list[int], list[int]]:
     return ins, outs
 
 
-def keep_share(p: float, out_degree: int) -> float:
-    """The share of its (z, p) a push-sum rank of weight ``p`` keeps when it sends to
-    ``out_degree`` neighbours: the larger of 1/(d+1) and ``MASS_FLOOR`` / p, so that at least
-    ``MASS_FLOOR`` of weight stays (1.0: it sends nothing this step; at p = 1 it keeps half).
-
-    The rank's parameters are z / p, so the optimizer's step on z moves them by the step / p: a
-    fast rank that kept 1/3 of its mass each step while little came back (its in-neighbours
-    slower, not started, or finished) fell to p = 0.08 on digits and took steps 12x the
-    optimizer's, and a run's loss stalled (tests/runtime/test_window.py); with the floor a step
-    is at most 1 / MASS_FLOOR = 2x the optimizer's."""
-    if out_degree == 0 or p <= MASS_FLOOR:
-        return 1.0
-    return max(1.0 / (out_degree + 1), MASS_FLOOR / p)
+def step_scale(p: float) -> float:
+    """What a push-sum rank of weight ``p`` multiplies its optimizer's step by on its numerator z:
+    1, or p / ``MASS_FLOOR`` below the floor. Its parameters are z / p, so the step moves them by
+    the step x scale / p, at most 1 / MASS_FLOOR = 2x the optimizer's. A fast rank sends more mass
+    than comes back; its p fell to 0.045-0.12 (digits, the async-gossip benchmark) and its steps,
+    unscaled, grew 8-22x: a run's loss stalled (tests/runtime/test_window.py, CI). Keeping p at
+    the floor instead (sending only the mass above it) bounded the steps but left such a rank
+    sending almost nothing, and a slow rank's consensus stalled (the same file's averaging test)."""
+    return 1.0 if p >= MASS_FLOOR else max(p, 0.0) / MASS_FLOOR
 
 
 @contextmanager
@@ -93,6 +89,7 @@ class AsyncGossip:
         self.disagreement: float | None = None  # mean squared distance to the neighbours heard
         self.heard = 0  # neighbours heard from this step
         self._handle: Any = None
+        self._landed_at_send = 0  # messages landed when push-sum last sent (``_mass_came_back``)
 
     def graph(self, step: int) -> Any:
         return self.topology.at(step) if hasattr(self.topology, "at") else self.topology
@@ -126,17 +123,19 @@ class AsyncGossip:
         ]
         flat = self._flat()
         self._measure(flat, every=MEASURE_EVERY)
+        if self.mode == "push_sum" and not self._mass_came_back():
+            outs = []
         if self.mode == "push_sum":
             # SGP's local step is on the numerator: z <- z + (x' - x), the optimizer's step as it
             # is; a rank heavy with mass (a slow one collects more than it sends) then moves the
-            # average no more per step than any other, and faster ranks move it more often
+            # average no more per step than any other, and faster ranks move it more often. Below
+            # MASS_FLOOR the step is scaled by p / MASS_FLOOR (``step_scale``): its parameters move
+            # at most 1 / MASS_FLOOR times the optimizer's step
             with w.lock:
                 z = w.tensor
-            w.set(z + (flat - self._x), adopt=True)
-            keep = keep_share(w.p, len(outs))
-            outs = outs if keep < 1.0 else []
-            sent = dict.fromkeys(outs, (1.0 - keep) / len(outs)) if outs else {}
-            self._handle = w.accumulate(self_weight=keep, dst_weights=sent)
+            w.set(z + (flat - self._x) * step_scale(w.p), adopt=True)
+            share = 1.0 / (len(outs) + 1)
+            self._handle = w.accumulate(self_weight=share, dst_weights=dict.fromkeys(outs, share))
             time.sleep(0)  # the GIL to the receiver threads: what has landed is taken in now
             w.update_then_collect()
         else:
@@ -149,6 +148,17 @@ class AsyncGossip:
         self._x = w.value(copy=False)
         self._write(self._x)
         self.clock += 1
+
+    def _mass_came_back(self) -> bool:
+        """Push-sum sends this step: its weight p is at least ``MASS_FLOOR``, or mass has landed
+        since its last send. A rank that sent 2/3 of its mass each step while nothing came in
+        (its in-neighbours not started yet, slower, or finished) would see p dwindle
+        geometrically toward 0; below the floor it sends only as often as it hears."""
+        landed = sum(self.window.applied.values())
+        if self.window.p < MASS_FLOOR and landed == self._landed_at_send:
+            return False
+        self._landed_at_send = landed
+        return True
 
     def _measure(self, flat: torch.Tensor, every: int = 1) -> None:
         """The step's neighbours heard from since the last step, and every ``every`` clocks the

@@ -10,7 +10,7 @@ from runtime_bodies import dense_model
 from window_bodies import GOSSIP_WORLD as WORLD
 from window_bodies import async_ends_body
 
-from distlab.runtime.async_gossip import MASS_FLOOR, keep_share
+from distlab.runtime.async_gossip import MASS_FLOOR, step_scale
 from distlab.runtime.spawn import spawn_local
 
 
@@ -146,9 +146,6 @@ def test_asynchronous_averaging_through_the_trainer_reaches_consensus_with_a_slo
         heard_any = heard_any or bool(measured)
         assert ("weight" in recs[-1]) == key.startswith("push_sum")
     assert heard_any
-    if key.startswith("push_sum"):  # the fast ranks send more than comes back: p stops at the floor
-        weights = [rec["weight"] for r in range(WORLD) for rec in trained[r][key]["records"]]
-        assert min(weights) >= MASS_FLOOR - 1e-9, min(weights)
     if key.startswith("push_sum"):  # push-sum keeps the average; neighbour averaging need not
         err = max((trained[0][key]["weights"][k] - mean[k]).abs().max().item() for k in mean)
         assert err < 0.05 * spread**0.5
@@ -165,11 +162,8 @@ def test_asynchronous_gossip_learns_digits(trained, case):
 
     first, last = rank_mean(case, slice(0, 5)), rank_mean(case, slice(-15, None))
     ar = rank_mean("allreduce", slice(-15, None))
-    # a fast rank's steps are the optimizer's / p: before the floor on p (async_gossip.keep_share)
-    # p fell to 0.08 here, steps grew 12x, and one rank's loss could stall (2.31 -> 1.92 in a CI run)
-    if case.endswith("push_sum"):
-        weights = [w for r in range(WORLD) for w in trained[r]["digits"][case]["weights"]]
-        assert weights and min(weights) >= MASS_FLOOR - 1e-9, min(weights, default=None)
+    # a fast rank's steps are the optimizer's x step_scale(p) / p: unscaled, p fell to 0.08 here,
+    # steps grew 12x, and one rank's loss could stall (2.31 -> 1.92 in a CI run)
     assert last < 0.35 * first, (first, last)
     assert last < ar + 0.4, (last, ar)  # asynchronous and unsynchronised replicas: looser than sync gossip
 
@@ -191,12 +185,8 @@ def test_an_asynchronous_run_checkpoints_resumes_and_stops_cleanly(tmp_path):
     assert res[0]["checkpoint"]["checkpoint"].endswith("ckpt-000000004.pt")
 
 
-def test_push_sum_keeps_its_share_or_what_holds_its_weight_at_the_floor():
-    assert keep_share(3.0, 2) == pytest.approx(1 / 3)  # 1/(d+1) while p stays above the floor
-    assert keep_share(1.0, 2) == pytest.approx(MASS_FLOOR)  # else only the mass above the floor
-    assert keep_share(0.9, 2) == pytest.approx(MASS_FLOOR / 0.9)
-    assert keep_share(2.0, 1) == pytest.approx(0.5)
-    assert keep_share(MASS_FLOOR, 2) == 1.0 and keep_share(0.3, 2) == 1.0  # sends nothing
-    assert keep_share(1.0, 0) == 1.0
-    for p in (0.51, 0.7, 1.0, 1.6, 3.0):  # what stays never falls below the floor
-        assert p * keep_share(p, 2) >= MASS_FLOOR - 1e-12
+def test_push_sum_scales_its_steps_below_the_floor_so_they_move_it_at_most_twice_the_optimizer_s():
+    assert step_scale(1.0) == 1.0 and step_scale(MASS_FLOOR) == 1.0 and step_scale(2.5) == 1.0
+    assert step_scale(0.25) == pytest.approx(0.25 / MASS_FLOOR) and step_scale(0.0) == 0.0
+    for p in (0.01, 0.08, 0.3, 0.5, 0.9, 1.7):  # the parameters move by the step x scale / p
+        assert step_scale(p) / p <= 1 / MASS_FLOOR + 1e-12
