@@ -121,10 +121,10 @@ class AsyncGossip:
         outs = [
             j for j in self.graph(self.clock).out_neighbors(self.rank) if j != self.rank and j not in done
         ]
-        flat = self._flat()
-        self._measure(flat, every=MEASURE_EVERY)
         if self.mode == "push_sum" and not self._mass_came_back():
             outs = []
+        flat = self._flat()
+        self._measure(flat, every=MEASURE_EVERY)
         if self.mode == "push_sum":
             # SGP's local step is on the numerator: z <- z + (x' - x), the optimizer's step as it
             # is; a rank heavy with mass (a slow one collects more than it sends) then moves the

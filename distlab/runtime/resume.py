@@ -60,13 +60,15 @@ class Checkpoints:
         assert self.cadence is not None
         self.cadence.served()
         if isinstance(self.cadence, TimedCadence) and step > self._since[1]:
-            # the training thread's part measured; the writer's (beside it, on the same cores) at its rate
-            cost = time.perf_counter() - t0 + WRITE_SECONDS + self._state_bytes() * WRITE_SECONDS_PER_BYTE
-            self.cadence.measured(step, cost, (t0 - self._since[0]) / (step - self._since[1]))
+            self.cadence.measured(step, self._cost(t0), (t0 - self._since[0]) / (step - self._since[1]))
             self._since = (time.perf_counter(), step)
-        elif isinstance(self.cadence, TimedCutCadence):  # its wait for the cut, its snapshot, the writer's
-            cost = time.perf_counter() - t0 + WRITE_SECONDS + self._state_bytes() * WRITE_SECONDS_PER_BYTE
-            self.cadence.measured(step, cost)
+        elif isinstance(self.cadence, TimedCutCadence):  # its cost holds its wait for the other ranks
+            self.cadence.measured(step, self._cost(t0))
+
+    def _cost(self, t0: float) -> float:
+        """A checkpoint begun at ``t0``: the training thread's part measured, the writer's (beside it,
+        on the same cores) at its rate."""
+        return time.perf_counter() - t0 + WRITE_SECONDS + self._state_bytes() * WRITE_SECONDS_PER_BYTE
 
     def _state_bytes(self) -> int:
         """What a checkpoint holds: the model's state and this rank's optimizer state."""

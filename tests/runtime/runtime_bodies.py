@@ -401,7 +401,6 @@ def digits_body(rank: int, world: int, addr: str, port: int, cases: list[str], s
         out[case] = {
             "losses": np.array([r["loss"] for r in res["records"]]),
             "distance": res["consensus_distance"],
-            "weights": [r["weight"] for r in res["records"] if "weight" in r],  # push-sum's p
         }
     return out
 
