@@ -13,6 +13,11 @@ import torch.distributed as dist
 from distlab.errors import WindowError
 
 GOSSIP_WORLD = 4  # ranks of gossip_ranks_body's spawn (conftest.py)
+# async_gossip_body's pure averaging runs: at 30 steps a run lasted 60-120 ms (a step of this tiny
+# model is 2-4 ms), so a rank descheduled for that long on 2 shared cores let the others finish
+# before it mixed (two whole-suite runs ended push-sum on one_peer_exp2 at 0.06 and 0.09 of the
+# spread, against the bound 0.01; alone, 0 to 0.0013 in 17 runs); at 300 a run lasts about a second
+AVERAGING_STEPS = 300
 
 
 def _init(rank: int, world: int, addr: str, port: int, tag: str) -> None:
@@ -184,11 +189,11 @@ def async_gossip_body(rank: int, world: int, addr: str, port: int, digits_steps:
 
     slow = {world - 1: 2.0}
     return {
-        "push_sum exp2": averaging_body(rank, world, addr, port, "exp2", 30, "push_sum", slow),
+        "push_sum exp2": averaging_body(rank, world, addr, port, "exp2", AVERAGING_STEPS, "push_sum", slow),
         "push_sum one_peer_exp2": averaging_body(
-            rank, world, addr, port, "one_peer_exp2", 30, "push_sum", slow
+            rank, world, addr, port, "one_peer_exp2", AVERAGING_STEPS, "push_sum", slow
         ),
-        "average exp2": averaging_body(rank, world, addr, port, "exp2", 30, "average", slow),
+        "average exp2": averaging_body(rank, world, addr, port, "exp2", AVERAGING_STEPS, "average", slow),
         "digits": digits_body(
             rank,
             world,
