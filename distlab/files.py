@@ -4,7 +4,18 @@ never half of one."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def cache_home() -> Path:
+    """Where distlab keeps what it measured (calibrations, models' steps, Slurm logs) unless a Lab
+    is given ``cache_dir``: ``$DISTLAB_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/distlab``, else
+    ``~/.cache/distlab`` (the XDG base-directory convention pip and Jupyter follow too)."""
+    if own := os.environ.get("DISTLAB_CACHE_DIR"):
+        return Path(own).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "distlab"
 
 
 def write_atomic(path: str | Path, text: str) -> Path:

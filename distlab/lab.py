@@ -16,6 +16,7 @@ from distlab.cluster.cluster import Cluster
 from distlab.cluster.slurm import slurm_spec
 from distlab.conventions import resolve as resolve_conventions
 from distlab.errors import CalibrationError, DistlabError, LaunchError
+from distlab.files import cache_home
 from distlab.native_tf.route import NativeRoute
 from distlab.resources import ResourceSpec
 from distlab.runs import ckpt_dirs, prepare
@@ -105,7 +106,7 @@ class Lab:
         self._closed = False
         self.via_magics = False  # cards name the %distlab magic instead of the Python call
         self.cost_model: Any = None
-        self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "distlab"
+        self.cache_dir = Path(cache_dir) if cache_dir else cache_home()
         self._own_ckpt = checkpoint_dir is None
         # one checkpoint per running run, none once it ended (runs/ckpt_dirs.py); a folder of its own
         # says who owns it, so the next Lab removes it if this process is killed

@@ -2,12 +2,40 @@
 across folders are modules of the ``tests`` package (``from tests.polling import poll_for``); a
 folder's own helpers sit beside its tests."""
 
+import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 
 import pytest
 import torch
+
+from tests.calibrations import SHARED_SIZES, calibration_load_ignored
+
+_CACHE = pytest.StashKey[tuple]()  # (the suite's cache folder, DISTLAB_CACHE_DIR before it)
+
+
+def _own_cache(config) -> None:
+    """The suite's own distlab cache folder (``DISTLAB_CACHE_DIR``, read by ``files.cache_home``),
+    for this process and every kernel, notebook and JupyterLab it starts: a run never reads what
+    an earlier run of the suite, or the developer's own notebooks, left in ``~/.cache/distlab``
+    (a CI machine starts without one, and so does each run here), nor writes there."""
+    folder = tempfile.mkdtemp(prefix="distlab-test-cache-")
+    config.stash[_CACHE] = (folder, os.environ.get("DISTLAB_CACHE_DIR"))
+    os.environ["DISTLAB_CACHE_DIR"] = folder
+
+
+def pytest_unconfigure(config):
+    folder, before = config.stash.get(_CACHE, (None, None))
+    if folder is None:
+        return
+    if before is None:
+        os.environ.pop("DISTLAB_CACHE_DIR", None)
+    else:
+        os.environ["DISTLAB_CACHE_DIR"] = before
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_configure(config):
@@ -15,9 +43,11 @@ def pytest_configure(config):
     (``make test &``, a CI step, a tool's job) leaves SIGINT ignored in it, and Python keeps an
     inherited SIG_IGN, so ``_thread.interrupt_main()`` (the stop button as the stop tests press it)
     did nothing: the three stop tests of test_stop_work failed in every whole run started that way
-    and passed when run by hand (/proc/<pytest>/status: SigIgn 0x...1007, SIGINT's bit set)."""
+    and passed when run by hand (/proc/<pytest>/status: SigIgn 0x...1007, SIGINT's bit set).
+    And the suite's own cache folder (``_own_cache``)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _own_cache(config)
 
 
 @pytest.fixture
@@ -71,6 +101,31 @@ def session_lab():
     yield lab
     lab.close()
     _run_threads_end(before)
+
+
+@pytest.fixture(scope="session")
+def shared_calibration(session_lab):
+    """One calibration of the session's 2-worker embedded Lab at ``SHARED_SIZES``, cached in the
+    suite's cache folder (``_own_cache``) by the product's own path, so that the notebooks and the
+    JupyterLab quickstart, whose small parameters ask ``lab.calibrate(sizes=SHARED_SIZES, ...)`` on
+    a ``dl.Lab(workers=2)`` of this machine, read the cluster's part from it and measure only their
+    own models, as a user's second run of a notebook does. Each of those four calibrated from
+    scratch (30-45 s each here): such small calibrations are never cached by themselves (their
+    4-64 KiB fits disagree between repeats, and two benchmarks at once see each other as load).
+    Calibrating from scratch is what test_calibrate, test_load, test_calibrate_repeat,
+    test_polish and the README's own calibration (the default sizes) check."""
+    import warnings
+
+    from distlab.calibration.campaign import cache_key, calibrate_cluster
+    from distlab.files import cache_home
+
+    folder = cache_home()
+    with calibration_load_ignored(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calibrate_cluster(session_lab.cluster, folder, sizes=SHARED_SIZES, progress=False)
+    path = folder / f"calibration-{cache_key(session_lab.resources, SHARED_SIZES)}.json"
+    assert path.exists(), f"the shared calibration was not cached at {path}"
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ from distlab.cluster.slurm_walltime import (  # noqa: F401 - re-exported
 )
 from distlab.cluster.spmd import workers_info
 from distlab.errors import LaunchError, check_positive
+from distlab.files import cache_home
 
 
 def import_jobqueue() -> Any:
@@ -565,15 +566,15 @@ def start_slurm(
 ) -> SlurmJobs:
     """Submit ``workers`` Slurm jobs of ``spec`` and wait up to ``timeout`` seconds for their
     workers to join; on any failure (Ctrl-C too) every job submitted is cancelled first. Logs go
-    to ``log_dir`` (default ``~/.cache/distlab/slurm``: on a cluster it must be a folder the
-    compute nodes can write, as a home folder is)."""
+    to ``log_dir`` (default ``slurm`` in ``files.cache_home()``, ``~/.cache/distlab/slurm``: on a
+    cluster it must be a folder the compute nodes can write, as a home folder is)."""
     if workers is None:
         raise LaunchError(f"{WHO}: give workers=N, the number of worker jobs (one rank each) to submit")
     check_positive(f"{WHO}: workers", workers, LaunchError)
     spec = spec or SlurmSpec()
     check_slurm_commands()
     check_interface(spec.interface)
-    folder = Path(log_dir) if log_dir else Path.home() / ".cache" / "distlab" / "slurm"
+    folder = Path(log_dir) if log_dir else cache_home() / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
     jobs = SlurmJobs(spec, folder)
     try:

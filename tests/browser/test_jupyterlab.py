@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from distlab.bench import browser
+from tests.calibrations import SHARED_SIZES
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {
@@ -16,7 +17,7 @@ SMALL = {
     "workers": 2,
     "steps": 8,
     "top": 1,
-    "calibrate_sizes": [4096, 65536],
+    "calibrate_sizes": SHARED_SIZES,
 }
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
@@ -53,10 +54,11 @@ def _output_with_title(page, title: str):
     return page.locator(".jp-OutputArea-output", has=page.locator(".gtitle", has_text=title)).first
 
 
-def test_quickstart_renders_picker_and_charts(jupyterlab):
+def test_quickstart_renders_picker_and_charts(shared_calibration, jupyterlab):
     """The quickstart runs in JupyterLab; then the picker's what-if controls and its Launch are
     driven as a user would, and the picker, the first run's live view and its timeline are
-    photographed (out/picker.png, out/live-run.png, out/timeline.png: docs/ holds the ones checked)."""
+    photographed (out/picker.png, out/live-run.png, out/timeline.png: docs/ holds the ones checked).
+    Its calibration reads the cluster's part from the suite's shared one (conftest.py)."""
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 

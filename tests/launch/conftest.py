@@ -10,6 +10,8 @@ import pytest
 import torch
 from launch_helpers import Blobs, TinyNet
 
+from tests.calibrations import calibration_load_ignored
+
 # Test modules are not importable on the workers: ship their functions and classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -61,17 +63,9 @@ def clean_lab(lab):
 
 @pytest.fixture
 def load_ignored():
-    """For tests of fitting and caching: other programs on a busy CI machine would mark the
-    measurement disturbed, and a disturbed one is never cached (cluster/load.py). Load detection
-    has tests of its own (test_load.py)."""
-    from distlab import resources
-    from distlab.calibration import repeat
-
-    with pytest.MonkeyPatch.context() as mp:  # its own: a test's monkeypatch.undo() leaves it
-        mp.setattr(resources, "DISTURBED_CORES", float("inf"))
-        # nor would its repeats agree within REPEAT_LIMIT: repeatability has tests of its own
-        # (tests/costmodel/test_repeatability.py, test_calibrate_repeat.py)
-        mp.setattr(repeat, "REPEAT_LIMIT", float("inf"))
+    """For tests of fitting and caching: a calibration cached whatever else the machine runs
+    (``tests.conftest.calibration_load_ignored``)."""
+    with calibration_load_ignored():
         yield
 
 

@@ -16,6 +16,7 @@ from distlab.bench import browser
 from distlab.bench.emulate import EmulatedHosts
 from distlab.cli import main
 from distlab.notebook.execute import execute_notebook, export_html
+from tests.calibrations import SHARED_SIZES
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_MLP = {"width": 64, "in_features": 32}
@@ -23,7 +24,7 @@ PLOTLY = "application/vnd.plotly.v1+json"
 
 # Small but real parameters per notebook (the defaults are the benchmark-sized ones).
 SMALL: dict[str, dict] = {
-    "quickstart": {"model_options": SMALL_MLP, "steps": 6, "top": 1, "calibrate_sizes": [4096, 65536]},
+    "quickstart": {"model_options": SMALL_MLP, "steps": 6, "top": 1, "calibrate_sizes": SHARED_SIZES},
     "gossip": {"n": 4, "steps": 8},
     "strategies": {"model_name": "mlp", "model_options": SMALL_MLP, "workers": 2},
     "bench/profile-speed": {"models": ["mlp"], "repeats": 1, "profile_repeats": 1},
@@ -142,7 +143,7 @@ SMALL: dict[str, dict] = {
         "steps": 4,
         "rounds": 2,
         "samples": 256,
-        "calibrate_sizes": [4096, 65536],
+        "calibrate_sizes": SHARED_SIZES,
         "calibration_cache": True,  # a cached calibration of these sizes serves, if one is (BENCHMARKS)
         "calibrations": 1,  # one: a calibration refused under load is not cached, and three would each run
     },
@@ -155,7 +156,7 @@ SMALL: dict[str, dict] = {
         "min_seconds": 0.05,
         "repeats": 2,
         "load_processes": 0,
-        "calibrate_sizes": [4096, 65536],
+        "calibrate_sizes": SHARED_SIZES,
         "calibration_cache": True,  # a cached calibration of these sizes serves, if one is (BENCHMARKS)
     },
 }
@@ -197,13 +198,15 @@ def _errors(nb) -> list[str]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", [n for n in NOTEBOOKS if not n.startswith("bench/")])
-def test_notebook_executes(name, tmp_path):
+def test_notebook_executes(name, tmp_path, request):
     """Each user notebook runs whole. The quickstart runs with a Keras zoo model in a plain "python3"
     kernel, no ``--ext distlab`` (Colab, VS Code, Binder: ``import distlab`` registers %distlab); its
-    torch default runs in the distlab kernel in the browser test and in ``make demo``."""
+    torch default runs in the distlab kernel in the browser test and in ``make demo``. The
+    quickstart's calibration reads the cluster's part from the suite's shared one (conftest.py)."""
     params, kernel = SMALL[name], None
     if name == "quickstart":
         params, kernel = {**SMALL[name], "model_name": "keras_mlp"}, "python3"
+        request.getfixturevalue("shared_calibration")
     out = execute_notebook(
         ROOT / "notebooks" / f"{name}.ipynb",
         tmp_path / f"{Path(name).name}.ipynb",
@@ -288,15 +291,17 @@ def benchmarks(request, tmp_path_factory):
     """``{name: (future of _bench_in_child, its out folder)}``: every selected benchmark notebook,
     each in a fresh kernel as ``distlab bench`` runs it, ``BENCH_AT_ONCE`` at a time in the order of
     ``BENCHMARKS``, after the user notebooks. Those whose ``calibration_cache`` asks for it read the
-    quickstart's calibration when it was cached; in a whole suite it is not (measured 2026-11-29:
-    its 4-64 KiB collectives' 4 MiB fits differ by 2x-200x between repeats, and the benchmarks
-    running two at a time see each other as load), so each calibrates (40-60 s)."""
+    suite's shared calibration (conftest.py): on their own, such small calibrations are never
+    cached in a whole suite (their 4-64 KiB collectives' fits differ by 2x-200x between repeats,
+    and the benchmarks running two at a time see each other as load), so each calibrated (40-60 s)."""
     selected = {
         item.callspec.params["name"]
         for item in request.session.items
         if getattr(item, "originalname", "") == "test_benchmark_writes_its_figures"
     }
     skip = {"live-view"} if browser.missing() else set()
+    if any(SMALL[f"bench/{n}"].get("calibration_cache") for n in selected):
+        request.getfixturevalue("shared_calibration")
     pool = ProcessPoolExecutor(BENCH_AT_ONCE, mp_context=multiprocessing.get_context("spawn"))
     out: dict[str, tuple[Future, Path]] = {}
     for name in BENCHMARKS:

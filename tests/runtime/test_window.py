@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from runtime_bodies import dense_model
-from window_bodies import AVERAGING_STEPS
+from window_bodies import AVERAGING_STEPS, async_ends_body
 from window_bodies import GOSSIP_WORLD as WORLD
-from window_bodies import async_ends_body
 
 from distlab.runtime.async_gossip import MASS_FLOOR, step_scale
 from distlab.runtime.spawn import spawn_local
