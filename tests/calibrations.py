@@ -25,3 +25,17 @@ def calibration_load_ignored():
         mp.setattr(resources, "DISTURBED_CORES", float("inf"))
         mp.setattr(repeat, "REPEAT_LIMIT", float("inf"))
         yield
+
+
+@contextlib.contextmanager
+def two_reference_models():
+    """The calibration's training-loop stage on its first two reference models (an MLP under
+    AllReduce, a deeper one under every builder) instead of all seven: for tests of what a
+    calibration does with its result (warn, refuse to cache) rather than of what it fits, whose
+    time is most of that stage's. test_calibrate checks the whole stage."""
+    from distlab.calibration import campaign
+
+    every = campaign.reference_cases
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(campaign, "reference_cases", lambda: every()[:2])
+        yield

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.calibrations import two_reference_models
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_DIR = ROOT / "kernels" / "distlab"
 
@@ -207,13 +209,14 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
     start = time.monotonic()
-    cm = lab.calibrate(sizes=[4096, 65536], cache=False, models=[(model, data)], batch_size=8)
+    with two_reference_models():  # what the bar shows per part, not the stage's whole size
+        cm = lab.calibrate(sizes=[4096, 65536], cache=False, models=[(model, data)], batch_size=8)
+        references = len(calibrate.reference_cases())
     end = time.monotonic()
     assert cm.fingerprint["calibrated"] and cached.read_text() == before
     assert [p.name for p in tmp_path.glob("calibration-*.json")] == [cached.name]
 
     (bar,) = bars
-    references = len(calibrate.reference_cases())
     loop_calls = sum(name == "loop_pass_rank" for name, _ in calls) - 2 * measure.MODEL_PASSES
     # the total known up front: the collectives' calls (LINK_REPEATS), each reference model's profile, at most
     # OVERHEAD_PASSES training-loop calls at each of world sizes 1 and 2, then the model's passes
@@ -231,7 +234,7 @@ def test_calibration_progress_moves_part_by_part(lab, monkeypatch, tmp_path):
     named = " | ".join(p for _, _, p in bar.events)
     for part in (
         "collectives at 2 ranks",
-        "profiling ConvNet (5 of 7 reference models)",
+        "profiling Sequential (2 of 2 reference models)",
         "training loop at 1 rank, pass 1",
         "training loop at 2 ranks, pass 1",
         "local step of Sequential at 2 ranks, pass 8 of 8",

@@ -6,6 +6,8 @@ import warnings
 
 import pytest
 
+from tests.calibrations import two_reference_models
+
 # one calibration of the 2-worker Lab: 238 s with the fixture's Lab, measured beside a load average of 15
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 SIZES = [4096, 65536]
@@ -20,7 +22,7 @@ def test_a_calibration_whose_repeats_disagree_serves_the_session_but_is_not_cach
     clean_lab.cache_dir = tmp_path
     # no real cluster repeats exactly: with no spread allowed, every calibration is refused
     monkeypatch.setattr(repeat, "REPEAT_LIMIT", 0.0)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, two_reference_models():
         warnings.simplefilter("always")
         cm = clean_lab.calibrate(sizes=SIZES, progress=False)
     spreads = {d["stage"]: d for d in cm.fingerprint["repeatability"]}

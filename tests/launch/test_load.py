@@ -10,6 +10,8 @@ import warnings
 
 import pytest
 
+from tests.calibrations import two_reference_models
+
 
 def _sample(t, busy, total, ticks, ours, names=None):
     return {
@@ -116,7 +118,7 @@ def test_a_calibration_beside_busy_processes_warns_and_is_not_cached(clean_lab, 
     clean_lab.cache_dir = tmp_path
     hogs = _hogs(2)
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, two_reference_models():
             warnings.simplefilter("always")
             cm = clean_lab.calibrate(progress=False, sizes=[4096, 65536])
     finally:
