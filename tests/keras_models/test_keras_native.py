@@ -50,8 +50,12 @@ def test_mirrored_on_two_ranks_equals_one_process_on_the_global_batch(torch_note
 
 
 @pytest.mark.parametrize("builder", ["AllReduce", "PS"])  # PartitionedPS runs PS's processes
-def test_a_rank_that_exits_early_fails_the_run_quickly_and_leaves_no_process(torch_notebook, builder):
-    out = result(torch_notebook, f"native_exit_{builder}")
+def test_a_rank_that_exits_early_fails_the_run_quickly_and_leaves_no_process(
+    torch_notebook, tensorflow_notebook, builder
+):
+    """AllReduce's case runs in the torch notebook's process, PS's in the TensorFlow one's
+    (keras_scripts: the two processes' seconds evened)."""
+    out = result(torch_notebook if builder == "AllReduce" else tensorflow_notebook, f"native_exit_{builder}")
     assert out["status"] == "failed", out
     assert out["seconds"] < (10 if builder == "AllReduce" else 25), out
     assert "rank 1" in out["error"] and out["no_children"], out
