@@ -104,6 +104,7 @@ def host_sample(roots: Iterable[int], alone: Iterable[int] = ()) -> dict[str, An
         "cores": cores,
         "ticks": {pid: t for pid, (_, t, _, _) in procs.items()},
         "reaped": {pid: procs[pid][3] for pid in family},
+        "parent": {pid: procs[pid][0] for pid in family},
         "names": {pid: name for pid, (_, _, name, _) in procs.items()},
         "ours": sorted(ours),
     }
@@ -127,6 +128,12 @@ def host_load(before: dict[str, Any], after: dict[str, Any]) -> HostLoad:
     busy = after["busy"] - before["busy"]
     own = sum(d for pid, d in delta.items() if pid in ours)
     own += sum(t - before.get("reaped", {}).get(pid, t) for pid, t in after.get("reaped", {}).items())
+    # a process of ours that died in between was reaped with all its ticks, those before the first
+    # sample too: a worker's spare TensorFlow process, started minutes before and ended by this
+    # measurement's rank, brought its import's seconds and hid two busy processes from a calibration
+    for pid, ppid in before.get("parent", {}).items():
+        if pid not in after["ticks"] and ppid in after.get("reaped", {}):
+            own -= before["ticks"].get(pid, 0) + before["reaped"].get(pid, 0)
     # ticks are per CPU: a busy share of all CPUs' ticks times the CPUs is cores in use
     per_core = cpus / total
     foreign = max(busy - own, 0) * per_core

@@ -1,9 +1,11 @@
 """(child process) One rank of a native TensorFlow run: ``python child.py JOB_DIR``.
 
 Started by its rank's pinned Dask task (``distlab.native_tf.rank``) with ``TF_CONFIG`` set, in
-a fresh process: TensorFlow's multi-worker strategy must be created before any other TensorFlow
-op, a process can host one such cluster only, and a peer that never arrives blocks its
-constructor with no timeout, so the task, not this process, owns the deadline and kills it.
+a fresh process, or in a spare one that the worker started after its last TensorFlow rank
+(``python child.py --spare``: TensorFlow already imported, ``wait_for_job``): TensorFlow's
+multi-worker strategy must be created before any other TensorFlow op, a process can host one
+such cluster only, and a peer that never arrives blocks its constructor with no timeout, so the
+task, not this process, owns the deadline and kills it.
 
 It imports nothing of distlab (torch stays out of the process). ``JOB_DIR`` holds ``model.keras``,
 ``data.npz`` (``x``, ``y``) and ``job.pkl`` (a cloudpickled dict: steps, batch, seed, shuffle,
@@ -410,6 +412,28 @@ def _optimizer(keras: Any, job: dict[str, Any]) -> Any:
     return opt() if opt else keras.optimizers.SGD(learning_rate=0.01)
 
 
+def wait_for_job() -> str | None:
+    """A spare child (``child.py --spare``): TensorFlow imported ahead of its job, then the job
+    from one line of stdin: ``{"job_dir", "stderr", "env"}`` (the variables a fresh child gets in
+    its environment: ``TF_CONFIG``, ``DISTLAB_TF_*``, read after this point). Importing TensorFlow
+    is about 2 s of a native rank's start here; no TensorFlow op runs before the job's strategy is
+    created, so it is the same program as a fresh child's. Returns the job folder, or None when
+    stdin closes first (the worker that started it has gone)."""
+    _import_tensorflow()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    job = json.loads(line)
+    os.environ.update(job["env"])
+    err = os.open(job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(err, 2)  # from here on, a traceback lands in the job's log as a fresh child's does
+    os.close(err)
+    return job["job_dir"]
+
+
 if __name__ == "__main__":
+    job_dir = wait_for_job() if sys.argv[1] == "--spare" else sys.argv[1]
+    if job_dir is None:
+        sys.exit(0)
     mode = os.environ.get("DISTLAB_TF_MODE", "mirrored")
-    sys.exit({"ps": serve_ps, "bench": bench}.get(mode, main)(sys.argv[1]))
+    sys.exit({"ps": serve_ps, "bench": bench}.get(mode, main)(job_dir))

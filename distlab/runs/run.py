@@ -101,7 +101,7 @@ class Run(Resizable):
         self.traceback = ""
         self.last_checkpoint: dict[str, Any] | None = None  # {"step", "at", "path"} once the run ended
         self.view: Any = None  # the notebook's LiveView of this run, once shown
-        self.details: dict[str, Any] = {}  # a native TensorFlow run: where its variables were placed
+        self.details: dict[str, Any] = {}  # a native run: its variables' placement, rank 0's "child"
         # a gossip run's mean over ranks of ||x_r - mean x||^2 at its end (None for other kernels)
         self.consensus_distance: float | None = None
         self.launched_at = time.perf_counter()

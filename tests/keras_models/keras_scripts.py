@@ -48,6 +48,7 @@ TENSORFLOW_CALLS = [
     # here rather than beside its AllReduce twin: the torch notebook's scenarios took 108 s and
     # these 90 (2026-11-29), and the two processes run at once, so the longer one is the wait
     ["native_exit_PS", "native_faults", ["exit", "PS"]],
+    ["native_spare", "native_spare", []],
 ]
 TIMEOUT = 900  # seconds for one process's scenarios (about 300 s here); the tests' marks allow it
 
@@ -96,7 +97,7 @@ def several(calls: list) -> dict:
                 out[key] = {"failed": traceback.format_exc()[-4000:]}
             out["seconds"][key] = round(time.monotonic() - t0, 1)
     finally:
-        _SHARED.pop(2).close()
+        out["spares_at_close"] = _close_and_see_spares_end(_SHARED.pop(2))
         _SHARED.clear()
     return out
 
@@ -374,18 +375,85 @@ def native_allreduce(steps: int = 30, twice: bool = True) -> dict:
 
 
 def _children(run_id: str, rank: int | None = None) -> list:
+    """The TensorFlow processes of ``run_id`` (of its rank ``rank``), found by their log: fd 2 is
+    ``stderr.log`` in the rank's job folder ``distlab-tf-{run_id}-{rank}-*`` whether the process was
+    started for the rank (its command line names the folder too) or was its worker's spare."""
     import psutil
 
     out = []
     for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if (
-            "native_tf/child.py" in cmd
-            and f"distlab-tf-{run_id}-" in cmd
-            and (rank is None or f"-{run_id}-{rank}-" in cmd)
-        ):
+        if "native_tf/child.py" not in " ".join(p.info["cmdline"] or []):
+            continue
+        try:
+            log = os.readlink(f"/proc/{p.pid}/fd/2")
+        except OSError:  # gone meanwhile
+            continue
+        if f"distlab-tf-{run_id}-" in log and (rank is None or f"-{run_id}-{rank}-" in log):
             out.append(p)
     return out
+
+
+def _spares(worker_pids) -> list[int]:
+    """The spare TensorFlow processes (``child.py --spare``) the given worker processes started."""
+    import psutil
+
+    return sorted(
+        p.pid
+        for p in psutil.process_iter(["cmdline", "ppid"])
+        if p.info["ppid"] in set(worker_pids) and "--spare" in (p.info["cmdline"] or [])
+    )
+
+
+def native_spare() -> dict:
+    """Two short native runs on the shared Lab: after each, every worker keeps a spare TensorFlow
+    process; the second run's rank 0 starts in its worker's spare, and the spares the first run
+    left are used up by the second (``several`` checks that closing the Lab ends the last ones)."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 12)).astype("float32")
+    y = rng.integers(0, 5, size=256).astype("int64")
+    lab = _lab(2)
+    out: dict = {"runs": []}
+    try:
+        pids = list(lab.client.run(os.getpid).values())
+        for _ in range(2):
+            run = lab.launch(mlp(), steps=3, data=(x, y), batch_size=8, backend="tensorflow", block=True)
+            deadline = time.monotonic() + 10  # started as each rank's task ends
+            while len(_spares(pids)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            out["runs"].append(
+                {"status": run.status, "child": run.details.get("child"), "spares": _spares(pids)}
+            )
+    finally:
+        _done(lab)
+    return out
+
+
+def _close_and_see_spares_end(lab) -> dict:
+    """Close ``lab``: its workers' spare TensorFlow processes before, and those still running 20 s
+    after (a spare's stdin closes with its worker; one still importing TensorFlow ends after)."""
+    import time
+
+    import psutil
+
+    def running(pid: int) -> bool:  # an orphan's zombie, left to a container's init, has ended
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    try:
+        spares = _spares(list(lab.client.run(os.getpid).values()))
+    finally:
+        lab.close()
+    left, deadline = spares, time.monotonic() + 20
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in left if running(p)]
+    return {"before": spares, "left": left}
 
 
 def _no_children_within(run_id: str, seconds: float) -> bool:

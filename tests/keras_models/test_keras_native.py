@@ -113,3 +113,21 @@ def test_ps_and_partitioned_ps_run_as_parameter_server_strategy(torch_notebook):
     decay = out["decay"]
     assert decay["status"] == "finished", decay["error"]
     assert decay["table_l1_ratio"] == pytest.approx(0.95**8, abs=0.02), decay  # 1.0 without the decay
+
+
+def test_a_workers_next_tensorflow_rank_starts_in_its_spare(tensorflow_notebook):
+    """A worker that ran a TensorFlow rank keeps one spare process with TensorFlow imported; the
+    next rank there is handed its job instead of starting a process (about 2 s of its start)."""
+    out = result(tensorflow_notebook, "native_spare")
+    first, second = out["runs"]
+    assert first["status"] == second["status"] == "finished", out
+    assert second["child"] == "spare", out
+    assert len(first["spares"]) == len(second["spares"]) == 2, out  # one per worker
+    assert not set(first["spares"]) & set(second["spares"]), out  # the first ones took the second run's ranks
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_no_spare_tensorflow_process_outlives_its_lab(torch_notebook, tensorflow_notebook, backend):
+    """Both notebooks ran native ranks on their shared Lab, whose close ended every spare."""
+    at_close = (torch_notebook if backend == "torch" else tensorflow_notebook)["spares_at_close"]
+    assert len(at_close["before"]) == 2 and at_close["left"] == [], at_close

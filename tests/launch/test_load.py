@@ -78,6 +78,35 @@ def test_a_worker_child_that_ran_and_exited_between_samples_is_ours():
     assert load.ours * load.seconds >= 0.5  # the child's 0.6 s of CPU counted as the cluster's own
 
 
+def test_a_worker_child_started_before_and_ended_between_samples_counts_only_its_ticks_between():
+    """A worker's spare TensorFlow process burns its import's seconds before a measurement, then
+    is ended by it and reaped with all its ticks: only those between the samples are the
+    cluster's own. Counting all of them hid two busy processes from a native calibration."""
+    import os
+
+    from distlab.cluster.load import host_load, host_sample
+
+    burn = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.8: pass\n"
+    burn += "sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # its 0.8 s of CPU spent before the first sample
+            if host_sample([os.getpid()])["ticks"].get(child.pid, 0) >= 0.75 * os.sysconf("SC_CLK_TCK"):
+                break
+            time.sleep(0.05)
+        before = host_sample([os.getpid()])
+        assert before["parent"][child.pid] == os.getpid()
+        child.stdin.close()  # it ends, idle meanwhile, and is reaped
+        child.wait(timeout=30)
+        after = host_sample([os.getpid()])
+    finally:
+        child.kill()
+        child.wait()
+    load = host_load(before, after)
+    assert load.ours * load.seconds < 0.4, load  # not the 0.8 s it spent before the first sample
+
+
 def _hogs(n: int) -> list[subprocess.Popen]:
     # busy until killed, or until this test process is gone (a test killed by its timeout would
     # otherwise leave them spinning: two did for 36 minutes, slowing every later test)
