@@ -123,14 +123,19 @@ class KerasLoss:
             return F.l1_loss(output, y)
         return F.huber_loss(output, y, delta=float(o.get("delta", 1.0)))
 
+    def spec(self) -> dict[str, Any]:
+        """What the native route's TensorFlow child builds it from: plain data (unpickling
+        distlab's own objects there imported torch), ``native_tf/child.py``'s ``keras_loss``."""
+        return {"keras_loss": KERAS_LOSSES[self.name][0], "options": dict(self.options)}
+
     def keras(self, per_sample: bool = True) -> Any:
         """The Keras loss itself (the native route's): per sample (``reduction=None``), or averaged
         over the batch as Keras averages by default."""
         import keras
 
-        cls, _ = KERAS_LOSSES[self.name]
-        reduction = {"reduction": None} if per_sample else {}
-        return getattr(keras.losses, cls)(**dict(self.options), **reduction)
+        from distlab.native_tf.child import keras_loss
+
+        return keras_loss(keras, self.spec(), per_sample)
 
 
 def _log_probs(p: Any) -> Any:
@@ -201,11 +206,17 @@ class OptimizerSpec:
     def __call__(self, params: Any) -> Any:
         return KerasOptimizer(params, self.kind, self.settings)
 
+    def spec(self) -> dict[str, Any]:
+        """What the native route's TensorFlow child builds it from (``child.py``'s ``keras_optimizer``)."""
+        return {"keras_optimizer": OPTIMIZERS[self.kind][0], "settings": self.settings}
+
     def keras(self) -> Any:
         """The Keras optimizer (the native route's), built where it runs."""
         import keras
 
-        return getattr(keras.optimizers, OPTIMIZERS[self.kind][0])(**self.settings)
+        from distlab.native_tf.child import keras_optimizer
+
+        return keras_optimizer(keras, self.spec())
 
 
 DEFAULT_OPTIMIZER = OptimizerSpec("adam", source="default")

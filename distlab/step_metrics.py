@@ -26,6 +26,10 @@ import torch
 
 from distlab.errors import DistlabWarning
 
+# one definition each, in the module the TensorFlow child runs (it imports nothing of distlab)
+from distlab.native_tf.child import keras_metric
+from distlab.native_tf.child import metric_kind as resolved
+
 METRICS = (
     "accuracy",
     "sparse_categorical_accuracy",
@@ -61,27 +65,10 @@ class StepMetric:
             return float(hit.float().mean())
 
     def keras(self, y_true: Any, y_pred: Any) -> Any:
-        """Per-sample values in the TensorFlow child, with Keras's own functions."""
+        """Per-sample values with Keras's own functions (what the TensorFlow child computes)."""
         import keras
 
-        kind = resolved(self.name, tuple(y_pred.shape), tuple(y_true.shape), not y_true.dtype.is_floating)
-        fn = {
-            "sparse_categorical_accuracy": keras.metrics.sparse_categorical_accuracy,
-            "categorical_accuracy": keras.metrics.categorical_accuracy,
-            "binary_accuracy": keras.metrics.binary_accuracy,
-            "mean_absolute_error": keras.losses.mean_absolute_error,
-            "mean_squared_error": keras.losses.mean_squared_error,
-        }[kind]
-        return fn(y_true, y_pred)
-
-
-def resolved(name: str, out: tuple[int, ...], target: tuple[int, ...], integer: bool) -> str:
-    """``"accuracy"`` as Keras resolves it for these shapes; any other name as it is."""
-    if name != "accuracy":
-        return name
-    if integer and len(target) < len(out) or (len(target) == len(out) and target[-1:] == (1,) != out[-1:]):
-        return "sparse_categorical_accuracy"
-    return "binary_accuracy" if out[-1:] == (1,) else "categorical_accuracy"
+        return keras_metric(keras, self.name, y_true, y_pred)
 
 
 def step_metrics(model: Any) -> tuple[StepMetric, ...]:

@@ -168,3 +168,38 @@ def test_compile_metrics_compute_as_keras_resolves_them():
         "sparse_categorical_accuracy",
         None,
     ]
+
+
+def test_a_native_job_unpickles_without_importing_distlab_or_torch():
+    """The TensorFlow child imports nothing of distlab: a job that carried distlab's KerasLoss,
+    OptimizerSpec and StepMetric objects imported distlab, and with it torch, on unpickling
+    (1.3-1.4 s of every native rank's start). The job carries their specs instead."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from distlab.conventions import KerasLoss, OptimizerSpec
+    from distlab.native_tf.launch import child_job
+    from distlab.step_metrics import StepMetric
+
+    loss = KerasLoss("sparse_categorical_crossentropy", (("from_logits", True),))
+    job = child_job(5, 8, 0, True, loss, OptimizerSpec("adam"), (StepMetric("accuracy"),))
+    assert job["loss"] == {"keras_loss": "SparseCategoricalCrossentropy", "options": {"from_logits": True}}
+    assert job["optimizer"]["keras_optimizer"] == "Adam" and job["metrics"] == ["accuracy"]
+    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+    code += "print(sorted({'distlab', 'torch'} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=cloudpickle.dumps(job),
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.decode().strip() == "[]", done.stdout
+    # what the job carried until now: unpickling it there imports both
+    old = cloudpickle.dumps({"loss": loss})
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=old, capture_output=True, timeout=60, check=True
+    )
+    assert done.stdout.decode().strip() == "['distlab', 'torch']", done.stdout

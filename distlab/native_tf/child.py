@@ -64,8 +64,8 @@ def main(job_dir: str) -> int:
     with strategy.scope():
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
         optimizer = _optimizer(keras, job)
-    if hasattr(job.get("loss"), "keras"):  # a Keras loss (distlab.conventions.KerasLoss)
-        per_sample = job["loss"].keras(per_sample=True)
+    if isinstance(job.get("loss"), dict):  # a Keras loss's spec (distlab.conventions.KerasLoss)
+        per_sample = keras_loss(keras, job["loss"], per_sample=True)
     elif job.get("loss") is not None:
         per_sample = job["loss"]
     elif np.issubdtype(y.dtype, np.integer):
@@ -73,7 +73,7 @@ def main(job_dir: str) -> int:
     else:
         per_sample = keras.losses.MeanSquaredError(reduction=None)
     global_batch = b * world
-    metrics = job.get("metrics") or ()  # distlab.step_metrics: compile's, on the batch before the update
+    metrics = job.get("metrics") or ()  # compile's metrics by name (distlab.step_metrics), before the update
 
     @tf.function
     def train_step(xb, yb):
@@ -85,7 +85,8 @@ def main(job_dir: str) -> int:
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return [loss] + [
-                tf.reduce_sum(tf.cast(m.keras(yb, out), tf.float32)) / global_batch for m in metrics
+                tf.reduce_sum(tf.cast(keras_metric(keras, m, yb, out), tf.float32)) / global_batch
+                for m in metrics
             ]
 
         per_replica = strategy.run(step_fn, args=(xb, yb))
@@ -121,7 +122,7 @@ def main(job_dir: str) -> int:
             "step_time": t1 - t0,
             "comm_time": 0.0,
             "wall_time": time.time(),
-            **{m.name: v for m, v in zip(metrics, values)},
+            **dict(zip(metrics, values)),
         }
         print(json.dumps(rec), flush=True)
     weights = model.get_weights()
@@ -186,8 +187,8 @@ def serve_ps(job_dir: str) -> int:
         for v in model.trainable_variables
     }  # each variable's shards, in order, and their device
     print(json.dumps({"placement": placement}), flush=True)
-    if hasattr(job.get("loss"), "keras"):
-        loss_fn = job["loss"].keras(per_sample=False)
+    if isinstance(job.get("loss"), dict):
+        loss_fn = keras_loss(keras, job["loss"], per_sample=False)
     elif job.get("loss") is not None:
         loss_fn = job["loss"]
     elif np.issubdtype(y.dtype, np.integer):
@@ -222,7 +223,9 @@ def serve_ps(job_dir: str) -> int:
             with tf.GradientTape() as tape:
                 out = model(xb, training=True)
                 loss = loss_fn(yb, out)
-            values = [loss] + [tf.reduce_mean(tf.cast(m.keras(yb, out), tf.float32)) for m in metrics]
+            values = [loss] + [
+                tf.reduce_mean(tf.cast(keras_metric(keras, m, yb, out), tf.float32)) for m in metrics
+            ]
             if sharded:
                 for var, g in zip(shard_vars, tape.gradient(loss, shard_vars)):
                     if decay is not None:
@@ -254,7 +257,7 @@ def serve_ps(job_dir: str) -> int:
                     "step_time": t1 - t0,
                     "comm_time": 0.0,
                     "wall_time": time.time(),
-                    **{m.name: v for m, v in zip(metrics, means)},
+                    **dict(zip(metrics, means)),
                 }
             ),
             flush=True,
@@ -405,11 +408,52 @@ def _import_tensorflow() -> Any:
 
 def _optimizer(keras: Any, job: dict[str, Any]) -> Any:
     """The run's Keras optimizer: built from distlab's spec (a name, a Keras optimizer or the
-    default, distlab.conventions), from the user's zero-argument factory, or SGD at 0.01."""
+    default: ``OptimizerSpec.spec()``), from the user's zero-argument factory, or SGD at 0.01."""
     opt = job.get("optimizer")
-    if hasattr(opt, "keras"):
-        return opt.keras()
+    if isinstance(opt, dict):
+        return keras_optimizer(keras, opt)
     return opt() if opt else keras.optimizers.SGD(learning_rate=0.01)
+
+
+# Keras losses, optimizers and metrics as the job names them: plain data, so that unpickling the
+# job imports nothing of distlab (whose import is torch's: 1.3-1.4 s of every rank's start, when
+# the job carried distlab's own objects). distlab.conventions and distlab.step_metrics build
+# from these functions too, so both routes resolve a name the same way.
+
+
+def keras_loss(keras: Any, spec: dict[str, Any], per_sample: bool = True) -> Any:
+    """The Keras loss ``{"keras_loss": class name, "options": {...}}`` (``KerasLoss.spec()``): per
+    sample (``reduction=None``), or averaged over the batch as Keras averages by default."""
+    reduction = {"reduction": None} if per_sample else {}
+    return getattr(keras.losses, spec["keras_loss"])(**spec["options"], **reduction)
+
+
+def keras_optimizer(keras: Any, spec: dict[str, Any]) -> Any:
+    """The Keras optimizer ``{"keras_optimizer": class name, "settings": {...}}``
+    (``OptimizerSpec.spec()``)."""
+    return getattr(keras.optimizers, spec["keras_optimizer"])(**spec["settings"])
+
+
+def metric_kind(name: str, out: tuple[int, ...], target: tuple[int, ...], integer: bool) -> str:
+    """``"accuracy"`` as Keras resolves it for these shapes; any other name as it is."""
+    if name != "accuracy":
+        return name
+    if integer and len(target) < len(out) or (len(target) == len(out) and target[-1:] == (1,) != out[-1:]):
+        return "sparse_categorical_accuracy"
+    return "binary_accuracy" if out[-1:] == (1,) else "categorical_accuracy"
+
+
+def keras_metric(keras: Any, name: str, y_true: Any, y_pred: Any) -> Any:
+    """Per-sample values of the metric ``name`` with Keras's own functions."""
+    kind = metric_kind(name, tuple(y_pred.shape), tuple(y_true.shape), not y_true.dtype.is_floating)
+    fn = {
+        "sparse_categorical_accuracy": keras.metrics.sparse_categorical_accuracy,
+        "categorical_accuracy": keras.metrics.categorical_accuracy,
+        "binary_accuracy": keras.metrics.binary_accuracy,
+        "mean_absolute_error": keras.losses.mean_absolute_error,
+        "mean_squared_error": keras.losses.mean_squared_error,
+    }[kind]
+    return fn(y_true, y_pred)
 
 
 def wait_for_job() -> str | None:

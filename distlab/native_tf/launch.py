@@ -145,22 +145,41 @@ def native_payload(
             (list(shapes[v.name]), v.partition.shards) for v in strategy.variables if v.partition is not None
         ]
         _check_plain_sgd(optimizer)
-    job = {
-        "steps": steps,
-        "batch": batch,
-        "seed": seed,
-        "shuffle": shuffle,
-        "loss": loss,
-        "optimizer": optimizer,
-        "partition": partition,
-        "metrics": metrics,
-    }
+    job = child_job(steps, batch, seed, shuffle, loss, optimizer, metrics, partition)
     return {
         "keras": keras_file(model),
         "x": x,
         "y": y,
         "job": cloudpickle.dumps(job),
         "mode": NATIVE_BUILDERS[strategy.builder],
+    }
+
+
+def child_job(
+    steps: int,
+    batch: int,
+    seed: int,
+    shuffle: bool,
+    loss: Any,
+    optimizer: Any,
+    metrics: tuple[Any, ...] = (),
+    partition: list[Any] | None = None,
+) -> dict[str, Any]:
+    """The job a TensorFlow child unpickles: distlab's Keras losses, optimizers and metrics as
+    plain data (their ``spec()``, a metric by its name), so that unpickling it imports nothing of
+    distlab and so no torch (1.3-1.4 s of each rank's start when it carried distlab's objects);
+    the user's own loss or optimizer factory as given."""
+    from distlab.conventions import KerasLoss, OptimizerSpec
+
+    return {
+        "steps": steps,
+        "batch": batch,
+        "seed": seed,
+        "shuffle": shuffle,
+        "loss": loss.spec() if isinstance(loss, KerasLoss) else loss,
+        "optimizer": optimizer.spec() if isinstance(optimizer, OptimizerSpec) else optimizer,
+        "partition": partition or [],
+        "metrics": [m.name for m in metrics],
     }
 
 
