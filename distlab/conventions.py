@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from distlab.errors import LaunchError
+from distlab.keras_names import loss_from_spec, optimizer_from_spec
 from distlab.keras_optim import OPTIMIZERS, KerasOptimizer
 
 EPSILON = 1e-7  # keras.config.epsilon(): probabilities are clipped to [EPSILON, 1 - EPSILON]
@@ -133,9 +134,7 @@ class KerasLoss:
         over the batch as Keras averages by default."""
         import keras
 
-        from distlab.native_tf.child import keras_loss
-
-        return keras_loss(keras, self.spec(), per_sample)
+        return loss_from_spec(keras, self.spec(), per_sample)
 
 
 def _log_probs(p: Any) -> Any:
@@ -207,16 +206,14 @@ class OptimizerSpec:
         return KerasOptimizer(params, self.kind, self.settings)
 
     def spec(self) -> dict[str, Any]:
-        """What the native route's TensorFlow child builds it from (``child.py``'s ``keras_optimizer``)."""
+        """What the native route's TensorFlow child builds it from (``keras_names.optimizer_from_spec``)."""
         return {"keras_optimizer": OPTIMIZERS[self.kind][0], "settings": self.settings}
 
     def keras(self) -> Any:
         """The Keras optimizer (the native route's), built where it runs."""
         import keras
 
-        from distlab.native_tf.child import keras_optimizer
-
-        return keras_optimizer(keras, self.spec())
+        return optimizer_from_spec(keras, self.spec())
 
 
 DEFAULT_OPTIMIZER = OptimizerSpec("adam", source="default")

@@ -25,10 +25,8 @@ from typing import Any
 import torch
 
 from distlab.errors import DistlabWarning
-
-# one definition each, in the module the TensorFlow child runs (it imports nothing of distlab)
-from distlab.native_tf.child import keras_metric
-from distlab.native_tf.child import metric_kind as resolved
+from distlab.keras_names import metric_kind as resolved  # one definition: the TensorFlow child's too
+from distlab.keras_names import metric_values
 
 METRICS = (
     "accuracy",
@@ -68,7 +66,7 @@ class StepMetric:
         """Per-sample values with Keras's own functions (what the TensorFlow child computes)."""
         import keras
 
-        return keras_metric(keras, self.name, y_true, y_pred)
+        return metric_values(keras, self.name, y_true, y_pred)
 
 
 def step_metrics(model: Any) -> tuple[StepMetric, ...]:

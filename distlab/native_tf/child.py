@@ -53,6 +53,8 @@ def main(job_dir: str) -> int:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)  # first TF op
     import keras
 
+    names = _keras_names()  # the builders of the job's plain specs
+
     with open(os.path.join(job_dir, "job.pkl"), "rb") as f:
         job = pickle.load(f)  # after the strategy: the user's loss may build TensorFlow objects
 
@@ -65,7 +67,7 @@ def main(job_dir: str) -> int:
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
         optimizer = _optimizer(keras, job)
     if isinstance(job.get("loss"), dict):  # a Keras loss's spec (distlab.conventions.KerasLoss)
-        per_sample = keras_loss(keras, job["loss"], per_sample=True)
+        per_sample = names.loss_from_spec(keras, job["loss"], per_sample=True)
     elif job.get("loss") is not None:
         per_sample = job["loss"]
     elif np.issubdtype(y.dtype, np.integer):
@@ -85,7 +87,7 @@ def main(job_dir: str) -> int:
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return [loss] + [
-                tf.reduce_sum(tf.cast(keras_metric(keras, m, yb, out), tf.float32)) / global_batch
+                tf.reduce_sum(tf.cast(names.metric_values(keras, m, yb, out), tf.float32)) / global_batch
                 for m in metrics
             ]
 
@@ -176,6 +178,8 @@ def serve_ps(job_dir: str) -> int:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     import keras
 
+    names = _keras_names()  # the builders of the job's plain specs
+
     data = np.load(os.path.join(job_dir, "data.npz"))
     x, y = data["x"], data["y"]
     b = int(job["batch"])
@@ -188,7 +192,7 @@ def serve_ps(job_dir: str) -> int:
     }  # each variable's shards, in order, and their device
     print(json.dumps({"placement": placement}), flush=True)
     if isinstance(job.get("loss"), dict):
-        loss_fn = keras_loss(keras, job["loss"], per_sample=False)
+        loss_fn = names.loss_from_spec(keras, job["loss"], per_sample=False)
     elif job.get("loss") is not None:
         loss_fn = job["loss"]
     elif np.issubdtype(y.dtype, np.integer):
@@ -224,7 +228,7 @@ def serve_ps(job_dir: str) -> int:
                 out = model(xb, training=True)
                 loss = loss_fn(yb, out)
             values = [loss] + [
-                tf.reduce_mean(tf.cast(keras_metric(keras, m, yb, out), tf.float32)) for m in metrics
+                tf.reduce_mean(tf.cast(names.metric_values(keras, m, yb, out), tf.float32)) for m in metrics
             ]
             if sharded:
                 for var, g in zip(shard_vars, tape.gradient(loss, shard_vars)):
@@ -411,49 +415,24 @@ def _optimizer(keras: Any, job: dict[str, Any]) -> Any:
     default: ``OptimizerSpec.spec()``), from the user's zero-argument factory, or SGD at 0.01."""
     opt = job.get("optimizer")
     if isinstance(opt, dict):
-        return keras_optimizer(keras, opt)
+        return _keras_names().optimizer_from_spec(keras, opt)
     return opt() if opt else keras.optimizers.SGD(learning_rate=0.01)
 
 
-# Keras losses, optimizers and metrics as the job names them: plain data, so that unpickling the
-# job imports nothing of distlab (whose import is torch's: 1.3-1.4 s of every rank's start, when
-# the job carried distlab's own objects). distlab.conventions and distlab.step_metrics build
-# from these functions too, so both routes resolve a name the same way.
+def _keras_names() -> Any:
+    """``distlab/keras_names.py`` loaded by its path: the Keras builders the job's plain specs name
+    (``loss_from_spec``, ``optimizer_from_spec``, ``metric_values``), without importing the distlab package
+    (whose import is torch's: 1.3-1.4 s of every rank's start when the job carried distlab's own
+    objects) and without putting distlab's folder on ``sys.path``."""
+    import importlib.util
+    from pathlib import Path
 
-
-def keras_loss(keras: Any, spec: dict[str, Any], per_sample: bool = True) -> Any:
-    """The Keras loss ``{"keras_loss": class name, "options": {...}}`` (``KerasLoss.spec()``): per
-    sample (``reduction=None``), or averaged over the batch as Keras averages by default."""
-    reduction = {"reduction": None} if per_sample else {}
-    return getattr(keras.losses, spec["keras_loss"])(**spec["options"], **reduction)
-
-
-def keras_optimizer(keras: Any, spec: dict[str, Any]) -> Any:
-    """The Keras optimizer ``{"keras_optimizer": class name, "settings": {...}}``
-    (``OptimizerSpec.spec()``)."""
-    return getattr(keras.optimizers, spec["keras_optimizer"])(**spec["settings"])
-
-
-def metric_kind(name: str, out: tuple[int, ...], target: tuple[int, ...], integer: bool) -> str:
-    """``"accuracy"`` as Keras resolves it for these shapes; any other name as it is."""
-    if name != "accuracy":
-        return name
-    if integer and len(target) < len(out) or (len(target) == len(out) and target[-1:] == (1,) != out[-1:]):
-        return "sparse_categorical_accuracy"
-    return "binary_accuracy" if out[-1:] == (1,) else "categorical_accuracy"
-
-
-def keras_metric(keras: Any, name: str, y_true: Any, y_pred: Any) -> Any:
-    """Per-sample values of the metric ``name`` with Keras's own functions."""
-    kind = metric_kind(name, tuple(y_pred.shape), tuple(y_true.shape), not y_true.dtype.is_floating)
-    fn = {
-        "sparse_categorical_accuracy": keras.metrics.sparse_categorical_accuracy,
-        "categorical_accuracy": keras.metrics.categorical_accuracy,
-        "binary_accuracy": keras.metrics.binary_accuracy,
-        "mean_absolute_error": keras.losses.mean_absolute_error,
-        "mean_squared_error": keras.losses.mean_squared_error,
-    }[kind]
-    return fn(y_true, y_pred)
+    path = Path(__file__).resolve().parents[1] / "keras_names.py"
+    spec = importlib.util.spec_from_file_location("distlab_keras_names", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def wait_for_job() -> str | None:
