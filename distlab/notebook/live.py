@@ -257,6 +257,16 @@ class LiveView:
         self._thread.join(timeout)
         return self
 
+    def finish(self, timeout: float | None = 30.0) -> LiveView:
+        """``join``, then the final drawing once more from the calling cell (``run.wait()``'s): when
+        the run ended between two cells, the thread's final drawing went out under the id of a cell
+        that had finished, which papermill no longer reads, and the saved notebook kept the view's
+        first drawing ("pending (0/6 steps)": a whole-suite run of the quickstart, 2026-11-29)."""
+        self.join(timeout)
+        if self.run.done:
+            self._try_draw(final=True)
+        return self
+
     def stop(self) -> None:
         """Stop redrawing (the figure stays as last drawn)."""
         self._stop.set()

@@ -399,7 +399,7 @@ class Run(Resizable):
         finally:
             bar.close(self.steps_done)
         if self.view is not None:  # its final drawing goes out with the cell that waits (papermill keeps it)
-            self.view.join()
+            self.view.finish()
         if self._status == "failed" and self.error is not None:
             raise self.error
         note, self.drift_note = self.drift_note, None

@@ -411,3 +411,24 @@ def test_a_run_without_a_prediction_says_why_its_forecast_is_missing(clean_lab, 
     # its timeline and trace have no predicted row, rather than an error
     assert not any("predicted" in str(t.y) for t in run.timeline(steps=2).data)
     assert run.save_trace(tmp_path / "t.json").exists()
+
+
+def test_wait_draws_the_live_views_final_figure_again_from_the_waiting_cell(clean_lab, tiny, blobs):
+    """A run that ended between two cells: its view's thread drew the final figure under the id of
+    a cell that had finished, which papermill no longer reads (the saved quickstart kept "pending
+    (0/6 steps)" in a whole-suite run); ``run.wait()`` draws it once more from its own cell."""
+    import time
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.instance()  # a real IPython shell: the live view's displays go to its stdout
+    run = clean_lab.launch(tiny, strategy="AllReduce", steps=4, data=blobs, batch_size=8)
+    view = run.live(interval=0.2)
+    deadline = time.monotonic() + 120
+    while view._thread.is_alive() and time.monotonic() < deadline:  # the run ended, its view drew
+        time.sleep(0.05)
+    assert run.done and not view._thread.is_alive()
+    drawn = view.drawn
+    run.wait()
+    assert view.error is None and view.drawn == drawn + 1
+    assert "finished (4/4 steps)" in str(run.plot().layout.title.text)
