@@ -10,7 +10,8 @@ turns either into what a route runs, before any worker starts:
   ``from_logits``, probabilities normalised and clipped as Keras does, ``label_smoothing``,
   ``delta``), computed in torch on the torch route (so it runs whatever Keras backend the
   notebook imported) and rebuilt as the Keras loss itself in the TensorFlow child
-  (:meth:`KerasLoss.keras`). Per-sample losses are averaged over every sample of the global batch.
+  (``keras_names.loss_from_spec`` on ``KerasLoss.spec()``). Per-sample losses are averaged over
+  every sample of the global batch.
 - ``OptimizerSpec``: an optimizer by kind and Keras's settings (:data:`OPTIMIZERS`, weight decay
   included); on the torch route a torch optimizer that steps by Keras's own update rule
   (:meth:`OptimizerSpec.__call__`, :class:`distlab.keras_optim.KerasOptimizer`), natively the Keras
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from distlab.errors import LaunchError
-from distlab.keras_names import loss_from_spec, optimizer_from_spec
+from distlab.keras_names import optimizer_from_spec
 from distlab.keras_optim import OPTIMIZERS, KerasOptimizer
 
 EPSILON = 1e-7  # keras.config.epsilon(): probabilities are clipped to [EPSILON, 1 - EPSILON]
@@ -128,13 +129,6 @@ class KerasLoss:
         """What the native route's TensorFlow child builds it from: plain data (unpickling
         distlab's own objects there imported torch), ``native_tf/child.py``'s ``keras_loss``."""
         return {"keras_loss": KERAS_LOSSES[self.name][0], "options": dict(self.options)}
-
-    def keras(self, per_sample: bool = True) -> Any:
-        """The Keras loss itself (the native route's): per sample (``reduction=None``), or averaged
-        over the batch as Keras averages by default."""
-        import keras
-
-        return loss_from_spec(keras, self.spec(), per_sample)
 
 
 def _log_probs(p: Any) -> Any:

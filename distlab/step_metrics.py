@@ -5,7 +5,7 @@ A metric is named as Keras names it (``"accuracy"``, ``"sparse_categorical_accur
 ``"mae"``, a ``keras.metrics.SparseCategoricalAccuracy()`` object ...) and computed on each rank's
 training batch of the step, before the update, as ``fit`` computes its training metrics: on the
 torch route in torch (:meth:`StepMetric.__call__`), natively in the TensorFlow child with
-Keras's own functions (:meth:`StepMetric.keras`). Each becomes a column of ``run.metrics`` (one
+Keras's own functions (``keras_names.metric_values``). Each becomes a column of ``run.metrics`` (one
 value per rank and step; the mean over ranks is the global batch's, every rank's batch being the
 same size), and the Run card shows the last step's. ``"accuracy"`` is resolved from the shapes
 as Keras resolves it: integer targets one rank below the output are class ids
@@ -26,7 +26,6 @@ import torch
 
 from distlab.errors import DistlabWarning
 from distlab.keras_names import metric_kind as resolved  # one definition: the TensorFlow child's too
-from distlab.keras_names import metric_values
 
 METRICS = (
     "accuracy",
@@ -61,12 +60,6 @@ class StepMetric:
             else:
                 return float(((out - y.float().reshape(out.shape)) ** 2).mean())
             return float(hit.float().mean())
-
-    def keras(self, y_true: Any, y_pred: Any) -> Any:
-        """Per-sample values with Keras's own functions (what the TensorFlow child computes)."""
-        import keras
-
-        return metric_values(keras, self.name, y_true, y_pred)
 
 
 def step_metrics(model: Any) -> tuple[StepMetric, ...]:

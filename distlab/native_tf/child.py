@@ -65,7 +65,7 @@ def main(job_dir: str) -> int:
     n, b = len(x), int(job["batch"])
     with strategy.scope():
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
-        optimizer = _optimizer(keras, job)
+        optimizer = _optimizer(keras, job, names)
     if isinstance(job.get("loss"), dict):  # a Keras loss's spec (distlab.conventions.KerasLoss)
         per_sample = names.loss_from_spec(keras, job["loss"], per_sample=True)
     elif job.get("loss") is not None:
@@ -185,7 +185,7 @@ def serve_ps(job_dir: str) -> int:
     b = int(job["batch"])
     with strategy.scope():
         model = keras.saving.load_model(os.path.join(job_dir, "model.keras"), compile=False)
-        optimizer = _optimizer(keras, job)
+        optimizer = _optimizer(keras, job, names)
     placement = {
         v.path: [str(getattr(s, "device", "")) for s in getattr(v.value, "variables", [v.value])]
         for v in model.trainable_variables
@@ -410,12 +410,12 @@ def _import_tensorflow() -> Any:
     return tf
 
 
-def _optimizer(keras: Any, job: dict[str, Any]) -> Any:
+def _optimizer(keras: Any, job: dict[str, Any], names: Any) -> Any:
     """The run's Keras optimizer: built from distlab's spec (a name, a Keras optimizer or the
     default: ``OptimizerSpec.spec()``), from the user's zero-argument factory, or SGD at 0.01."""
     opt = job.get("optimizer")
     if isinstance(opt, dict):
-        return _keras_names().optimizer_from_spec(keras, opt)
+        return names.optimizer_from_spec(keras, opt)
     return opt() if opt else keras.optimizers.SGD(learning_rate=0.01)
 
 
