@@ -18,6 +18,7 @@ from distlab.calibration import repeat
 from distlab.calibration.measure import (
     MODEL_PASSES,
     Progress,
+    local_point,
     loop_parts,
     measure_links,
     measure_models,
@@ -356,9 +357,10 @@ def _synthetic_for(module: Any, n: int, where: str) -> Any:
 
 
 def _measured(cm: CostModel, key: str, res: ResourceSpec) -> bool:
-    host = res.ranks[0].host
+    """Whether ``cm`` has ``key``'s local step at every point a measurement of it files (one per
+    world size; on several hosts, several world sizes share a point)."""
     have = set(cm.compute.measured(key))
-    return all((k, res.cores.get(host)) in have for k in range(1, res.world + 1))
+    return all(local_point(res, k) in have for k in range(1, res.world + 1))
 
 
 def _reference(layers: int, width: int = OVERHEAD_WIDTH) -> Any:

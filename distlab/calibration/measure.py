@@ -207,22 +207,23 @@ def _local_rows(
 ) -> list[LocalStep]:
     """Compute rows from each world size's steps per rank per case (cases with no steps yet left
     out): each the median over steps of the slowest rank's, as a run's throughput is timed."""
-    host = res.ranks[0].host
     rows = []
     for k, per_rank in steps.items():
         measured = [i for i in range(len(keys)) if all(r[i] for r in per_rank)]
         seconds = [[slowest_median([r[i] for r in per_rank]) for i in measured]]
-        ranks_on_host = sum(1 for r in res.ranks[:k] if r.host == host)
+        ranks, cores = local_point(res, k)
         rows.extend(
-            compute_rows(
-                [keys[i] for i in measured],
-                [batches[i] for i in measured],
-                seconds,
-                ranks_on_host,
-                res.cores.get(host),
-            )
+            compute_rows([keys[i] for i in measured], [batches[i] for i in measured], seconds, ranks, cores)
         )
     return rows
+
+
+def local_point(res: Any, world: int) -> tuple[int, int | None]:
+    """(ranks on the first host, its cores) of a ``world``-rank run of ``res``: what a local-step row
+    measured at that world size is filed under (on several hosts, worlds 2 to 4 of 2+2 ranks are all
+    2 ranks on the first host)."""
+    host = res.ranks[0].host
+    return sum(1 for r in res.ranks[:world] if r.host == host), res.cores.get(host)
 
 
 def _repeats(predicted: float) -> tuple[int, int]:

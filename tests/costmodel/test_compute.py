@@ -171,3 +171,21 @@ def test_the_prior_on_contention_keeps_repeated_noisy_calibrations_together():
     # the price: the rows' own extra interference (0.1 here) is pulled toward none, so the worst
     # noise-free step is predicted a few points worse (4 here); a term these rows pin stays free
     assert worst["prior"] <= worst["free"] + 0.05, worst
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_a_model_measured_at_every_world_size_counts_as_measured_on_one_host_or_several(hosts):
+    # each world size's row is filed under the ranks it puts on the first host: on 2+2 ranks worlds
+    # 2, 3 and 4 all put 2 there. The check for "measured" once asked for 1..4 ranks on the first host,
+    # so on two hosts a model's step was measured again before every launch (8 s a launch here)
+    from distlab.calibration.campaign import _measured
+    from distlab.calibration.measure import _local_rows
+
+    res = toy_resources(4, hosts=hosts, cores=2)
+    steps = {k: [[[0.01 * k]] for _ in range(k)] for k in range(1, 5)}  # one case, one step per rank
+    rows = _local_rows(res, ["m"], [16], steps)
+    assert sorted({r.ranks for r in rows}) == ([1, 2] if hosts == 2 else [1, 2, 3, 4])
+    cm = CostModel.default()
+    assert not _measured(cm, "m", res)
+    assert _measured(cm.with_compute(rows), "m", res)
+    assert not _measured(cm.with_compute([r for r in rows if r.ranks == 1]), "m", res)
