@@ -196,24 +196,40 @@ def _errors(nb) -> list[str]:
     ]
 
 
+USER_NOTEBOOKS = [n for n in NOTEBOOKS if not n.startswith("bench/")]
+
+
+def _notebook_in_child(name: str, folder: str) -> tuple[str, str]:
+    """(pool process) the user notebook ``name`` with its small parameters, as
+    ``test_notebook_executes`` asks: ("ok", the executed notebook's path) or ("failed", the
+    traceback). The quickstart runs with a Keras zoo model in a plain "python3" kernel."""
+    params, kernel = SMALL[name], None
+    if name == "quickstart":
+        params, kernel = {**SMALL[name], "model_name": "keras_mlp"}, "python3"
+    try:
+        out = execute_notebook(
+            ROOT / "notebooks" / f"{name}.ipynb",
+            Path(folder) / f"{Path(name).name}.ipynb",
+            params,
+            kernel=kernel,
+            progress=False,
+        )
+        return "ok", str(out)
+    except Exception:  # noqa: BLE001 - the notebook's test reports it
+        return "failed", traceback.format_exc()[-6000:]
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", [n for n in NOTEBOOKS if not n.startswith("bench/")])
-def test_notebook_executes(name, tmp_path, request):
+@pytest.mark.parametrize("name", USER_NOTEBOOKS)
+def test_notebook_executes(name, executions):
     """Each user notebook runs whole. The quickstart runs with a Keras zoo model in a plain "python3"
     kernel, no ``--ext distlab`` (Colab, VS Code, Binder: ``import distlab`` registers %distlab); its
     torch default runs in the distlab kernel in the browser test and in ``make demo``. The
     quickstart's calibration reads the cluster's part from the suite's shared one (conftest.py)."""
-    params, kernel = SMALL[name], None
-    if name == "quickstart":
-        params, kernel = {**SMALL[name], "model_name": "keras_mlp"}, "python3"
-        request.getfixturevalue("shared_calibration")
-    out = execute_notebook(
-        ROOT / "notebooks" / f"{name}.ipynb",
-        tmp_path / f"{Path(name).name}.ipynb",
-        params,
-        kernel=kernel,
-        progress=False,
-    )
+    future, tmp_path = executions[name]
+    status, text = future.result()
+    assert status == "ok", f"notebook {name} failed:\n{text}"
+    out = Path(text)
     nb = nbformat.read(out, as_version=4)
     assert not _errors(nb)
     plots = [
@@ -270,9 +286,9 @@ BY_CLI = "profile-speed"
 BENCHMARKS = [
     n.removeprefix("bench/") for n in NOTEBOOKS if n.startswith("bench/") and not n.endswith(BY_CLI)
 ]
-# benchmark notebooks executed at once: each waits seconds on its kernel's and its Lab's start (the
-# whole suite used 1.15 of the 2 cores), and these tests check what a notebook wrote, not its timings
-BENCH_AT_ONCE = 2
+# notebooks executed at once: each waits seconds on its kernel's and its Lab's start (the whole
+# suite used 1.15 of the 2 cores), and these tests check what a notebook wrote, not its timings
+AT_ONCE = 2  # the module alone: 2 took 217 s, 3 took 204 (one run each): not worth a third kernel
 
 
 def _bench_in_child(name: str, out_dir: str) -> tuple[str, object]:
@@ -287,37 +303,42 @@ def _bench_in_child(name: str, out_dir: str) -> tuple[str, object]:
 
 
 @pytest.fixture(scope="module")
-def benchmarks(request, tmp_path_factory):
-    """``{name: (future of _bench_in_child, its out folder)}``: every selected benchmark notebook,
-    each in a fresh kernel as ``distlab bench`` runs it, ``BENCH_AT_ONCE`` at a time in the order of
-    ``BENCHMARKS``, after the user notebooks. Those whose ``calibration_cache`` asks for it read the
-    suite's shared calibration (conftest.py): on their own, such small calibrations are never
-    cached in a whole suite (their 4-64 KiB collectives' fits differ by 2x-200x between repeats,
-    and the benchmarks running two at a time see each other as load), so each calibrated (40-60 s)."""
+def executions(request, tmp_path_factory):
+    """``{name: (future, its out folder)}``: every selected user notebook (``_notebook_in_child``),
+    then every selected benchmark notebook (``_bench_in_child``, as ``distlab bench`` runs it), each
+    in a fresh kernel, ``AT_ONCE`` at a time in that order. The quickstart and the benchmarks whose
+    ``calibration_cache`` asks for it read the suite's shared calibration (conftest.py): on their
+    own, such small calibrations are never cached in a whole suite (their 4-64 KiB collectives' fits
+    differ by 2x-200x between repeats, and notebooks running two at a time see each other as load),
+    so each calibrated (40-60 s)."""
+    tests = ("test_notebook_executes", "test_benchmark_writes_its_figures")
     selected = {
-        item.callspec.params["name"]
+        (item.originalname, item.callspec.params["name"])
         for item in request.session.items
-        if getattr(item, "originalname", "") == "test_benchmark_writes_its_figures"
+        if getattr(item, "originalname", "") in tests
     }
+    users = [n for n in USER_NOTEBOOKS if ("test_notebook_executes", n) in selected]
     skip = {"live-view"} if browser.missing() else set()
-    if any(SMALL[f"bench/{n}"].get("calibration_cache") for n in selected):
+    benches = [
+        n for n in BENCHMARKS if ("test_benchmark_writes_its_figures", n) in selected and n not in skip
+    ]
+    if "quickstart" in users or any(SMALL[f"bench/{n}"].get("calibration_cache") for n in benches):
         request.getfixturevalue("shared_calibration")
-    pool = ProcessPoolExecutor(BENCH_AT_ONCE, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(AT_ONCE, mp_context=multiprocessing.get_context("spawn"))
     out: dict[str, tuple[Future, Path]] = {}
-    for name in BENCHMARKS:
-        if name in selected and name not in skip:
-            folder = tmp_path_factory.mktemp(name)
-            out[name] = (pool.submit(_bench_in_child, name, str(folder)), folder)
+    for name, child in [*((n, _notebook_in_child) for n in users), *((n, _bench_in_child) for n in benches)]:
+        folder = tmp_path_factory.mktemp(Path(name).name)
+        out[name] = (pool.submit(child, name, str(folder)), folder)
     yield out
     pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", BENCHMARKS)
-def test_benchmark_writes_its_figures(name, benchmarks):
+def test_benchmark_writes_its_figures(name, executions):
     if name == "live-view" and (why := browser.missing()):
         pytest.skip(why)
-    future, tmp_path = benchmarks[name]
+    future, tmp_path = executions[name]
     status, text = future.result()
     assert status == "ok", f"benchmark {name} failed:\n{text}"
     result = json.loads(text)
