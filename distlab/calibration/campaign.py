@@ -60,9 +60,11 @@ SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collecti
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
 CALIBRATION_FORMAT = 23
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
-# seconds of the stages before the models' on a LocalCluster: collectives (CALIBRATION_BUDGET), the
-# reference models' profiles and training loop; what an announced estimate adds for them
-CLUSTER_STAGES = 60.0
+# seconds of the stages before the models' per world size of the training-loop stage: collectives,
+# the reference models' profiles and the loop, what an announced estimate adds for them. A quiet
+# 2-worker LocalCluster here took 19 s (3 + 2 + 14, 2026-11-29); the 60 s once assumed for all of
+# them made the README's calibration announce "about 80 s" and take 35
+CLUSTER_SECONDS_PER_WORLD = 10.0
 # what the kernel's interrupt says, as an interrupted run.wait() does; nothing is cached
 INTERRUPTED = "{what} interrupted: cancelled on every worker"
 
@@ -132,9 +134,10 @@ def calibrate_cluster(
     bar = Progress(parts, f"calibrating {res.world} ranks", progress)
     monitor = LoadMonitor(cluster.client).start()
     try:
-        if todo:  # said before any stage starts: the cluster's own stages take about a minute
+        if todo:  # said before any stage starts: the cluster's own stages take 20 s on 2 workers here
             bar.start("one step of each model (for an estimate)")
-            plan = plan_models(cluster, todo, worlds, passes, before=CLUSTER_STAGES if cm is None else 0.0)
+            ahead = CLUSTER_SECONDS_PER_WORLD * len(_reference_worlds(res)) if cm is None else 0.0
+            plan = plan_models(cluster, todo, worlds, passes, before=ahead)
         if cm is None:
             cm = _measure_collectives(cluster, res, sizes, cases, bar)
         if todo:
