@@ -136,8 +136,7 @@ def calibrate_cluster(
     try:
         if todo:  # said before any stage starts: the cluster's own stages take 20 s on 2 workers here
             bar.start("one step of each model (for an estimate)")
-            ahead = CLUSTER_SECONDS_PER_WORLD * len(_reference_worlds(res)) if cm is None else 0.0
-            plan = plan_models(cluster, todo, worlds, passes, before=ahead)
+            plan = plan_models(cluster, todo, worlds, passes, before=_cluster_seconds(res, cm))
         if cm is None:
             cm = _measure_collectives(cluster, res, sizes, cases, bar)
         if todo:
@@ -258,6 +257,12 @@ def _reference_worlds(res: Any) -> list[int]:
     minutes long). Two ranks at least: the loop's per-peer terms need a peer."""
     n = max(len(res.ranks_on(res.hosts[0])), min(2, res.world)) if res.num_hosts > 1 else res.world
     return sorted({1, min(2, n), max(1, n - 1), n})
+
+
+def _cluster_seconds(res: Any, cached: Any) -> float:
+    """What the cluster's own stages (collectives, profiles, the loop) add to an announced estimate:
+    nothing when a ``cached`` calibration holds them."""
+    return 0.0 if cached is not None else CLUSTER_SECONDS_PER_WORLD * len(_reference_worlds(res))
 
 
 def _cluster_parts(res: Any, cases: Sequence[Any]) -> int:
