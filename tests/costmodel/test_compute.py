@@ -173,18 +173,18 @@ def test_the_prior_on_contention_keeps_repeated_noisy_calibrations_together():
     assert worst["prior"] <= worst["free"] + 0.05, worst
 
 
-@pytest.mark.parametrize("hosts", [1, 2])
-def test_a_model_measured_at_every_world_size_counts_as_measured_on_one_host_or_several(hosts):
+@pytest.mark.parametrize("host_count", [1, 2])
+def test_a_model_measured_at_every_world_size_counts_as_measured_on_one_host_or_several(host_count):
     # each world size's row is filed under the ranks it puts on the first host: on 2+2 ranks worlds
     # 2, 3 and 4 all put 2 there. The check for "measured" once asked for 1..4 ranks on the first host,
     # so on two hosts a model's step was measured again before every launch (8 s a launch here)
     from distlab.calibration.campaign import _measured
     from distlab.calibration.measure import _local_rows
 
-    res = toy_resources(4, hosts=hosts, cores=2)
+    res = toy_resources(4, hosts=host_count, cores=2)
     steps = {k: [[[0.01 * k]] for _ in range(k)] for k in range(1, 5)}  # one case, one step per rank
     rows = _local_rows(res, ["m"], [16], steps)
-    assert sorted({r.ranks for r in rows}) == ([1, 2] if hosts == 2 else [1, 2, 3, 4])
+    assert sorted({r.ranks for r in rows}) == ([1, 2] if host_count == 2 else [1, 2, 3, 4])
     cm = CostModel.default()
     assert not _measured(cm, "m", res)
     assert _measured(cm.with_compute(rows), "m", res)
