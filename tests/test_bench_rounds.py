@@ -60,3 +60,26 @@ def test_too_few_rounds_are_flagged_and_bad_tables_are_one_clear_error():
         score_rounds(_runs({"AllReduce": [1.0]}, {"AllReduce": 1.0}), ["measured_step"])
     with pytest.raises(DistlabError, match="not positive"):
         score_rounds(_runs({"AllReduce": [0.0, 1.0]}, {"AllReduce": 1.0}), ["profile"])
+
+
+def test_a_checkpoints_share_of_a_run_is_the_time_its_steps_added_within_the_run():
+    from types import SimpleNamespace
+
+    from distlab.bench.ddp import checkpoint_share, run_span_throughput
+
+    # rank 0's 20 steps of 1.0 s; the checkpoint after 12 steps: its snapshot adds 0.3 s to step 12
+    # and its writer 0.2 s to steps 13 and 14; rank 1's steps never count
+    took = [1.0] * 20
+    took[12] += 0.3
+    took[13] += 0.2
+    took[14] += 0.2
+    ends = [sum(took[: i + 1]) for i in range(20)]
+    rows = [{"rank": 0, "step": i, "wall_time": ends[i], "samples": 64 * (i + 1)} for i in range(20)]
+    rows += [{"rank": 1, "step": i, "wall_time": 9.0 * i, "samples": 64 * (i + 1)} for i in range(20)]
+    run = SimpleNamespace(metrics=pd.DataFrame(rows), last_checkpoint={"step": 12})
+    span = ends[-1] - ends[3]  # warm-up 4: the span run_span_throughput times
+    assert run_span_throughput(run, 4) == pytest.approx(64 * 16 / span)
+    assert checkpoint_share(run, 4) == pytest.approx(0.7 / span)
+    # none taken, or taken before the span or at the run's end: no share to measure
+    for last in (None, {"step": 2}, {"step": 20}):
+        assert checkpoint_share(SimpleNamespace(metrics=run.metrics, last_checkpoint=last), 4) is None
