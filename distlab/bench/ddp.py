@@ -145,7 +145,7 @@ def _in_group(group: tuple[str, int, str], rank: int, world: int, fn: Any, *args
         dist.destroy_process_group()
 
 
-# steps after a checkpoint's that checkpoint_stall counts: its writer's CPU (1.5 s for 420 MB here)
+# steps after a checkpoint that checkpoint_share counts: its writer's CPU (1.5 s for 420 MB here)
 # shares the cores with the ranks through about two of the 420 MB MLP's 1.2 s steps
 CHECKPOINT_WINDOW = 5
 
