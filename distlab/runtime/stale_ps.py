@@ -378,7 +378,7 @@ class StalePS:
         single push from any of them fails the run."""
         deadline = time.monotonic() + self.timeout
         applied = -1
-        while any(t.is_alive() for t in self._threads):
+        while alive := [t for t in self._threads if t.is_alive()]:
             if self.server is not None:
                 with self.server.cond:
                     now_applied = sum(self.server.clocks)
@@ -389,7 +389,7 @@ class StalePS:
                     f"rank {self.rank}: its PS server heard nothing from the workers still training "
                     f"for {self.timeout:.0f} s"
                 )
-            next(t for t in self._threads if t.is_alive()).join(0.2)
+            alive[0].join(0.2)  # from one list: a thread may end between two is_alive() calls
 
     def settle(self, step: int = 0, samples: int = 0) -> tuple[int, int]:
         """Every push of every worker applied and every rank holding the servers' values (a

@@ -819,12 +819,11 @@ def stale_job(
         if model_kind == "linear"
         else MODELS["dense" if model_kind == "learnable" else model_kind]()
     )
-    data = dataset(
-        "sparse" if model_kind == "sparse" else "dense", n=384 if model_kind == "learnable" else 96
+    data = (
+        learnable_data()
+        if model_kind == "learnable"
+        else dataset("sparse" if model_kind == "sparse" else "dense")
     )
-    if model_kind == "learnable":  # labels a fixed linear map of the inputs decides: a loss that falls
-        x = data.tensors[0]
-        data = TensorDataset(x, (x @ torch.randn(6, 5, generator=torch.Generator().manual_seed(7))).argmax(1))
     if model_kind == "linear":
         data = TensorDataset(data.tensors[0].double(), data.tensors[1])
         kw.setdefault("loss", linear_loss)
@@ -855,6 +854,23 @@ def stale_job(
         options=RunOptions(slowdown=tuple(slowdown)),
         **kw,
     )
+
+
+def learnable_data() -> TensorDataset:
+    """384 dense rows whose labels a fixed linear map of the inputs decides: a loss that falls."""
+    x = dataset("dense", n=384).tensors[0]
+    return TensorDataset(x, (x @ torch.randn(6, 5, generator=torch.Generator().manual_seed(7))).argmax(1))
+
+
+def learnable_loss(state: dict[str, torch.Tensor] | None = None) -> float:
+    """The dense model's cross-entropy on all of ``learnable_data`` at its initial weights, or at
+    ``state``."""
+    model = dense_model()
+    if state is not None:
+        model.load_state_dict(state)
+    x, y = learnable_data().tensors
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(x), y).item()
 
 
 def linear_reference(steps: int, world: int) -> dict[str, torch.Tensor]:

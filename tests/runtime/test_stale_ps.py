@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_bodies import linear_reference, stale_suite_body
+from runtime_bodies import learnable_loss, linear_reference, stale_suite_body
 
 from distlab.runtime.spawn import spawn_local
 
@@ -40,8 +40,13 @@ def test_every_push_is_applied_exactly_once_and_every_rank_ends_with_the_servers
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("key", ["learn-s2", "learn-async"])
 def test_a_stale_or_asynchronous_run_learns(suite, key):
-    losses = [rec["loss"] for rec in suite[0][key]["records"]]
-    assert sum(losses[-8:]) / 8 < 0.7 * sum(losses[:8]) / 8, losses
+    # the loss of every rank's final weights on the whole data set, against the initial weights'.
+    # It was rank 0's last eight batch-of-4 losses against its first eight, under 0.7: that window
+    # moved with which batches met which weights (0.65-0.68 in ten runs alone, 0.76 once inside
+    # this suite, 2026-11-29), while the whole-set loss came out 0.6799-0.6802 in the same runs
+    start = learnable_loss()
+    for r in range(WORLD):
+        assert learnable_loss(suite[r][key]["weights"]) < 0.75 * start, (key, r)
 
 
 @pytest.mark.slow
@@ -102,3 +107,28 @@ def test_a_stale_run_checkpoints_a_consistent_cut_and_resumes_exactly(suite):
     # the servers' optimizer state (momentum) of every variable, gathered from the stale servers
     assert set(state["optimizer"]) == set(state["model"])
     assert all("momentum_buffer" in s for s in state["optimizer"].values())
+
+
+class _EndsWhileAsked:
+    """A server thread that ends between the first is_alive() and the next."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_alive(self) -> bool:
+        self.asked += 1
+        return self.asked == 1
+
+    def join(self, timeout: float) -> None:
+        pass
+
+
+def test_a_server_thread_that_ends_while_the_worker_waits_for_it_ends_the_wait():
+    # CI, 2026-11-29: a thread ended between two is_alive() scans and next() on the second raised
+    # StopIteration, which failed the whole run at its last step
+    from distlab.runtime.stale_ps import StalePS
+
+    ps = object.__new__(StalePS)
+    ps._threads, ps.server, ps.timeout, ps.rank = [_EndsWhileAsked()], None, 5.0, 0
+    ps._join_servers()
+    assert ps._threads[0].asked == 2
