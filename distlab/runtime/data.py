@@ -69,17 +69,31 @@ class RankBatches:
         ):
             self._tensors = (data.inputs, data.targets)  # distlab.data.TensorPairs
 
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perms = {epoch: torch.randperm(self.n, generator=g)}  # one epoch cached at a time
+        return self._perms[epoch]
+
+    def _slice(self, start: int, size: int) -> torch.Tensor:
+        """The dataset indices at positions ``[start, start + size)``: a slice of one epoch's order
+        when the batch does not cross an epoch (nearly every step: a view, no masks), else
+        ``_index``."""
+        epoch, first = divmod(start, self.n)
+        if first + size > self.n:
+            return self._index(torch.arange(start, start + size))
+        if not self.shuffle:
+            return torch.arange(first, first + size)
+        return self._perm(epoch)[first : first + size]
+
     def _index(self, positions: torch.Tensor) -> torch.Tensor:
         if not self.shuffle:
             return positions % self.n
         epochs = positions // self.n
         out = torch.empty_like(positions)
         for e in epochs.unique().tolist():
-            if e not in self._perms:
-                g = torch.Generator().manual_seed(self.seed + int(e))
-                self._perms = {e: torch.randperm(self.n, generator=g)}  # one epoch cached at a time
             mask = epochs == e
-            out[mask] = self._perms[e][positions[mask] % self.n]
+            out[mask] = self._perm(int(e))[positions[mask] % self.n]
         return out
 
     @property
@@ -89,7 +103,7 @@ class RankBatches:
 
     def get(self, pos: int, micro: int = 0) -> tuple[Any, Any]:
         start = pos + (self.rank * self.accumulation + micro) * self.batch
-        idx = self._index(torch.arange(start, start + self.batch))
+        idx = self._slice(start, self.batch)
         if self.collate is not None:
             return self.collate([self.data[int(i)] for i in idx])
         if self._tensors is not None:

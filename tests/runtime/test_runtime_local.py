@@ -33,6 +33,18 @@ def test_shuffle_is_a_shared_permutation_per_epoch():
     assert torch.equal(RankBatches(data, 12, 0, 1, True, 5).get(0)[1], e0)  # same seed, same order
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_batch_inside_one_epoch_reads_the_indices_a_batch_across_epochs_does(shuffle):
+    # get() slices one epoch's order; _index maps every position on its own (the epoch-crossing path)
+    b = RankBatches(dataset("dense", n=10), 3, 0, 1, shuffle=shuffle, seed=2)
+    for start in range(0, 40):
+        expected = b._index(torch.arange(start, start + 3))
+        assert torch.equal(b._slice(start, 3), expected), start
+        assert torch.equal(b.get(start)[1], b.data.tensors[1][expected]), start
+    if shuffle:  # each epoch its own order
+        assert not torch.equal(b._slice(0, 3), b._slice(10, 3))
+
+
 def test_partition_units_cover_the_variable_with_numpy_sizes():
     model = dense_model()
     plans = tuple(
