@@ -272,7 +272,15 @@ class StopSignal:
     ``at_once`` (asynchronous runs, whose ranks are not in lockstep): each rank stops at the first
     step boundary after it reads the key, where it stands; no rank trains on to reach the
     requester's step (a straggler far behind would keep the others waiting for it).
+
+    The reads every ``period`` steps are made by a reader thread while the step trains, and their
+    answer is taken at the next step's boundary (waiting for it there if it is late), so the
+    margin on fast steps counts one step more. A read on the training thread cost a 3 ms step
+    about 0.06 ms here (a store round trip every fourth step; 2 workers, 0.1 MB MLP). The reader
+    ends after ``READER_IDLE`` seconds without a read; the next read starts another.
     """
+
+    READER_IDLE = 5.0
 
     def __init__(
         self,
@@ -291,12 +299,17 @@ class StopSignal:
         self._last_read = clock()
         self._last_call: float | None = None  # None before the first step
         self._steps_s: list[float] = []  # the last three steps' seconds, the time to setup excluded
+        self._lock = threading.Lock()
+        self._ask = threading.Condition(self._lock)
+        self._asked = False  # a read is wanted or under way
+        self._answer: tuple[int | None, BaseException | None] | None = None
+        self._reader: threading.Thread | None = None
 
     def margin(self) -> int:
         """Steps between a request and the agreed stop: one more than the base when this rank's
         steps are slow enough that every rank reads the store at each step."""
         slow = len(self._steps_s) == 3 and min(self._steps_s) >= 2 * self.interval
-        return self.base + (1 if slow else self.period)
+        return self.base + (1 if slow else self.period + 1)
 
     def stop_before(self, step: int) -> bool:
         if self.should_stop is None:
@@ -306,15 +319,59 @@ class StopSignal:
             self._steps_s = [*self._steps_s[-2:], now - self._last_call]
         self._last_call = now
         if self.target is None:
+            self.target = self._answered()
+        if self.target is None:
             wants = self.should_stop()
             if wants:
                 self.store.compare_set(STOP_KEY, "", str(step + self.margin()))
-            due = step % self.period == 0 or now - self._last_read >= self.interval
-            if wants or due:
+            if wants or now - self._last_read >= self.interval:  # at once, on this thread
                 self._last_read = now
-                if self.store.check([STOP_KEY]):
-                    self.target = int(self.store.get(STOP_KEY).decode())
+                self.target = self._read()
+            elif step % self.period == 0:
+                self._last_read = now
+                self._read_beside()
         return self.target is not None and (self.at_once or step >= self.target)
+
+    def _read(self) -> int | None:
+        return int(self.store.get(STOP_KEY).decode()) if self.store.check([STOP_KEY]) else None
+
+    def _read_beside(self) -> None:
+        """Ask the reader thread for a read (started when none is running)."""
+        with self._lock:
+            self._asked, self._answer = True, None
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._reads, name="distlab-stop-reader", daemon=True)
+                self._reader.start()
+            self._ask.notify()
+
+    def _answered(self) -> int | None:
+        """The answer of the read asked at an earlier step, waited for; None when none was asked."""
+        with self._lock:
+            while self._asked and self._answer is None:
+                self._ask.wait()
+            answer, self._asked, self._answer = self._answer, False, None
+        if answer is None:
+            return None
+        target, error = answer
+        if error is not None:
+            raise error
+        return target
+
+    def _reads(self) -> None:
+        while True:
+            with self._lock:
+                if not (self._asked and self._answer is None):
+                    self._ask.wait(self.READER_IDLE)
+                if not (self._asked and self._answer is None):
+                    self._reader = None  # idle: the next read starts another
+                    return
+            try:
+                answer: tuple[int | None, BaseException | None] = (self._read(), None)
+            except Exception as exc:  # noqa: BLE001 - raised on the training thread, where it is taken
+                answer = (None, exc)
+            with self._lock:
+                self._answer = answer
+                self._ask.notify_all()
 
     def requested(self) -> bool:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from distlab.runtime.process_group import StopSignal
+from distlab.runtime.process_group import STOP_KEY, StopSignal
 
 
 class Clock:
@@ -43,8 +43,9 @@ def _stops(step_seconds: list[float], request_at: int, skew: int = 0) -> tuple[i
 
 @pytest.mark.parametrize("skew", [0, 1])
 def test_fast_steps_stop_together_after_the_margin_and_the_read_period(skew):
+    # the read of every fourth step is answered at the next step's boundary: one step more
     a, b = _stops([0.01] * 40, request_at=9, skew=skew)
-    assert a == b == 9 + 2 + 4
+    assert a == b == 9 + 2 + 4 + 1
 
 
 @pytest.mark.parametrize("skew", [0, 1])
@@ -60,7 +61,7 @@ def test_one_slow_step_among_fast_ones_keeps_the_long_margin():
     seconds = [0.01] * 40
     seconds[8] = 1.0
     a, b = _stops(seconds, request_at=9)
-    assert a == b == 9 + 2 + 4
+    assert a == b == 9 + 2 + 4 + 1
 
 
 def test_without_a_stop_request_nothing_stops():
@@ -70,3 +71,39 @@ def test_without_a_stop_request_nothing_stops():
         assert not signal.stop_before(step)
         clock.now += 1.0
     assert not signal.requested()
+
+
+class _Broken:
+    """A store whose reads fail, as a run's store does once its server is gone."""
+
+    def check(self, keys):
+        raise RuntimeError("store gone")
+
+
+def test_a_read_beside_the_step_that_fails_raises_at_the_next_step_boundary():
+    clock = Clock()
+    signal = StopSignal(_Broken(), lambda: False, margin=2, clock=clock)
+    assert not signal.stop_before(0)  # a periodic step: the read goes to the reader thread
+    clock.now += 0.01
+    with pytest.raises(RuntimeError, match="store gone"):
+        signal.stop_before(1)
+
+
+def test_the_reader_thread_ends_when_idle_and_the_next_read_starts_another():
+    store, clock = dist.HashStore(), Clock()
+    signal = StopSignal(store, lambda: False, margin=2, clock=clock)
+    signal.READER_IDLE = 0.05
+    assert not signal.stop_before(0)
+    first = signal._reader
+    assert first is not None
+    first.join(timeout=5)
+    assert not first.is_alive() and signal._reader is None
+    store.set(STOP_KEY, "9")
+    known, stopped = None, None
+    for step in range(1, 12):
+        clock.now += 0.01
+        if signal.stop_before(step) and stopped is None:
+            stopped = step
+        if known is None and signal.target is not None:
+            known = step
+    assert (known, stopped) == (5, 9)  # read at step 4 by a new reader, answered at step 5
