@@ -69,6 +69,7 @@ class OwnSession:
         self.sync: Any = None
         self.hooks: Any = None  # the forward and backward's timing (runtime/own_timing.py), at prepare
         self.ckpts: Any = None
+        self.stop: Any = None  # the agreed stop (process_group.StopSignal), at prepare
         self.batches: Any = None
         self.model: Any = None
         self.units: list = []
@@ -402,6 +403,8 @@ class OwnSession:
         }
 
     def close(self) -> None:
+        if self.stop is not None:
+            self.stop.close()
         for h in self._grad_hooks:
             h.remove()
         if self.hooks is not None:

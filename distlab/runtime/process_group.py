@@ -304,6 +304,7 @@ class StopSignal:
         self._asked = False  # a read is wanted or under way
         self._answer: tuple[int | None, BaseException | None] | None = None
         self._reader: threading.Thread | None = None
+        self._closed = False
 
     def margin(self) -> int:
         """Steps between a request and the agreed stop: one more than the base when this rank's
@@ -336,7 +337,11 @@ class StopSignal:
         return int(self.store.get(STOP_KEY).decode()) if self.store.check([STOP_KEY]) else None
 
     def _read_beside(self) -> None:
-        """Ask the reader thread for a read (started when none is running)."""
+        """Ask the reader thread for a read (started when none is running; after ``close``, the
+        read is made here)."""
+        if self._closed:
+            self.target = self._read()
+            return
         with self._lock:
             self._asked, self._answer = True, None
             if self._reader is None:
@@ -357,13 +362,19 @@ class StopSignal:
             raise error
         return target
 
+    def close(self) -> None:
+        """The run's loop is over: the reader thread, if any, ends now."""
+        with self._lock:
+            self._closed = True
+            self._ask.notify_all()
+
     def _reads(self) -> None:
         while True:
             with self._lock:
-                if not (self._asked and self._answer is None):
+                if not (self._asked and self._answer is None) and not self._closed:
                     self._ask.wait(self.READER_IDLE)
-                if not (self._asked and self._answer is None):
-                    self._reader = None  # idle: the next read starts another
+                if self._closed or not (self._asked and self._answer is None):
+                    self._reader = None  # idle or closed: a later read starts another
                     return
             try:
                 answer: tuple[int | None, BaseException | None] = (self._read(), None)

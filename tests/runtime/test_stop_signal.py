@@ -107,3 +107,14 @@ def test_the_reader_thread_ends_when_idle_and_the_next_read_starts_another():
         if known is None and signal.target is not None:
             known = step
     assert (known, stopped) == (5, 9)  # read at step 4 by a new reader, answered at step 5
+
+
+def test_close_ends_the_reader_thread_at_once():
+    clock = Clock()
+    signal = StopSignal(dist.HashStore(), lambda: False, margin=2, clock=clock)
+    assert not signal.stop_before(0)
+    reader = signal._reader
+    assert reader is not None
+    signal.close()
+    reader.join(timeout=1.0)  # far below READER_IDLE (5 s)
+    assert not reader.is_alive()
