@@ -350,13 +350,16 @@ class StopSignal:
             self._ask.notify()
 
     def _answered(self) -> int | None:
-        """The answer of the read asked at an earlier step, waited for; None when none was asked."""
+        """The answer of the read asked at an earlier step, waited for; None when none was asked.
+        Waited for in slices (an abort raised in this thread lands between them); a reader gone
+        without answering (closed) leaves the read to this thread."""
         with self._lock:
-            while self._asked and self._answer is None:
-                self._ask.wait()
-            answer, self._asked, self._answer = self._answer, False, None
+            while self._asked and self._answer is None and self._reader is not None:
+                self._ask.wait(0.1)
+            asked, answer = self._asked, self._answer
+            self._asked, self._answer = False, None
         if answer is None:
-            return None
+            return self._read() if asked else None
         target, error = answer
         if error is not None:
             raise error
@@ -378,7 +381,7 @@ class StopSignal:
                     return
             try:
                 answer: tuple[int | None, BaseException | None] = (self._read(), None)
-            except Exception as exc:  # noqa: BLE001 - raised on the training thread, where it is taken
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread, where it is taken
                 answer = (None, exc)
             with self._lock:
                 self._answer = answer

@@ -118,3 +118,14 @@ def test_close_ends_the_reader_thread_at_once():
     signal.close()
     reader.join(timeout=1.0)  # far below READER_IDLE (5 s)
     assert not reader.is_alive()
+
+
+def test_a_read_its_reader_ended_without_answering_is_made_at_the_boundary_not_waited_for():
+    store, clock = dist.HashStore(), Clock()
+    signal = StopSignal(store, lambda: False, margin=2, clock=clock)
+    signal.close()
+    # as a reader closed between the ask and its read leaves it: asked, no answer, no reader
+    signal._asked, signal._answer, signal._reader = True, None, None
+    store.set(STOP_KEY, "3")
+    signal.stop_before(1)  # a wait for the answer would hang here
+    assert signal.target == 3
