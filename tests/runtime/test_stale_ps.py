@@ -42,8 +42,9 @@ def test_every_push_is_applied_exactly_once_and_every_rank_ends_with_the_servers
 def test_a_stale_or_asynchronous_run_learns(suite, key):
     # the loss of every rank's final weights on the whole data set, against the initial weights'.
     # It was rank 0's last eight batch-of-4 losses against its first eight, under 0.7: that window
-    # moved with which batches met which weights (0.65-0.68 in ten runs alone, 0.76 once inside
-    # this suite, 2026-11-29), while the whole-set loss came out 0.6799-0.6802 in the same runs
+    # moved with which batches met which weights (0.65-0.68 in eight runs of each key alone, 0.76
+    # once inside this module, 2026-11-29), while the whole-set loss came out 0.680 of the
+    # initial one (to three places) in the same runs
     start = learnable_loss()
     for r in range(WORLD):
         assert learnable_loss(suite[r][key]["weights"]) < 0.75 * start, (key, r)
