@@ -277,7 +277,7 @@ class StopSignal:
     answer is taken at the next step's boundary (waiting for it there if it is late), so the
     margin on fast steps counts one step more. A read on the training thread cost a 3 ms step
     about 0.06 ms here (a store round trip every fourth step; 2 workers, 0.1 MB MLP). The reader
-    ends after ``READER_IDLE`` seconds without a read; the next read starts another.
+    ends at ``close`` or after ``READER_IDLE`` seconds without a read; the next read starts another.
     """
 
     READER_IDLE = 5.0
