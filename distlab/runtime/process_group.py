@@ -273,7 +273,8 @@ class StopSignal:
     step boundary after it reads the key, where it stands; no rank trains on to reach the
     requester's step (a straggler far behind would keep the others waiting for it).
 
-    The reads every ``period`` steps are made by a reader thread while the step trains, and their
+    In lockstep runs (not ``at_once``) the reads every ``period`` steps are made by a reader thread
+    while the step trains, and their
     answer is taken at the next step's boundary (waiting for it there if it is late), so the
     margin on fast steps counts one step more. A read on the training thread cost a 3 ms step
     about 0.06 ms here (a store round trip every fourth step; 2 workers, 0.1 MB MLP). The reader
@@ -330,7 +331,10 @@ class StopSignal:
                 self.target = self._read()
             elif step % self.period == 0:
                 self._last_read = now
-                self._read_beside()
+                if self.at_once:  # where it stands: a read beside the step would see a later store
+                    self.target = self._read()
+                else:
+                    self._read_beside()
         return self.target is not None and (self.at_once or step >= self.target)
 
     def _read(self) -> int | None:

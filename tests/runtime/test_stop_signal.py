@@ -129,3 +129,12 @@ def test_a_read_its_reader_ended_without_answering_is_made_at_the_boundary_not_w
     store.set(STOP_KEY, "3")
     signal.stop_before(1)  # a wait for the answer would hang here
     assert signal.target == 3
+
+
+def test_an_asynchronous_run_reads_on_its_own_thread_and_stops_where_it_stands():
+    # a read beside the step would answer from a later store, and a rank behind would stop a step
+    # later or earlier than where it stood when it read (CI-like run, 2026-11-29: 1 step, not >= 3)
+    store, clock = dist.HashStore(), Clock()
+    store.set(STOP_KEY, "9")
+    signal = StopSignal(store, lambda: False, margin=2, clock=clock, at_once=True)
+    assert signal.stop_before(0) and signal._reader is None
