@@ -22,7 +22,8 @@ def _holdout_module() -> tuple[str, set[str]]:
 
 
 def _scored(path: Path, names: set[str]) -> set[str]:
-    rows = json.loads(path.read_text()).get("rows", [])
+    data = json.loads(path.read_text())  # a result file's {"rows": [...]}, or a list of records
+    rows = data.get("rows", []) if isinstance(data, dict) else data if isinstance(data, list) else []
     return {r["model"] for r in rows if isinstance(r, dict) and r.get("model") in names}
 
 

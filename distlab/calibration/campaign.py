@@ -58,7 +58,7 @@ HEAVY = ("convnet", {"width": 16}, 16)  # zoo model, options, per-replica batch
 OVERLAP_LAYERS, OVERLAP_WIDTH, OVERLAP_BATCH = 4, 1024, 32
 SPARSE = ("wide_deep", {"rows": 2000}, 16)  # sparse tables: many small collective calls per step
 # bump when what a cached calibration holds changes; history: docs/cost-model.md, Calibration formats
-CALIBRATION_FORMAT = 23
+CALIBRATION_FORMAT = 24
 MODEL_BATCH = 32  # calibrate(models=...): per-replica batches measured are this and a quarter of it
 # seconds of the stages before the models' per world size of the training-loop stage: collectives,
 # the reference models' profiles and the loop, what an announced estimate adds for them. A quiet

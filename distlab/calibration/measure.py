@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from distlab.calibration.progress import Progress
-from distlab.calibration.repeat import LINK_REPEATS, link_figures, median_rows, pass_figures, stage_spread
+from distlab.calibration.repeat import LINK_REPEATS, link_figures, mean_rows, pass_figures, stage_spread
 from distlab.costmodel.calibrate import fit_compute
 from distlab.costmodel.compute import compute_rows, model_key
 from distlab.costmodel.rows import ComputeFitRow, LocalStep, LoopRun, overhead_features
@@ -54,7 +54,7 @@ def measure_links(
     cluster: Cluster, sizes: Any = None, bar: Progress | None = None, repeats: int = LINK_REPEATS
 ) -> Any:
     """The first stage of a calibration alone: every collective at ``sizes`` (bytes; None:
-    ``DEFAULT_SIZES``) on every world size of ``cluster``, ``repeats`` times, each point's median
+    ``DEFAULT_SIZES``) on every world size of ``cluster``, ``repeats`` times, each point's mean
     over the repeats fitted to an alpha-beta per collective and link class (within a host, between
     hosts). A ``CostModel`` whose compute and training loop are the defaults: what the links cost,
     in about ``CALIBRATION_BUDGET`` seconds; its ``fingerprint["repeatability"]`` holds the stage's
@@ -90,7 +90,7 @@ def measure_links(
             raise CalibrationError(f"calibrate: microbenchmarks failed: {exc}") from None
         runs.append(out[0])
         bar.done()
-    cm = CostModel.from_microbenchmarks(median_rows(runs), res)
+    cm = CostModel.from_microbenchmarks(mean_rows(runs), res)
     fits = []
     for rows in runs:  # each repeat fitted alone: how far its predictions lie from the others'
         try:

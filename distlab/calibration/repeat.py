@@ -1,13 +1,15 @@
 """How far a calibration's repeated stages agree, and the refusal to cache one whose repeats disagree.
 
 A calibration repeats its noisy stages (the collectives, the reference models' local steps, the
-training loop's short runs) and fits their medians. Each stage's **spread** is the median, over
-the figures it measures, of ``(max - min) / median`` of a figure's repeats: for the collectives,
-each fitted collective's predicted time of a ``PROBE_BYTES`` message on the whole cluster, one
-fit per repeat (what a prediction reads, not the 4 KiB points' jitter); for the local steps and
-the loop, each run's time per pass. A stage whose spread passes ``REPEAT_LIMIT`` would give a
-user who recalibrates other predictions: the calibration serves the session and is not cached,
-as one taken under load is not. All functions here are pure.
+training loop's short runs) and fits what they measured together: the collectives' points the mean
+of their repeats (``mean_rows``), the loop's and the local steps' the median step over their
+passes. Each stage's **spread** is the median, over the figures it measures, of
+``(max - min) / median`` of a figure's repeats: for the collectives, each fitted collective's
+predicted time of a ``PROBE_BYTES`` message on the whole cluster, one fit per repeat (what a
+prediction reads, not the 4 KiB points' jitter); for the local steps and the loop, each run's time
+per pass. A stage whose spread passes ``REPEAT_LIMIT`` would give a user who recalibrates other
+predictions: the calibration serves the session and is not cached, as one taken under load is
+not. All functions here are pure.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from distlab.costmodel.collectives import factors
 
-# the collectives' stage runs this many times; each figure is the median of its repeats
+# the collectives' stage runs this many times; each figure is the mean of its repeats
 LINK_REPEATS = 3
 # bytes of the message whose predicted time stands for a fitted collective (the size where the
 # bandwidth term dominates, as in the gradients of a model of a few million parameters)
@@ -83,9 +85,11 @@ def stage_spread(stage: str, figures: Mapping[str, Sequence[float]]) -> StageSpr
     )
 
 
-def median_rows(repeats: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """The microbenchmark rows of several repeats as one: each point's measurements the median of
-    its repeats (a point one repeat lacks, e.g. a size past a repeat's time budget, keeps the others')."""
+def mean_rows(repeats: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The microbenchmark rows of several repeats as one: each point's measurements the mean of
+    its repeats (a point one repeat lacks, e.g. a size past a repeat's time budget, keeps the
+    others'). The mean, as each repeat's points are (``runtime.microbench._max_mean``): a step
+    pays the mix of the machine's fast and slow moments, which a median of three picks one of."""
     points: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for rows in repeats:
         for r in rows:
@@ -96,7 +100,7 @@ def median_rows(repeats: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str
         for k in _MEASURED:
             vals = [float(r[k]) for r in rows if r.get(k) is not None]
             if vals:
-                row[k] = float(np.median(vals))
+                row[k] = float(np.mean(vals))
         out.append(row)
     return out
 

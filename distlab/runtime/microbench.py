@@ -4,8 +4,8 @@
 sub-group) on every member rank; every rank returns the same rows, because each measurement is
 reduced with MAX across ranks (a collective is as slow as its slowest rank). The rows feed
 ``CostModel.from_microbenchmarks``; their schema is ``costmodel.rows.CollectiveRow`` (dicts
-here: the runtime does not import the cost model). Whole training steps are measured by
-loopbench.py.
+here: the runtime does not import the cost model). Its compute rows (GEMM, optimizers, copies)
+are measured by microbench_compute.py, whole training steps by loopbench.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.resources import available_cores
+from distlab.runtime.microbench_compute import compute_rows, time_reps
 from distlab.runtime.process_group import rank_host
 from distlab.runtime.progress import tick
 
@@ -29,75 +29,26 @@ DEFAULT_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)
 LINK_SIZES = (1 << 20, 4 << 20, 16 << 20)
 MAX_FLOWS = 3  # concurrent flows into (and out of) one host's link measured: 2 .. MAX_FLOWS
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "allgather", "sendrecv")
-# optimizers timed beside plain SGD (their cost per byte relative to it: CostParams.optimizer_work)
-OPTIMIZER_KINDS = ("momentum", "adam")
-GEMM_N, GEMM_ITERS = 256, 12  # fixed compute workload: 12 GEMMs of 256x256 (0.4 GFLOP)
-OPT_NUMEL = 1 << 21  # 8 MiB of float32 parameters for the optimizer-update row
-COPY_NUMEL, COPY_PARTS = 1 << 19, 4  # 2 MiB gathered from 4 tensors: a bucket's flatten (torch.cat)
-# Each optimizer and copy repeat first reads a buffer larger than a server's last-level cache: in a
-# training step the step's other work evicts the bytes these touch once per step, and timed hot
-# they come out several times faster (evidence: docs/cost-model.md §History and evidence).
-EVICT_NUMEL = 1 << 24  # 64 MiB of float32
 
 
-def _gemm(a: torch.Tensor, b: torch.Tensor) -> None:
-    for _ in range(GEMM_ITERS):
-        torch.mm(a, b)
+def _max_mean(times: list[float], group: Any) -> float:
+    """Mean over repeats of the slowest rank's time (MAX across ranks per repeat).
 
-
-def _optimizer_step(kind: str = "sgd") -> Any:
-    """One step over ``OPT_NUMEL`` parameters of the runtime's default optimizer (plain SGD), or of
-    SGD with momentum (``"momentum"``: one state tensor) or Adam (``"adam"``: two)."""
-    from distlab.runtime.trainer import default_optimizer
-
-    p = torch.nn.Parameter(torch.zeros(OPT_NUMEL))
-    p.grad = torch.ones(OPT_NUMEL)
-    if kind == "momentum":
-        return torch.optim.SGD([p], lr=0.01, momentum=0.9).step
-    if kind == "adam":
-        return torch.optim.Adam([p], lr=1e-3).step
-    return default_optimizer([p]).step
-
-
-def _copy_step() -> Any:
-    """A bucket's flatten as the runtime does it: ``torch.cat`` of ``COPY_PARTS`` gradients."""
-    parts = [torch.ones(COPY_NUMEL // COPY_PARTS) for _ in range(COPY_PARTS)]
-    return lambda: torch.cat(parts)
-
-
-def _time_alone(fn: Any, repeats: int, before: Any = None) -> list[float]:
-    """Per-repeat seconds of ``fn`` on this rank alone (the others wait at a barrier);
-    ``before()``, untimed, ahead of each repeat."""
-    out = []
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def _time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1, before: Any = None) -> list[float]:
-    """Per-repeat seconds, each started right after a barrier so all ranks begin together
-    (``before()``, untimed, ahead of the barrier)."""
-    out = []
-    for i in range(warmup + repeats):
-        if before is not None:
-            before()
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        if i >= warmup:
-            out.append(time.perf_counter() - t0)
-    return out
-
-
-def _max_median(times: list[float], group: Any) -> float:
-    """Median over repeats of the slowest rank's time (MAX across ranks per repeat)."""
+    The mean, not the median: a message on this VM lands in one of two modes (about 0.5 or 3.5 ms
+    at small sizes) and a median takes whichever mode most repeats fell in, while a training step
+    pays their mix. Medians put four fresh calibrations' all-reduce of 4 MiB at 0.5-4.1 ms and the
+    loop stage then scaled the wire by 0.93-1.66 (``comm_scale``); means over repeats spread in
+    time, 2.7-3.3 ms and 0.87-1.08 (datasets/measurements/calibration-repeat-2026-11-29b)."""
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(statistics.median(t.tolist()))
+    return float(statistics.mean(t.tolist()))
+
+
+def point_schedule(points: Sequence[Any], repeats: int) -> list[Any]:
+    """The order the collectives' points are timed in after their first repeat: round after round
+    over every point, so each point's repeats lie apart in time (a slow moment of the machine hits
+    every point a little, not one point wholly)."""
+    return [p for _ in range(max(repeats - 1, 0)) for p in points]
 
 
 def _op(name: str, nbytes: int, local: int, members: Sequence[int], group: Any) -> Any:
@@ -187,7 +138,7 @@ def shared_link_rows(
             ("incast", _incast(local, members, group, x, ys)),
             ("outcast", _outcast(local, members, group, x, ys)),
         ):
-            seconds = _max_median(_time_reps(fn, repeats, group), group)
+            seconds = _max_mean(time_reps(fn, repeats, group), group)
             tick(f"{name} {nbytes} B from {k}")
             rows.append({**base, "collective": name, "nbytes": int(nbytes), "seconds": seconds})
     return rows
@@ -206,16 +157,19 @@ def microbench_rank(
     """Measure every collective at every size, and the compute workload alone vs all ranks busy.
 
     ``rank``: this process's global rank; ``world``: the size of ``group`` (the default group
-    when None). Sizes run smallest first; once ``time_budget`` seconds have passed on any rank
-    the larger sizes are skipped (all ranks agree). Rows: ``collective, world, nbytes, seconds,
-    link, repeats`` (sendrecv: a pairwise exchange, each rank sending and receiving ``nbytes`` at
-    once as a gossip step does; allgather: bytes contributed per rank), then a
-    ``compute`` row (``seconds`` all busy, ``alone``, ``contention``, ``threads``, ``flops``,
-    ``ranks_on_host``, ``cores``), an ``optimizer`` row (seconds per step of the runtime's
-    default optimizer over ``nbytes`` parameter bytes: ``seconds`` all ranks busy, ``alone`` one
-    rank at a time; the cost model applies its own contention to the latter) and a ``copy`` row
-    (a bucket's flatten of ``nbytes``, one rank at a time); both of the last with their bytes
-    out of cache, as in a training step.
+    when None). Each point's ``seconds`` is the mean of its ``repeats``, taken round after round
+    over every point (``_collective_points``); sizes run smallest first, and once the first round,
+    scaled to all repeats, passes ``time_budget`` seconds on any rank the larger sizes are skipped
+    (all ranks agree). Rows: ``collective, world, nbytes, seconds, link, repeats`` (sendrecv: a
+    pairwise exchange, each rank sending and receiving ``nbytes`` at once as a gossip step does;
+    allgather: bytes contributed per rank), then a ``compute`` row (``seconds`` all busy,
+    ``alone``, ``contention``, ``threads``, ``flops``, ``ranks_on_host``, ``cores``), an
+    ``optimizer`` row (seconds per step of the runtime's default optimizer over ``nbytes``
+    parameter bytes: ``seconds`` all ranks busy, ``alone`` one rank at a time; the cost model
+    applies its own contention to the latter) and a ``copy`` row (a bucket's flatten of
+    ``nbytes``, one rank at a time); both of the last with their bytes out of cache, as in a
+    training step, their ``alone`` the mean of ``PER_BYTE_REPEATS`` taken in turn with the
+    ``optimizer:<kind>`` rows'.
     """
     members = (
         list(dist.get_process_group_ranks(group)) if group is not None else list(range(dist.get_world_size()))
@@ -230,82 +184,57 @@ def microbench_rank(
     pair_link = "inter" if any(hosts[i] != hosts[i ^ 1] for i in range(world - world % 2)) else "intra"
     base = {"world": world, "link": link, "repeats": repeats, "threads": torch.get_num_threads()}
     rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
     if world > 1:
-        for nbytes in sorted(sizes or DEFAULT_SIZES):
-            over = torch.tensor([float(time.perf_counter() - start > time_budget)])
-            dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
-            if over.item() > 0:
-                break
-            for name in collectives:
-                fn = _op(name, int(nbytes), local, members, group)
-                seconds = _max_median(_time_reps(fn, repeats, group), group)
-                tick(f"{name} {nbytes} B on {world}")
-                on = pair_link if name in ("sendrecv", "send") else link
-                rows.append(
-                    {**base, "link": on, "collective": name, "nbytes": int(nbytes), "seconds": seconds}
-                )
+        points = _collective_points(
+            local, world, members, group, sizes or DEFAULT_SIZES, collectives, repeats, time_budget
+        )
+        for (nbytes, name), seconds in points.items():
+            on = pair_link if name in ("sendrecv", "send") else link
+            rows.append({**base, "link": on, "collective": name, "nbytes": nbytes, "seconds": seconds})
     if compute:
-        rows.extend(_compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
+        rows.extend(compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
     return rows
 
 
-def _compute_rows(
-    local: int, world: int, group: Any, hosts: list[Any], base: dict[str, Any], repeats: int
-) -> list[dict[str, Any]]:
-    """GEMM time with this rank alone (others wait at a barrier) and with every rank busy at once."""
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(GEMM_N, GEMM_N, generator=g)
-    b = torch.randn(GEMM_N, GEMM_N, generator=g)
-    evict = torch.ones(EVICT_NUMEL)
-    step, copy = _optimizer_step(), _copy_step()
-    kinds = {k: _optimizer_step(k) for k in OPTIMIZER_KINDS}
+def _collective_points(
+    local: int,
+    world: int,
+    members: Sequence[int],
+    group: Any,
+    sizes: Sequence[int],
+    collectives: Sequence[str],
+    repeats: int,
+    time_budget: float,
+) -> dict[tuple[int, str], float]:
+    """Seconds of each (bytes, collective) point: the mean of its ``repeats`` (each the slowest
+    rank's), the first taken size by size, smallest first, the rest round after round over every
+    point (``point_schedule``). Once the first round's time, scaled to all ``repeats``, passes
+    ``time_budget`` on any rank, the larger sizes are left out (all ranks agree). The progress
+    bar moves one tick per point, spread over the rounds."""
+    start = time.perf_counter()
+    ops: dict[tuple[int, str], Any] = {}
+    times: dict[tuple[int, str], list[float]] = {}
+    per_tick, done = max(repeats, 1), 0
 
-    def cold() -> None:  # the optimizer's and the copy's bytes out of cache, as in a training step
-        evict.sum()
+    def timed(key: tuple[int, str], warmup: int) -> None:
+        nonlocal done
+        times.setdefault(key, []).extend(time_reps(ops[key], 1, group, warmup=warmup))
+        done += 1
+        if done % per_tick == 0:
+            tick(f"{key[1]} {key[0]} B on {world}")
 
-    _gemm(a, b)  # warm-up
-    step()
-    copy()
-    for fn in kinds.values():
-        fn()  # creates the state tensors
-    alone = opt_alone = copy_alone = 0.0
-    kind_alone = dict.fromkeys(kinds, 0.0)
-    for turn in range(world):
-        dist.barrier(group=group)
-        if turn == local:
-            alone = statistics.median(_time_alone(lambda: _gemm(a, b), repeats))
-            opt_alone, copy_alone = (statistics.median(_time_alone(fn, repeats, cold)) for fn in (step, copy))
-            for k, fn in kinds.items():
-                kind_alone[k] = statistics.median(_time_alone(fn, repeats, cold))
-        dist.barrier(group=group)
-    busy = statistics.median(_time_reps(lambda: _gemm(a, b), repeats, group, warmup=0))
-    opt = statistics.median(_time_reps(step, repeats, group, before=cold))
-    t = torch.tensor([alone, busy, opt, opt_alone, copy_alone, *kind_alone.values()], dtype=torch.float64)
-    dist.all_reduce(t, group=group)  # mean over ranks
-    alone, busy, opt, opt_alone, copy_alone, *per_kind = (t / world).tolist()
-    me = hosts[local]
-    flops = 2.0 * GEMM_N**3 * GEMM_ITERS
-    return [
-        {
-            **base,
-            "collective": "compute",
-            "nbytes": 0,
-            "seconds": busy,
-            "alone": alone,
-            "contention": busy / alone if alone > 0 else float("nan"),
-            "flops": flops,
-            "ranks_on_host": max(hosts.count(h) for h in set(hosts)),
-            "cores": available_cores(),
-            "host": me,
-        },
-        {**base, "collective": "optimizer", "nbytes": OPT_NUMEL * 4, "seconds": opt, "alone": opt_alone},
-        {**base, "collective": "copy", "nbytes": COPY_NUMEL * 4, "seconds": copy_alone, "alone": copy_alone},
-        *(
-            {**base, "collective": f"optimizer:{k}", "nbytes": OPT_NUMEL * 4, "seconds": s, "alone": s}
-            for k, s in zip(kinds, per_kind)
-        ),
-    ]
+    for nbytes in sorted(int(n) for n in sizes):
+        spent = (time.perf_counter() - start) * (repeats + 1) / 2  # the first round: 2 of repeats + 1
+        over = torch.tensor([float(spent > time_budget)])
+        dist.all_reduce(over, op=dist.ReduceOp.MAX, group=group)
+        if over.item() > 0:
+            break
+        for name in collectives:
+            ops[(nbytes, name)] = _op(name, nbytes, local, members, group)
+            timed((nbytes, name), warmup=1)
+    for key in point_schedule(list(ops), repeats):
+        timed(key, warmup=0)
+    return {key: _max_mean(ts, group) for key, ts in times.items()}
 
 
 def microbench_worlds(

@@ -106,3 +106,27 @@ def test_microbench_two_gloo_ranks_measure_and_calibrate():
     # 4 MiB measured 6.6 ms against the fit's 2.3 ms); a wrong fit misses most of them
     ratios = [(2 * alpha + n * beta) / sec for n, sec in ar]
     assert sum(0.5 < r < 2.0 for r in ratios) >= 2, ratios
+
+
+def test_each_points_repeats_are_taken_round_after_round_over_every_point():
+    """After the first round, the points are timed in turn, so no point's repeats are taken back to
+    back (one slow moment of the machine lands on many points a little, not on one point wholly)."""
+    from distlab.runtime.microbench import point_schedule
+
+    points = [(4096, "allreduce"), (4096, "reduce"), (1 << 20, "allreduce")]
+    order = point_schedule(points, 4)
+    assert order == points * 3  # 3 rounds after the first: 4 repeats of each
+    assert all(a != b for a, b in zip(order, order[1:]))
+    assert point_schedule(points, 1) == []
+
+
+def test_the_per_byte_figures_are_timed_in_turn_repeat_by_repeat():
+    from distlab.runtime.microbench_compute import _time_in_turn
+
+    calls, evictions = [], []
+    fns = {k: (lambda k=k: calls.append(k)) for k in ("sgd", "copy", "adam")}
+    out = _time_in_turn(fns, 3, before=lambda: evictions.append(1))
+    assert calls == ["sgd", "copy", "adam"] * 3
+    assert len(evictions) == 9  # the bytes evicted ahead of every timing
+    assert {k: len(v) for k, v in out.items()} == {"sgd": 3, "copy": 3, "adam": 3}
+    assert all(t >= 0 for v in out.values() for t in v)

@@ -8,7 +8,7 @@ from distlab.calibration.repeat import (
     REPEAT_LIMIT,
     StageSpread,
     link_figures,
-    median_rows,
+    mean_rows,
     refusal,
     spread,
     stage_spread,
@@ -30,19 +30,20 @@ def test_a_stages_spread_is_the_median_of_its_figures_and_names_the_worst():
     assert stage_spread("x", {"once": [1.0]}) is None
 
 
-def test_repeats_are_combined_point_by_point_at_their_median():
+def test_repeats_are_combined_point_by_point_at_their_mean():
     a = [
         {"collective": "allreduce", "world": 2, "nbytes": 4096, "link": "intra", "seconds": s} for s in (1.0,)
     ]
-    rows = median_rows(
+    rows = mean_rows(
         [
             a + [{"collective": "allreduce", "world": 2, "nbytes": 1 << 20, "link": "intra", "seconds": 9.0}],
             [{**a[0], "seconds": 3.0}],
-            [{**a[0], "seconds": 2.0}],
+            [{**a[0], "seconds": 8.0}],
         ]
     )
     by_size = {r["nbytes"]: r["seconds"] for r in rows}
-    assert by_size == {4096: 2.0, 1 << 20: 9.0}  # a point one repeat measured keeps its figure
+    # the mean (the median would be 3.0); a point one repeat measured keeps its figure
+    assert by_size == {4096: 4.0, 1 << 20: 9.0}
 
 
 def _fit(rows):
