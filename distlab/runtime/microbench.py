@@ -36,9 +36,9 @@ def _max_mean(times: list[float], group: Any) -> float:
 
     The mean, not the median: a message on this VM lands in one of two modes (about 0.5 or 3.5 ms
     at small sizes) and a median takes whichever mode most repeats fell in, while a training step
-    pays their mix. Medians put four fresh calibrations' all-reduce of 4 MiB at 0.5-4.1 ms and the
-    loop stage then scaled the wire by 0.93-1.66 (``comm_scale``); means over repeats spread in
-    time, 2.7-3.3 ms and 0.87-1.08 (datasets/measurements/calibration-repeat-2026-11-29b)."""
+    pays their mix. Medians put 16 fresh calibrations' all-reduce of 4 MiB at 0.51-4.10 ms and the
+    loop stage then scaled the wire by 0.91-1.66 (``comm_scale``); means over repeats spread in
+    time, 2.66-3.76 ms and 0.83-1.08 (datasets/measurements/calibration-repeat-2026-11-29b)."""
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(statistics.mean(t.tolist()))
