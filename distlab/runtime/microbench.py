@@ -38,7 +38,7 @@ def _max_mean(times: list[float], group: Any) -> float:
     at small sizes) and a median takes whichever mode most repeats fell in, while a training step
     pays their mix. Medians put 16 fresh calibrations' all-reduce of 4 MiB at 0.51-4.10 ms and the
     loop stage then scaled the wire by 0.91-1.66 (``comm_scale``); means over repeats spread in
-    time, 2.66-3.76 ms and 0.83-1.08 (datasets/measurements/calibration-repeat-2026-11-29b)."""
+    time, 2.66-3.76 ms and 0.83-1.08 over 20 (datasets/measurements/calibration-repeat-2026-11-29b)."""
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(statistics.mean(t.tolist()))

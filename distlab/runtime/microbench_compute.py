@@ -26,7 +26,7 @@ EVICT_NUMEL = 1 << 24  # 64 MiB of float32
 # each per-byte figure (the optimizers' steps, the copy) is the mean of this many repeats, the
 # kinds taken in turn repeat by repeat: on this 2-core VM one window's timings move 41% from one
 # window to the next, and SGD and Adam timed in separate windows gave adam_work 6.2-9.9 over 16
-# fresh calibrations, 5.0-6.3 timed in turn (datasets/measurements/calibration-repeat-2026-11-29b)
+# fresh calibrations, 5.0-6.3 over 20 timed in turn (datasets/measurements/calibration-repeat-2026-11-29b)
 PER_BYTE_REPEATS = 8
 
 
