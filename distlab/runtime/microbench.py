@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distlab.runtime.microbench_compute import compute_rows, time_reps
+from distlab.runtime.microbench_compute import rank_compute_rows, time_reps
 from distlab.runtime.process_group import rank_host
 from distlab.runtime.progress import tick
 
@@ -168,8 +168,8 @@ def microbench_rank(
     parameter bytes: ``seconds`` all ranks busy, ``alone`` one rank at a time; the cost model
     applies its own contention to the latter) and a ``copy`` row (a bucket's flatten of
     ``nbytes``, one rank at a time); both of the last with their bytes out of cache, as in a
-    training step, their ``alone`` the mean of ``PER_BYTE_REPEATS`` taken in turn with the
-    ``optimizer:<kind>`` rows'.
+    training step, their ``alone`` the mean of ``microbench_compute.PER_BYTE_REPEATS`` taken in
+    turn with the ``optimizer:<kind>`` rows'.
     """
     members = (
         list(dist.get_process_group_ranks(group)) if group is not None else list(range(dist.get_world_size()))
@@ -192,7 +192,7 @@ def microbench_rank(
             on = pair_link if name in ("sendrecv", "send") else link
             rows.append({**base, "link": on, "collective": name, "nbytes": nbytes, "seconds": seconds})
     if compute:
-        rows.extend(compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
+        rows.extend(rank_compute_rows(local, world, group, hosts, base, repeats=max(3, min(repeats, 5))))
     return rows
 
 

@@ -1,7 +1,7 @@
 """(rank) The calibration's compute rows: a GEMM alone and with every rank busy (contention), the
 optimizers' and a bucket copy's cost per byte with their bytes out of cache, and the timing helpers
 the collectives share (``time_reps``). Split from microbench.py, which measures the collectives and
-calls ``compute_rows`` after them; the rows' schema is ``costmodel.rows.CollectiveRow``."""
+calls ``rank_compute_rows`` after them; the rows' schema is ``costmodel.rows.CollectiveRow``."""
 
 from __future__ import annotations
 
@@ -55,22 +55,10 @@ def _copy_step() -> Any:
     return lambda: torch.cat(parts)
 
 
-def _time_alone(fn: Any, repeats: int, before: Any = None) -> list[float]:
-    """Per-repeat seconds of ``fn`` on this rank alone (the others wait at a barrier);
-    ``before()``, untimed, ahead of each repeat."""
-    out = []
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def _time_in_turn(fns: dict[str, Any], repeats: int, before: Any = None) -> dict[str, list[float]]:
-    """Per-repeat seconds of each of ``fns`` on this rank alone, taken in turn repeat by repeat (so
-    every figure sees the same moments of the machine); ``before()``, untimed, ahead of each."""
+    """Per-repeat seconds of each of ``fns`` on this rank alone (the others wait at a barrier), taken
+    in turn repeat by repeat (so every figure sees the same moments of the machine); ``before()``,
+    untimed, ahead of each."""
     out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
@@ -97,10 +85,13 @@ def time_reps(fn: Any, repeats: int, group: Any, warmup: int = 1, before: Any = 
     return out
 
 
-def compute_rows(
+def rank_compute_rows(
     local: int, world: int, group: Any, hosts: list[Any], base: dict[str, Any], repeats: int
 ) -> list[dict[str, Any]]:
-    """GEMM time with this rank alone (others wait at a barrier) and with every rank busy at once."""
+    """This rank's ``compute`` row (a GEMM alone, others waiting at a barrier, and with every rank
+    busy at once), ``optimizer`` row (plain SGD's step alone and all busy), ``copy`` row and
+    ``optimizer:<kind>`` rows, each figure the mean over the ranks (microbench_rank's docstring
+    says what each holds)."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(GEMM_N, GEMM_N, generator=g)
     b = torch.randn(GEMM_N, GEMM_N, generator=g)
@@ -121,7 +112,7 @@ def compute_rows(
     for turn in range(world):
         dist.barrier(group=group)
         if turn == local:
-            alone = statistics.median(_time_alone(lambda: _gemm(a, b), repeats))
+            alone = statistics.median(_time_in_turn({"gemm": lambda: _gemm(a, b)}, repeats)["gemm"])
             per_byte = _time_in_turn({"sgd": step, "copy": copy, **kinds}, PER_BYTE_REPEATS, cold)
             opt_alone, copy_alone = statistics.mean(per_byte["sgd"]), statistics.mean(per_byte["copy"])
             for k in kinds:

@@ -274,11 +274,11 @@ class StopSignal:
     requester's step (a straggler far behind would keep the others waiting for it).
 
     In lockstep runs (not ``at_once``) the reads every ``period`` steps are made by a reader thread
-    while the step trains, and their
-    answer is taken at the next step's boundary (waiting for it there if it is late), so the
-    margin on fast steps counts one step more. A read on the training thread cost a 3 ms step
-    about 0.06 ms here (a store round trip every fourth step; 2 workers, 0.1 MB MLP). The reader
-    ends at ``close`` or after ``READER_IDLE`` seconds without a read; the next read starts another.
+    while the step trains, and their answer is taken at the next step's boundary (waiting for it
+    there if it is late), so the margin on fast steps counts one step more. A read on the training
+    thread cost a 3 ms step about 0.06 ms here (a store round trip every fourth step; 2 workers, the
+    own-loop benchmark's 0.34 MB MLP). The reader ends at ``close`` or after ``READER_IDLE`` seconds
+    without a read; the next read starts another.
     """
 
     READER_IDLE = 5.0
